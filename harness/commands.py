@@ -1,0 +1,102 @@
+"""`ascend-rl-harness scales` and `ascend-rl-harness plan`: what each scale brings up."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+
+from harness.errors import BadInput
+from harness.plans import PlanError
+from harness.scales import SCALES, Scale, get_scale
+
+
+def _scale_arg(name: str) -> Scale:
+    try:
+        return get_scale(name)
+    except KeyError as exc:
+        raise BadInput(f"--scale: {exc.args[0]}") from None
+
+
+def cmd_scales(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ascend-rl-harness scales")
+    for col in ("scale", "tier", "model", "hardware", "devices", "cards", "train TPxPPxEP", "rollout TPxDPxEP",
+                "GBS x n", "prompt/response"):
+        table.add_column(col)
+    for s in SCALES.values():
+        t, r = s.plan.train, s.plan.rollout
+        table.add_row(s.name, s.tier, s.model.name, s.hardware.name, str(s.devices), str(s.cards),
+                      f"{t.tp}x{t.pp}x{t.ep}", f"{r.tp}x{r.dp}x{r.ep}", f"{s.batch.gbs}x{s.batch.n}",
+                      f"{s.batch.max_prompt_length}/{s.batch.max_response_length}")
+    Console().print(table)
+    return 0
+
+
+def plan_document(scale: Scale) -> dict:
+    """JSON-ready description of a scale: model values, plan, DAPO overrides and environment."""
+    from harness import dapo
+
+    recipe = dapo.recipe(scale)
+    return {
+        "scale": scale.name,
+        "tier": scale.tier,
+        "model": dataclasses.asdict(scale.model),
+        "hardware": dataclasses.asdict(scale.hardware),
+        "devices": scale.devices,
+        "cards": scale.cards,
+        "nodes": scale.nodes,
+        "plan": dataclasses.asdict(scale.plan),
+        "batch": dataclasses.asdict(scale.batch),
+        "targets": dataclasses.asdict(scale.targets),
+        "entrypoint": recipe.entrypoint,
+        "overrides": list(recipe.overrides),
+        "env": dict(recipe.env),
+    }
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    scale = _scale_arg(args.scale)
+    try:
+        scale.validate()
+    except PlanError as exc:
+        raise BadInput(f"scale {scale.name}: {exc}") from None
+    doc = plan_document(scale)
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    elif args.format == "verl-cli":
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in doc["env"].items())
+        cmd = " \\\n    ".join([f"python3 -m {doc['entrypoint']}", *map(shlex.quote, doc["overrides"])])
+        print(f"{env} \\\n{cmd}" if env else cmd)
+    else:
+        from rich.console import Console
+
+        console = Console()
+        t, r = scale.plan.train, scale.plan.rollout
+        console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
+        console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
+                      f"{scale.model.total_params() / 1e9:.1f}B params ({scale.model.total_params(active=True) / 1e9:.1f}B active)")
+        console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on {scale.nodes} nodes")
+        console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
+                      f"stage layers {list(t.stage_layers) or 'uniform'}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
+        console.print(f"entrypoint: python3 -m {doc['entrypoint']}")
+        for key, value in doc["env"].items():
+            console.print(f"  env {key}={value}")
+        for override in doc["overrides"]:
+            console.print(f"  {override}")
+        console.print("[green]plan valid[/]")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scales", help="list the registered scales")
+    p.set_defaults(func=cmd_scales)
+    p = sub.add_parser("plan", help="model, parallel plan, DAPO overrides and env for a scale")
+    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
+    fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
+                     help="verl-cli prints a runnable verl command line")
+    p.set_defaults(func=cmd_plan, format="text")

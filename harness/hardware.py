@@ -1,0 +1,143 @@
+"""Hardware profiles and detection: NPU (Atlas A2 / A3), CUDA GPUs (baselines), CPU.
+
+The NPU is detected without ever importing torch_npu blindly: torch_npu installed on a machine
+without CANN breaks `import torch` through backend autoload, so we look for the module spec first,
+then import it under a guard that turns a missing CANN into one line naming what to do.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+GiB = 1024**3
+
+
+class HardwareError(RuntimeError):
+    """A device stack that is present but unusable (e.g. torch_npu without CANN)."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One kind of accelerator. Memory is per device (a die on A3); a card may hold several devices."""
+
+    name: str
+    kind: str  # "npu" | "gpu" | "cpu"
+    device_memory_gib: float
+    dies_per_card: int
+    peak_bf16_tflops: float  # dense, per device
+    peak_source: str
+    device_name_patterns: tuple[str, ...] = ()
+
+    @property
+    def device_memory_bytes(self) -> int:
+        return int(self.device_memory_gib * GiB)
+
+
+PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (
+    # Atlas 800T A2: Ascend 910B, one die per card, 64 GB HBM.
+    HardwareProfile("a2", "npu", 64, 1, 313.0,
+                    "Ascend 910B (Atlas 800T A2) FP16/BF16 dense, Huawei Atlas 800T A2 datasheet (~313 TFLOPS)",
+                    ("910B",)),
+    # Atlas A3 (Ascend 910_93): two dies per card, each die a torch device with 64 GB HBM.
+    HardwareProfile("a3", "npu", 64, 2, 376.0,
+                    "Ascend 910_93 (Atlas A3) per die BF16 dense, Huawei Atlas A3 SuperPoD material (~752 TFLOPS/card)",
+                    ("910_93", "910C")),
+    HardwareProfile("h100", "gpu", 80, 1, 989.0, "NVIDIA H100 SXM datasheet, BF16 dense 989 TFLOPS", ("H100",)),
+    HardwareProfile("h200", "gpu", 141, 1, 989.0, "NVIDIA H200 SXM datasheet, BF16 dense 989 TFLOPS", ("H200",)),
+    HardwareProfile("cpu", "cpu", 0, 1, 0.0, "no peak: CPU runs are functional, not performance"),
+)}
+
+HARDWARE_CHOICES = ("auto", "cpu", "gpu", "npu", "a2", "a3")
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What this process can see: the kind, the matching profile, how many devices, their name."""
+
+    kind: str
+    profile: HardwareProfile
+    device_count: int
+    device_name: str
+
+    @property
+    def cards(self) -> int:
+        return self.device_count // self.profile.dies_per_card or (1 if self.kind == "cpu" else 0)
+
+    def satisfies(self, hardware: str) -> bool:
+        """Is this hardware (`cpu`, `gpu`, `npu`, a profile name such as `a3`) present?"""
+        if hardware in ("cpu",):
+            return True  # every machine has a CPU
+        if hardware in ("gpu", "npu"):
+            return self.kind == hardware
+        return self.profile.name == hardware
+
+
+def profile_for_device_name(kind: str, device_name: str) -> HardwareProfile:
+    for profile in PROFILES.values():
+        if profile.kind == kind and any(p.lower() in device_name.lower() for p in profile.device_name_patterns):
+            return profile
+    if kind == "npu":  # an Ascend we do not know: treat as A2-like single die, say so in the name
+        return HardwareProfile(f"npu:{device_name}", "npu", 64, 1, 0.0, "unknown Ascend device")
+    if kind == "gpu":
+        return HardwareProfile(f"gpu:{device_name}", "gpu", 0, 1, 0.0, "unknown GPU")
+    return PROFILES["cpu"]
+
+
+def npu_available() -> bool:
+    """True when torch_npu imports and sees a device. Never imports torch_npu if it is absent."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except Exception as exc:  # ImportError of libascendcl etc.
+        raise HardwareError(
+            f"torch_npu is installed but fails to import ({type(exc).__name__}: {exc}); "
+            "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) or uninstall torch_npu") from None
+    return bool(torch_npu.npu.is_available())
+
+
+@lru_cache(maxsize=1)
+def detect() -> Detected:
+    """Detect the accelerator of this process: npu, then cuda, then cpu."""
+    import torch
+
+    if npu_available():
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        name = torch.npu.get_device_name(0)
+        return Detected("npu", profile_for_device_name("npu", name), torch.npu.device_count(), name)
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return Detected("gpu", profile_for_device_name("gpu", name), torch.cuda.device_count(), name)
+    return Detected("cpu", PROFILES["cpu"], os.cpu_count() or 1, "cpu")
+
+
+def resolve(choice: str) -> Detected:
+    """`--hardware`: `auto` detects; anything else must be present (or it is a one-line error)."""
+    if choice not in HARDWARE_CHOICES:
+        raise HardwareError(f"--hardware {choice!r} is not one of {', '.join(HARDWARE_CHOICES)}")
+    found = detect()
+    if choice == "auto" or found.satisfies(choice):
+        return found
+    raise HardwareError(f"--hardware {choice} requested but this machine has {found.kind} ({found.device_name})")
+
+
+def torch_device_types(found: Detected | None = None) -> list[str]:
+    """Device types for device-generic tests: the accelerator present (npu or cuda) and always cpu."""
+    found = found or detect()
+    accel = {"npu": ["npu"], "gpu": ["cuda"]}.get(found.kind, [])
+    return accel + ["cpu"]
+
+
+# Environment that makes Ascend runs bit-reproducible (seed 003: fixed seeds, deterministic HCCL and
+# matmul reductions) and keeps vLLM in-process so the harness can reach its model.
+DETERMINISTIC_ENV = {
+    "HCCL_DETERMINISTIC": "true",
+    "CLOSE_MATMUL_K_SHIFT": "1",
+    "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+    "ATB_LLM_LCOC_ENABLE": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}

@@ -1,0 +1,111 @@
+"""Parallel plans for training (Megatron + MindSpeed) and rollout (vLLM / vllm-ascend), with validation.
+
+`validate_plan` checks a plan against a model and a world size; each violated rule is a `PlanError`
+whose one-line message names the rule and the numbers, so a wrong plan fails before a 256-card job
+is booked, not 40 minutes into it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.models import ModelSpec
+
+
+class PlanError(ValueError):
+    """An invalid plan; the message names the violated rule."""
+
+
+@dataclass(frozen=True)
+class TrainParallel:
+    """Megatron parallelism. `stage_layers` lists the decoder layers of every pipeline stage
+    (MindSpeed's --num-layer-list); Megatron's first/last-stage counts derive from it."""
+
+    tp: int
+    pp: int
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+    stage_layers: tuple[int, ...] = ()
+
+    @property
+    def first_stage_layers(self) -> int | None:
+        return self.stage_layers[0] if self.stage_layers else None
+
+    @property
+    def last_stage_layers(self) -> int | None:
+        return self.stage_layers[-1] if self.stage_layers else None
+
+    def dp(self, world_size: int) -> int:
+        return world_size // (self.tp * self.pp * self.cp)
+
+    @staticmethod
+    def uniform_middle(num_layers: int, pp: int, first: int, last: int) -> tuple[int, ...]:
+        """Stage layers with given first/last stage and the rest spread evenly (Megatron's uneven PP)."""
+        middle = num_layers - first - last
+        if pp < 3 or middle % (pp - 2):
+            raise PlanError(f"rule pp-uniform-middle: {middle} middle layers do not split evenly over {pp - 2} stages")
+        return (first, *([middle // (pp - 2)] * (pp - 2)), last)
+
+
+@dataclass(frozen=True)
+class RolloutParallel:
+    """vLLM parallelism of one rollout instance; instances = world / (tp * dp).
+    With expert parallelism vLLM's EP group is the whole instance (ep == tp * dp)."""
+
+    tp: int
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def instance_size(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    train: TrainParallel
+    rollout: RolloutParallel
+
+
+def _require(ok: bool, rule: str, detail: str) -> None:
+    if not ok:
+        raise PlanError(f"rule {rule}: {detail}")
+
+
+def validate_plan(plan: ParallelPlan, model: ModelSpec, world_size: int) -> None:
+    """Raise PlanError naming the first violated rule; return None for a valid plan."""
+    t, r = plan.train, plan.rollout
+    for name, value in (("tp", t.tp), ("pp", t.pp), ("ep", t.ep), ("etp", t.etp), ("cp", t.cp),
+                        ("rollout.tp", r.tp), ("rollout.dp", r.dp), ("rollout.ep", r.ep), ("world_size", world_size)):
+        _require(value >= 1, "positive", f"{name}={value} must be >= 1")
+    model_parallel = t.tp * t.pp * t.cp
+    _require(world_size % model_parallel == 0, "world-divisible",
+             f"world size {world_size} is not divisible by tp*pp*cp = {t.tp}*{t.pp}*{t.cp} = {model_parallel}")
+    _require(model.num_attention_heads % t.tp == 0, "tp-divides-heads",
+             f"tp={t.tp} does not divide {model.num_attention_heads} attention heads")
+    _require(model.n_routed_experts % t.ep == 0, "ep-divides-experts",
+             f"ep={t.ep} does not divide {model.n_routed_experts} routed experts")
+    # Megatron: expert parallel x expert tensor parallel must tile the non-pipeline ranks (tp*dp*cp).
+    per_stage = world_size // t.pp
+    _require(per_stage % (t.ep * t.etp) == 0, "ep-etp-divides-stage",
+             f"ep*etp = {t.ep}*{t.etp} does not divide the {per_stage} ranks of a pipeline stage")
+    _require(model.moe_intermediate_size % t.etp == 0, "etp-divides-expert-ffn",
+             f"etp={t.etp} does not divide moe_intermediate_size {model.moe_intermediate_size}")
+    if t.stage_layers:
+        _require(len(t.stage_layers) == t.pp, "stage-count",
+                 f"{len(t.stage_layers)} stage layer counts given for pp={t.pp}")
+        _require(min(t.stage_layers) >= 1, "stage-nonempty", f"a pipeline stage has no layers: {list(t.stage_layers)}")
+        _require(sum(t.stage_layers) == model.num_hidden_layers, "stage-layers-sum",
+                 f"stage layers {list(t.stage_layers)} sum to {sum(t.stage_layers)}, "
+                 f"model {model.name} has {model.num_hidden_layers}")
+    else:
+        _require(model.num_hidden_layers % t.pp == 0, "pp-divides-layers",
+                 f"pp={t.pp} does not divide {model.num_hidden_layers} layers; give stage_layers")
+    _require(world_size % r.instance_size == 0, "rollout-world-divisible",
+             f"world size {world_size} is not divisible by the rollout instance tp*dp = {r.tp}*{r.dp} = {r.instance_size}")
+    _require(model.num_attention_heads % r.tp == 0, "rollout-tp-divides-heads",
+             f"rollout tp={r.tp} does not divide {model.num_attention_heads} attention heads")
+    _require(r.ep in (1, r.instance_size), "rollout-ep-is-instance",
+             f"rollout ep={r.ep} must be 1 or the instance size tp*dp = {r.instance_size} (vLLM's EP group)")
+    _require(model.n_routed_experts % r.ep == 0, "rollout-ep-divides-experts",
+             f"rollout ep={r.ep} does not divide {model.n_routed_experts} routed experts")

@@ -1,0 +1,241 @@
+"""pytest plugin (entry point `pytest11`): options, markers, `requires(...)`, scale and hardware fixtures.
+
+Markers are registered here and only here. A test states what it needs with a tier marker
+(`tiny` ... `full`), hardware markers (`npu`, `a3`, ...) or `@requires(...)`; when the need is not
+met the test is skipped with the reason, and `--strict-hardware` turns that skip into a failure
+naming what is missing, so a nightly run can never go green by skipping.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from harness import hardware as hw
+from harness.scales import SCALES, TIERS, Scale, default_scale, get_scale
+
+HARDWARE_MARKERS = {
+    "cpu": "runs on the CPU",
+    "gpu": "needs a CUDA GPU",
+    "npu": "needs an Ascend NPU (torch_npu + CANN)",
+    "a2": "needs Atlas A2 (Ascend 910B)",
+    "a3": "needs Atlas A3 (Ascend 910_93, 2 dies per card)",
+}
+TIER_MARKERS = {
+    "tiny": "tiny random-init DeepSeek-V3 on CPU or one card; every suite, seconds",
+    "layer": "one full-size DSV3 decoder layer; one card, or CPU with fake tensors",
+    "reduced": "DSV3 dims with reduced layers on one node (A2 8 cards / A3 16 dies)",
+    "moonlight": "Moonlight-16B-A3B on 1-2 nodes",
+    "full": "DeepSeek-V3 671B, 61 layers: A2 256 cards or A3 128 cards",
+}
+OTHER_MARKERS = {
+    "nightly": "part of the nightly NPU cluster run",
+    "requires(hardware=None, cards=None, devices=None, packages=()): skip (or fail with --strict-hardware) "
+    "unless the hardware, card count and packages are present": None,
+}
+
+SCALE_KEY = pytest.StashKey["Scale | None"]()
+DETECTED_KEY = pytest.StashKey["hw.Detected"]()
+CLUSTER_KEY = pytest.StashKey["dict"]()
+
+
+def requires(hardware: str | None = None, *, cards: int | None = None, devices: int | None = None,
+             packages: tuple[str, ...] | list[str] = ()) -> pytest.MarkDecorator:
+    """One decorator per hardware need: `@requires(hardware="a3", cards=128, packages=["vllm_ascend"])`."""
+    if hardware is not None and hardware not in HARDWARE_MARKERS:
+        raise ValueError(f"requires(hardware={hardware!r}): use one of {', '.join(HARDWARE_MARKERS)}")
+    return pytest.mark.requires(hardware=hardware, cards=cards, devices=devices, packages=tuple(packages))
+
+
+@dataclass
+class Need:
+    """What an item needs; `missing()` lists what this machine lacks, in words."""
+
+    hardware: set[str] = field(default_factory=set)
+    cards: int = 0
+    devices: int = 0
+    packages: set[str] = field(default_factory=set)
+    cluster: bool = False
+
+    def missing(self, found: hw.Detected, cluster: dict) -> list[str]:
+        out = []
+        for name in sorted(self.hardware):
+            if not found.satisfies(name):
+                out.append(f"hardware {name} ({HARDWARE_MARKERS[name]}); found {found.kind} ({found.device_name})")
+        devices_here = cluster.get("devices", found.device_count if found.kind != "cpu" else 0)
+        cards_here = devices_here // found.profile.dies_per_card
+        if self.devices and devices_here < self.devices:
+            out.append(f"{self.devices} devices; found {devices_here}")
+        if self.cards and cards_here < self.cards:
+            out.append(f"{self.cards} cards; found {cards_here}")
+        if self.cluster and not cluster.get("address"):
+            out.append("a Ray cluster (--ray-address)")
+        for pkg in sorted(self.packages):
+            if importlib.util.find_spec(pkg) is None:
+                out.append(f"package {pkg} (pip install it; see requirements/)")
+        return out
+
+
+def tier_need(scale: Scale) -> Need:
+    """What running a scale for real needs. tiny and layer run anywhere (CPU, fake tensors)."""
+    if scale.tier in ("tiny", "layer"):
+        return Need()
+    return Need(hardware={scale.hardware.name}, devices=scale.devices, cluster=scale.nodes > 1)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("ascend-rl-harness")
+    g.addoption("--scale", default=None, choices=sorted(SCALES),
+                help="run only the tier of this scale and use it for the `scale` fixture (default: per tier marker)")
+    g.addoption("--hardware", default="auto", choices=hw.HARDWARE_CHOICES,
+                help="hardware to run on; auto detects npu, then cuda, then cpu")
+    g.addoption("--strict-hardware", action="store_true",
+                help="fail, instead of skip, any test whose hardware, cards or packages are missing")
+    g.addoption("--report-dir", default=None, help="directory for the run's JSON/HTML report")
+    g.addoption("--baseline", default=None, help="golden baseline file for alignment/regression suites")
+    g.addoption("--run-dir", default=None, help="an existing run directory (verl logs) to assert on")
+    g.addoption("--engine", default=None, metavar="MODULE:FACTORY",
+                help="the system under test: a factory returning a harness Engine (default: built-in engines)")
+    g.addoption("--ray-address", default=None, help="address of an existing Ray cluster (ray://host:10001 or host:6379)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in {**TIER_MARKERS, **HARDWARE_MARKERS}.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    for name in OTHER_MARKERS:
+        config.addinivalue_line("markers", name if ":" in name else f"{name}: {OTHER_MARKERS[name]}")
+    try:
+        config.stash[DETECTED_KEY] = hw.resolve(config.getoption("hardware"))
+    except hw.HardwareError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    scale_name = config.getoption("scale")
+    config.stash[SCALE_KEY] = get_scale(scale_name) if scale_name else None
+    config.stash[CLUSTER_KEY] = {"address": config.getoption("ray_address")}
+    _register_hypothesis_profiles()
+
+
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
+    settings.register_profile("dev", deadline=None, max_examples=50)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def item_tier(item: pytest.Item) -> str | None:
+    tiers = [t for t in TIERS if item.get_closest_marker(t)]
+    return tiers[0] if tiers else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scale = config.stash[SCALE_KEY]
+    if scale is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        tier = item_tier(item)
+        (keep if tier is None or tier == scale.tier else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def scale_for(item: pytest.Item) -> Scale | None:
+    chosen = item.config.stash[SCALE_KEY]
+    if chosen is not None:
+        return chosen
+    tier = item_tier(item)
+    return default_scale(tier, item.config.stash[DETECTED_KEY].profile.name) if tier else None
+
+
+def item_need(item: pytest.Item) -> Need:
+    scale = scale_for(item)
+    need = tier_need(scale) if scale else Need()
+    need.hardware |= {m for m in HARDWARE_MARKERS if m != "cpu" and item.get_closest_marker(m)}
+    for mark in item.iter_markers("requires"):
+        if mark.kwargs.get("hardware"):
+            need.hardware.add(mark.kwargs["hardware"])
+        need.cards = max(need.cards, mark.kwargs.get("cards") or 0)
+        need.devices = max(need.devices, mark.kwargs.get("devices") or 0)
+        need.packages |= set(mark.kwargs.get("packages") or ())
+    return need
+
+
+def _cluster(config: pytest.Config) -> dict:
+    """With --ray-address, count the cluster's NPU/GPU devices once (lazily: only when a test needs it)."""
+    info = config.stash[CLUSTER_KEY]
+    if info.get("address") and "devices" not in info:
+        import ray
+
+        ray.init(address=info["address"], ignore_reinit_error=True, log_to_driver=False)
+        res = ray.cluster_resources()
+        info["devices"] = int(res.get("NPU", 0) or res.get("GPU", 0))
+    return info
+
+
+def skip_or_fail(config: pytest.Config, reason: str) -> None:
+    """Skip with the reason; under --strict-hardware fail with it instead."""
+    if config.getoption("strict_hardware"):
+        pytest.fail(f"--strict-hardware: missing {reason}", pytrace=False)
+    pytest.skip(f"missing {reason}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    need = item_need(item)
+    if not (need.hardware or need.cards or need.devices or need.packages or need.cluster):
+        return
+    cluster = _cluster(item.config) if (need.cards or need.devices or need.cluster) else {}
+    missing = need.missing(item.config.stash[DETECTED_KEY], cluster)
+    if missing:
+        skip_or_fail(item.config, "; ".join(missing))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Device-generic tests: one parametrization over the device types present (npu, cuda, cpu).
+    if "device" in metafunc.fixturenames:
+        found = metafunc.config.stash[DETECTED_KEY]
+        metafunc.parametrize("device", hw.torch_device_types(found), ids=lambda d: d)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    found = config.stash[DETECTED_KEY]
+    scale = config.stash[SCALE_KEY]
+    return (f"ascend-rl-harness: hardware {found.kind} ({found.device_name}, profile {found.profile.name}, "
+            f"{found.device_count} devices); scale {scale.name if scale else 'per tier marker'}")
+
+
+@pytest.fixture(scope="session")
+def detected_hardware(pytestconfig: pytest.Config) -> hw.Detected:
+    """The accelerator this session runs on (after --hardware)."""
+    return pytestconfig.stash[DETECTED_KEY]
+
+
+@pytest.fixture
+def scale(request: pytest.FixtureRequest) -> Scale:
+    """The Scale this test runs at: --scale, or the default scale of the test's tier marker."""
+    chosen = scale_for(request.node)
+    if chosen is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses the `scale` fixture but has no tier marker and no --scale")
+    return chosen
+
+
+@pytest.fixture
+def deterministic_env(monkeypatch: pytest.MonkeyPatch):
+    """Deterministic Ascend/vLLM environment plus msprobe's seed_all(mode=True) (deterministic algorithms).
+
+    seed 003: rollout replay and curve alignment need fixed seeds and deterministic HCCL/matmul.
+    """
+    for key, value in hw.DETERMINISTIC_ENV.items():
+        monkeypatch.setenv(key, value)
+    import torch
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    from msprobe.pytorch import seed_all
+
+    seed_all(seed=1234, mode=True)
+    yield dict(hw.DETERMINISTIC_ENV)
+    torch.use_deterministic_algorithms(previous)

@@ -1,0 +1,132 @@
+"""Scale registry: model x hardware x parallel plan x DAPO batch, from `tiny` (CPU) to `full` (671B).
+
+The pytest tier markers (`tiny`, `layer`, `reduced`, `moonlight`, `full`) name the `tier` of a scale;
+several scales can share a tier (full-a2-gbs32, full-a2-gbs128, full-a3). Targets that suites assert
+(tokens/s per card) live here, next to the configuration they belong to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.hardware import PROFILES, HardwareProfile
+from harness.models import MODELS, ModelSpec
+from harness.plans import ParallelPlan, RolloutParallel, TrainParallel, validate_plan
+
+TIERS = ("tiny", "layer", "reduced", "moonlight", "full")
+
+
+@dataclass(frozen=True)
+class DapoBatch:
+    """DAPO batch settings (verl data/rollout keys): prompts per step, samples per prompt, lengths."""
+
+    gbs: int  # data.train_batch_size: prompts per step
+    n: int  # actor_rollout_ref.rollout.n
+    max_prompt_length: int
+    max_response_length: int
+    ppo_mini_batch_size: int | None = None  # prompts per optimizer step; defaults to gbs
+    micro_batch_size_per_device: int = 1
+    overlong_buffer_len: int = 0  # DAPO overlong buffer; 0 derives max_response // 4
+
+    @property
+    def sequences(self) -> int:
+        return self.gbs * self.n
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a run of this scale must reach. None: no absolute target (regression vs baseline only)."""
+
+    tps_per_card: float | None = None
+    regression_tolerance: float = 0.05  # relative, vs baseline (verl Ascend nightly: throughput >= -5%)
+    memory_headroom_gib: float = 2.0  # each phase must leave this much of the device free
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    tier: str
+    model: ModelSpec
+    hardware: HardwareProfile
+    devices: int  # torch devices (dies on A3); the world size
+    nodes: int
+    plan: ParallelPlan
+    batch: DapoBatch
+    targets: Targets = field(default_factory=Targets)
+    graph_mode: bool = True  # vLLM enforce_eager=False (graph capture / aclgraph)
+    chunked_prefill: bool = True  # chunked prefill for MLA (seed 001: vanilla prefill OOMs at GBS 128)
+    load_format: str = "dummy"  # rollout weights come from the actor via weight sync
+    description: str = ""
+
+    @property
+    def cards(self) -> int:
+        return self.devices // self.hardware.dies_per_card
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.devices // self.nodes
+
+    def validate(self) -> None:
+        validate_plan(self.plan, self.model, self.devices)
+
+
+def _plan(tp, pp, ep=1, etp=1, cp=1, stage_layers=(), rtp=1, rdp=1, rep=1) -> ParallelPlan:
+    return ParallelPlan(TrainParallel(tp, pp, ep, etp, cp, tuple(stage_layers)), RolloutParallel(rtp, rdp, rep))
+
+
+_DSV3 = MODELS["deepseek-v3"]
+# Seed 001, Atlas 800T A2 256 cards: TP8 PP16 EP16 ETP1, first stage 3 layers, last 2, middle 4;
+# rollout TP8 EP64 (EP spans an instance of 64 devices, so DP8 inside it).
+_A2_FULL_PLAN = _plan(8, 16, 16, 1, 1, TrainParallel.uniform_middle(61, 16, 3, 2), rtp=8, rdp=8, rep=64)
+
+SCALES: dict[str, Scale] = {s.name: s for s in (
+    Scale("tiny", "tiny", MODELS["tiny-dsv3"], PROFILES["cpu"], 1, 1, _plan(1, 1),
+          DapoBatch(gbs=8, n=4, max_prompt_length=16, max_response_length=16),
+          description="random-init tiny DeepSeek-V3 (2 layers, latent 576) on CPU: every suite, seconds"),
+    Scale("layer", "layer", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
+          DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192),
+          description="one full-size DSV3 decoder layer (dense and MoE) sharded as on A2 256 cards; "
+                      "1 card, or CPU with fake tensors"),
+    Scale("reduced-a2", "reduced", MODELS["deepseek-v3-4l"], PROFILES["a2"], 8, 1,
+          _plan(8, 1, 8, 1, rtp=8, rdp=1, rep=8),
+          DapoBatch(gbs=16, n=4, max_prompt_length=1024, max_response_length=1024),
+          description="DSV3 dims, 4 layers (3 dense + 1 MoE), one Atlas 800T A2 node"),
+    Scale("moonlight-a2", "moonlight", MODELS["moonlight-16b-a3b"], PROFILES["a2"], 16, 2,
+          _plan(4, 2, 8, 1, stage_layers=(14, 13), rtp=4, rdp=4, rep=16),
+          DapoBatch(gbs=32, n=8, max_prompt_length=2048, max_response_length=4096),
+          description="Moonlight-16B-A3B DAPO alignment run on two A2 nodes"),
+    Scale("full-a2-gbs32", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
+          DapoBatch(gbs=32, n=16, max_prompt_length=2048, max_response_length=12288, micro_batch_size_per_device=2),
+          description="seed 001 case 1: GBS 32, 2k prompt -> 12k response (the logits OOM when responses run long)"),
+    Scale("full-a2-gbs128", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
+          DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192, micro_batch_size_per_device=2),
+          description="seed 001 case 2: GBS 128, 2k -> 8k (the vanilla MLA prefill OOM)"),
+    # Seed 002, Atlas A3 128 cards = 256 dies: TP4 PP8 EP8, layers 7,7,8,8,8,8,8,7; rollout TP2 DP64
+    # EP128 (two instances of 128 dies); GBS 512, n 16, 1k/3k, graph mode -> 120 TPS per card.
+    Scale("full-a3", "full", _DSV3, PROFILES["a3"], 256, 16,
+          _plan(4, 8, 8, 1, stage_layers=(7, 7, 8, 8, 8, 8, 8, 7), rtp=2, rdp=64, rep=128),
+          DapoBatch(gbs=512, n=16, max_prompt_length=1024, max_response_length=3072),
+          targets=Targets(tps_per_card=120.0),
+          description="seed 002: DSV3 671B on Atlas A3 128 cards (256 dies), 120 TPS/card with graph mode"),
+)}
+
+# The scale a tier marker selects when --scale is not given, per detected hardware profile.
+DEFAULT_SCALE_FOR_TIER = {"tiny": "tiny", "layer": "layer", "reduced": "reduced-a2",
+                          "moonlight": "moonlight-a2", "full": "full-a3"}
+
+
+def get_scale(name: str) -> Scale:
+    try:
+        return SCALES[name]
+    except KeyError:
+        raise KeyError(f"unknown scale {name!r}; known: {', '.join(SCALES)} (see `ascend-rl-harness scales`)") from None
+
+
+def default_scale(tier: str, hardware: str | None = None) -> Scale:
+    """The scale a bare tier marker means; on A2 hardware `full` means the A2 plan."""
+    if tier == "full" and hardware == "a2":
+        return SCALES["full-a2-gbs128"]
+    return SCALES[DEFAULT_SCALE_FOR_TIER[tier]]
