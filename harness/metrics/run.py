@@ -40,7 +40,12 @@ class Series:
 
 @dataclass(frozen=True)
 class RunMeta:
-    """Where a run came from: scale and hardware names, package versions, source files."""
+    """Where a run came from: scale and hardware names, package versions, source files.
+
+    `warnings` holds every irregularity ingest accepted (resumed segments, non-finite values, a dropped
+    truncated line under lenient ingest) as "file:line: what" strings: nothing is dropped silently, and
+    callers (compare, the report) show them.
+    """
 
     scale: str | None = None
     hardware: str | None = None
@@ -48,6 +53,7 @@ class RunMeta:
     versions: dict[str, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
