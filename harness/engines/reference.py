@@ -1,0 +1,332 @@
+"""Reference MLA rollout engine: pure torch, written from the DeepSeek-V3 equations; the numeric golden at tiny
+shapes and the engine the tiny DAPO lab rolls out with.
+
+It behaves like upstream vLLM where the MLA bugs live:
+- the KV cache holds the compressed latent [c_kv (kv_lora_rank) | rotated k_pe (qk_rope_head_dim)];
+- prefill is the naive path (k_nope / v expanded through kv_b_proj directly, as vLLM's MHA prefill);
+- decode is the absorbed path: q_nope @ W_UK_T scores against the latent, the latent output goes through W_UV;
+- W_UK_T / W_UV are derived ONCE, after the initial load (`_process_weights_after_loading`), as views of
+  kv_b_proj.weight (`harness.mla.derive_absorbed`); `load_weights` copies in place, so views stay fresh.
+So a stale W_UV corrupts decode tokens only; the first generated token (from prefill) stays right.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from harness import mla
+from harness.engines.base import Engine, MLALayer, Rollout
+from harness.engines.weights import checkpoint_shapes, read_model_dir
+from harness.errors import BadInput
+from harness.models import ModelSpec
+
+
+class Fault(str, enum.Enum):
+    """Real bugs the reference engine can reproduce (`ReferenceEngine(..., fault=Fault.STALE_COPY)` or the string).
+
+    STALE_COPY      vllm-ascend: W_UK_T / W_UV made with `.contiguous()` at init and never re-derived after a
+                    weight sync (seed 001 精度问题1; verl PR #4130 / #5235). Decode uses the initial weights.
+    DTYPE_COPY      W_UK_T / W_UV cast to another dtype (float64 here) at init: a cast is a copy, stale after sync
+                    (the dequant / NPU-format-cast variant of the same bug).
+    REBIND          `load_weights` rebinds `param.data = new` instead of copying in place: kv_b_proj moves to new
+                    storage and the W_UK_T / W_UV views keep pointing at the old one.
+    SCALE_V_HEAD    MindSpeed MLA: softmax scale 1/sqrt(v_head_dim) (kv_channels 128) instead of
+                    1/sqrt(qk_nope + qk_rope) * mscale^2 (seed 001 精度问题2).
+    SCALE_NO_MSCALE softmax scale 1/sqrt(qk_head_dim) without the yarn mscale^2 factor.
+    """
+
+    STALE_COPY = "stale_copy"
+    DTYPE_COPY = "dtype_copy"
+    REBIND = "rebind"
+    SCALE_V_HEAD = "scale_v_head"
+    SCALE_NO_MSCALE = "scale_no_mscale"
+
+
+def yarn_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """DeepSeek YaRN inverse frequencies for the rope dims (DeepSeek-V3 `yarn_find_correction_range` + linear ramp)."""
+    dim, base = spec.qk_rope_head_dim, spec.rope_theta
+    freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    rope = spec.rope_scaling
+    if rope is None or rope.factor <= 1:
+        return freq
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(rope.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(rope.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return freq / rope.factor * (1 - extrapolation) + freq * extrapolation
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's interleaved rope: pairs (x0, x1), (x2, x3), ... rotate by one angle each. The output lays the
+    rotated pairs out as [evens | odds]; q and k get the same layout, so dot products are unchanged."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class ReferenceEngine(Engine):
+    """Pure-torch DeepSeek-V3 MLA rollout engine (see module docstring).
+
+    ReferenceEngine(spec, weights=None, load_format="real", dtype=torch.float32, seed=0, fault=None)
+      weights      dict name -> tensor (HF checkpoint names) or a model directory; required for "real".
+      load_format  "real" loads `weights`; "dummy" initialises uniform(-1e-3, 1e-3) from `seed` like vLLM's dummy
+                   loader, to be overwritten by `load_weights` (the verl flow with load_format=dummy).
+      fault        None, or a `Fault` (or its string value) reproducing a real bug, for seeded self-tests and the
+                   tiny DAPO lab's fault injection.
+    Supports sleep(level=1|2) / wake_up(); level 2 discards weight contents (NaN, storage kept, like vLLM's
+    CuMemAllocator remapping at the same address), so a rollout without a sync after wake-up is visibly broken.
+    """
+
+    supports_sleep = True
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
+                 load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 fault: Fault | str | None = None):
+        self.spec, self.dtype = spec, dtype
+        self.fault = Fault(fault) if fault is not None else None
+        self.name = "reference" + (f"[{self.fault.value}]" if self.fault else "")
+        self._asleep = False
+        self.params: dict[str, torch.nn.Parameter] = {}
+        gen = torch.Generator().manual_seed(seed)
+        for pname, shape in checkpoint_shapes(spec).items():
+            t = torch.empty(shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=gen)
+            self.params[pname] = torch.nn.Parameter(t.to(dtype), requires_grad=False)
+        if load_format == "real":
+            if weights is None:
+                raise BadInput("ReferenceEngine(load_format='real') needs weights (a state dict or a model directory)")
+            state = read_model_dir(weights) if isinstance(weights, (str, Path)) else weights
+            missing = sorted(set(self.params) - set(state))
+            if missing:
+                raise BadInput(f"weights for {spec.name} lack {len(missing)} tensors, first {missing[0]!r}")
+            self._copy_in(state.items(), rebind=False)
+        elif load_format != "dummy":
+            raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
+        self._inv_freq = yarn_inv_freq(spec)
+        self._scale = {
+            Fault.SCALE_V_HEAD: spec.v_head_dim ** -0.5,
+            Fault.SCALE_NO_MSCALE: spec.qk_head_dim ** -0.5,
+        }.get(self.fault, mla.softmax_scale(spec))
+        self._process_weights_after_loading()
+
+    # ------------------------------------------------------------ weights
+    def _process_weights_after_loading(self) -> None:
+        """Derive W_UK_T / W_UV once, as vLLM does at engine init (verl never calls it again after a sync)."""
+        self._absorbed = []
+        for i in range(self.spec.num_hidden_layers):
+            w_uk_t, w_uv = mla.derive_absorbed(self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"], self.spec)
+            if self.fault is Fault.STALE_COPY:
+                w_uk_t, w_uv = w_uk_t.contiguous(), w_uv.contiguous()
+            elif self.fault is Fault.DTYPE_COPY:
+                w_uk_t, w_uv = w_uk_t.to(torch.float64), w_uv.to(torch.float64)
+            self._absorbed.append((w_uk_t, w_uv))
+
+    def _copy_in(self, weights: Iterable[tuple[str, torch.Tensor]], *, rebind: bool) -> None:
+        with torch.no_grad():
+            for pname, tensor in weights:
+                param = self.params.get(pname)
+                if param is None:
+                    raise BadInput(f"load_weights: unknown weight {pname!r} for {self.spec.name}")
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise BadInput(f"load_weights: {pname} has shape {tuple(tensor.shape)}, "
+                                   f"expected {tuple(param.shape)}")
+                if rebind:
+                    param.data = tensor.detach().to(self.dtype).clone()
+                else:
+                    param.copy_(tensor)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._copy_in(weights, rebind=self.fault is Fault.REBIND)
+
+    def mla_layers(self) -> list[MLALayer]:
+        return [MLALayer(layer=i, kv_b_proj=self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"].data,
+                         w_uk_t=w_uk_t, w_uv=w_uv) for i, (w_uk_t, w_uv) in enumerate(self._absorbed)]
+
+    def softmax_scale(self) -> float:
+        return self._scale
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The engine's current weights by checkpoint name (live tensors, do not modify)."""
+        return {k: p.data for k, p in self.params.items()}
+
+    # ------------------------------------------------------------ sleep mode
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level {level}: use 1 (offload) or 2 (discard weights)")
+        if level == 2:
+            with torch.no_grad():
+                for p in self.params.values():
+                    p.fill_(float("nan"))
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        self._asleep = False
+
+    # ------------------------------------------------------------ model
+    def _p(self, name: str) -> torch.Tensor:
+        return self.params[name]
+
+    def _mlp(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        g = F.linear(x, self._p(prefix + "gate_proj.weight"))
+        u = F.linear(x, self._p(prefix + "up_proj.weight"))
+        return F.linear(F.silu(g) * u, self._p(prefix + "down_proj.weight"))
+
+    def _moe(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        """DeepSeek-V3 noaux_tc routing: sigmoid scores, bias only for choice, group-limited top-k, normalised
+        weights times routed_scaling_factor; plus the shared experts."""
+        s = self.spec
+        scores = F.linear(x.float(), self._p(prefix + "gate.weight").float()).sigmoid()
+        choice = scores + self._p(prefix + "gate.e_score_correction_bias").float()
+        groups = choice.view(-1, s.n_group, s.n_routed_experts // s.n_group).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(groups).scatter_(1, groups.topk(s.topk_group, dim=-1)[1], 1.0)
+        keep = keep.unsqueeze(-1).expand(-1, s.n_group, s.n_routed_experts // s.n_group).reshape(len(x), -1)
+        idx = choice.masked_fill(keep == 0, float("-inf")).topk(s.num_experts_per_tok, dim=-1)[1]
+        w = scores.gather(1, idx)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * s.routed_scaling_factor
+        out = torch.zeros_like(x)
+        for e in idx.unique().tolist():
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            y = self._mlp(f"{prefix}experts.{e}.", x[tok]) * w[tok, slot, None].to(x.dtype)
+            out.index_add_(0, tok, y)
+        if s.n_shared_experts:
+            out = out + self._mlp(prefix + "shared_experts.", x)
+        return out
+
+    def _qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor):
+        """x [T, H] at positions pos [T] -> q_nope [T,N,P], q_pe [T,N,R] (rotated), latent [T, L+R] (cache entry)."""
+        s, a = self.spec, f"model.layers.{i}.self_attn."
+        if s.q_lora_rank:
+            q = F.linear(_rms(F.linear(x, self._p(a + "q_a_proj.weight")), self._p(a + "q_a_layernorm.weight"),
+                              s.rms_norm_eps), self._p(a + "q_b_proj.weight"))
+        else:
+            q = F.linear(x, self._p(a + "q_proj.weight"))
+        q = q.view(len(x), s.num_attention_heads, s.qk_head_dim)
+        q_nope, q_pe = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
+        kv = F.linear(x, self._p(a + "kv_a_proj_with_mqa.weight"))
+        c, k_pe = kv.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        c = _rms(c, self._p(a + "kv_a_layernorm.weight"), s.rms_norm_eps)
+        ang = pos.float()[:, None] * self._inv_freq[None, :]
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        q_pe = _rope(q_pe, cos[:, None, :], sin[:, None, :])
+        k_pe = _rope(k_pe, cos, sin)
+        return q_nope, q_pe, torch.cat([c, k_pe], dim=-1)
+
+    def _attn_prefill(self, i: int, x: torch.Tensor, pos: torch.Tensor):
+        """Naive (training-style) path through kv_b_proj, as vLLM's MHA prefill. Returns output and latent."""
+        s, a = self.spec, f"model.layers.{i}.self_attn."
+        q_nope, q_pe, latent = self._qkv(i, x, pos)
+        c, k_pe = latent.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        kv = F.linear(c, self._p(a + "kv_b_proj.weight")).view(len(x), s.num_attention_heads, -1)
+        k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
+        scores = (torch.einsum("tnp,snp->nts", q_nope, k_nope) + torch.einsum("tnr,sr->nts", q_pe, k_pe)) * self._scale
+        causal = torch.ones(len(x), len(x), dtype=torch.bool).tril()
+        probs = scores.float().masked_fill(~causal, float("-inf")).softmax(-1).to(x.dtype)
+        out = torch.einsum("nts,snv->tnv", probs, v).reshape(len(x), -1)
+        return F.linear(out, self._p(a + "o_proj.weight")), latent
+
+    def _attn_decode(self, i: int, x: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor):
+        """Absorbed (MQA over the latent) path: one new token per sequence. cache [B, S, L+R] is updated in place."""
+        s, a = self.spec, f"model.layers.{i}.self_attn."
+        q_nope, q_pe, latent = self._qkv(i, x, pos)
+        rows = torch.arange(len(x))
+        cache[rows, lengths] = latent
+        c, k_pe = cache.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        w_uk_t, w_uv = (w.to(x.dtype) for w in self._absorbed[i])
+        q_lat = torch.einsum("bnp,npl->bnl", q_nope, w_uk_t)
+        scores = (torch.einsum("bnl,bsl->bns", q_lat, c) + torch.einsum("bnr,bsr->bns", q_pe, k_pe)) * self._scale
+        valid = torch.arange(cache.shape[1])[None, :] <= lengths[:, None]
+        probs = scores.float().masked_fill(~valid[:, None, :], float("-inf")).softmax(-1).to(x.dtype)
+        o_lat = torch.einsum("bns,bsl->bnl", probs, c)
+        out = torch.einsum("bnl,nlv->bnv", o_lat, w_uv).reshape(len(x), -1)
+        return F.linear(out, self._p(a + "o_proj.weight"))
+
+    def _layers(self, h: torch.Tensor, attn) -> torch.Tensor:
+        s = self.spec
+        for i in range(s.num_hidden_layers):
+            p = f"model.layers.{i}."
+            h = h + attn(i, _rms(h, self._p(p + "input_layernorm.weight"), s.rms_norm_eps))
+            y = _rms(h, self._p(p + "post_attention_layernorm.weight"), s.rms_norm_eps)
+            h = h + (self._mlp(p + "mlp.", y) if i < s.first_k_dense_replace else self._moe(p + "mlp.", y))
+        h = _rms(h, self._p("model.norm.weight"), s.rms_norm_eps)
+        return F.linear(h, self._p("lm_head.weight")).float()
+
+    def prefill_logits(self, token_ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits [T, vocab] of one sequence through the naive path, and the per-layer latent cache [T, L+R]."""
+        x = self._p("model.embed_tokens.weight")[torch.tensor(token_ids)]
+        pos = torch.arange(len(token_ids))
+        latents: list[torch.Tensor] = []
+
+        def attn(i, y):
+            out, lat = self._attn_prefill(i, y, pos)
+            latents.append(lat)
+            return out
+
+        return self._layers(x, attn), latents
+
+    @torch.no_grad()
+    def sample(self, prompt_token_ids: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+               seed: int | None = None, full_logprobs: bool = False,
+               eos_token_id: int | None = None) -> Rollout:
+        if self._asleep:
+            raise RuntimeError(f"{self.name} is asleep: call wake_up() (and load_weights after sleep level 2)")
+        if not prompt_token_ids or any(len(p) == 0 for p in prompt_token_ids):
+            raise ValueError("sample: every prompt needs at least one token")
+        s, b = self.spec, len(prompt_token_ids)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        lengths = torch.tensor([len(p) for p in prompt_token_ids])
+        width = s.kv_lora_rank + s.qk_rope_head_dim
+        caches = [torch.zeros(b, int(lengths.max()) + max_tokens, width, dtype=self.dtype)
+                  for _ in range(s.num_hidden_layers)]
+        last = []
+        for row, prompt in enumerate(prompt_token_ids):
+            logits, latents = self.prefill_logits(prompt)
+            for cache, lat in zip(caches, latents):
+                cache[row, : len(prompt)] = lat
+            last.append(logits[-1])
+        logits = torch.stack(last)
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        logps: list[list[float]] = [[] for _ in range(b)]
+        dists: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        done = torch.zeros(b, dtype=torch.bool)
+        for step in range(max_tokens):
+            scaled = logits / temperature if temperature > 0 else logits
+            logp = scaled.log_softmax(-1)
+            nxt = (torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1) if temperature > 0
+                   else logits.argmax(-1))
+            for row in range(b):
+                if not done[row]:
+                    tokens[row].append(int(nxt[row]))
+                    logps[row].append(float(logp[row, nxt[row]]))
+                    if full_logprobs:
+                        dists[row].append(logp[row].clone())
+            if eos_token_id is not None:
+                done |= nxt == eos_token_id
+            if step == max_tokens - 1 or bool(done.all()):
+                break
+            x = self._p("model.embed_tokens.weight")[nxt]
+            pos = lengths.clone()
+            logits = self._layers(x, lambda i, y: self._attn_decode(i, y, pos, caches[i], lengths))
+            lengths = lengths + 1
+        return Rollout(token_ids=tokens, logprobs=logps,
+                       dist_logprobs=[torch.stack(d) for d in dists] if full_logprobs else None)
+
+
+def make_reference_engine(spec: ModelSpec, *, weights=None, load_format: str = "real",
+                          dtype: torch.dtype = torch.float32, seed: int = 0, fault: Fault | str | None = None
+                          ) -> ReferenceEngine:
+    """Factory with the `--engine` signature (see `harness.engines.base.load_factory`)."""
+    return ReferenceEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, fault=fault)
