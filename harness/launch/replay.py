@@ -1,0 +1,256 @@
+"""Rollout replay (seed 003): dump the rollouts of one platform (the GPU baseline) and replay them on
+another (the NPU) so that a reward / pg_loss / grad_norm difference is isolated to the training side.
+
+The on-disk layout is verl's RolloutSkip layout (verl 0.9.1, `verl/utils/skip/rollout_skip.py`), so a
+dump written by verl's PPO trainer is replayed by the harness and vice versa:
+
+    {dump_dir}/{experiment_name}_{project_name}/GBS{gbs}_N{n}_in{max_prompt}_out{max_response}/{step}/
+        gen_batch.dp    the generate_sequences output, a pickled verl DataProto (DataProto.save_to_disk)
+        meta.json       {"global_steps": step}
+
+What the installed verl 0.9.1 does, checked against its source (and where it differs from seed 003):
+- config group `skip.rollout` (`verl.utils.skip.config.RolloutSkipConfig`): enable, dump_dir, steps,
+  action. `steps` is an explicit list: a step not listed is generated normally and NOT dumped (the
+  seed does not say this). `action` accepts only cache | repeat (`random` / `empty` exist in
+  `SkipAction` but the config rejects them).
+- GBS is `data.gen_batch_size` when set, else `data.train_batch_size`.
+- `repeat` loads the exact step if dumped, else the latest earlier step, else the earliest later one.
+- validation batches (meta_info["validate"]) bypass the skip.
+- `skip.rollout` is honoured only by the V0 trainer: `RayPPOTrainer.fit` (verl/trainer/ppo/ray_trainer.py)
+  calls `SkipManager.init` / `set_step` and the decorator sits on `AgentLoopManager.generate_sequences`
+  (verl/experimental/agent_loop/agent_loop.py). The V1 trainer (`trainer.use_v1=true`, the 0.9.1 default
+  and what harness.dapo's recipe runs) honours only `skip.rollout_tq` (RolloutTqSkip), whose files are
+  `{step}/{inner}/tq_batch.pt` (a torch-saved TensorDict + TransferQueue keys/tags) -- not seed 003's
+  gen_batch.dp, and not readable on a V0 run.
+
+Why the harness has its own replay: verl's DAPO trainer (`RayDAPOTrainer.fit` in verl-project/verl-recipe
+`dapo/dapo_ray_trainer.py`, e.g. commit dd811fe4) overrides `fit` without calling `SkipManager.init` /
+`SkipManager.set_step`, so `skip.rollout.*` is silently ignored for DAPO (the decorator sees no skip
+instance); the recipe instead imports the pre-0.9 `verl.utils.rollout_skip` module, which verl 0.9.1 no
+longer ships. With the V1 path the dump is TransferQueue-specific (above). `RolloutReplay` gives DAPO runs (and the tiny lab) the same dump/replay semantics and
+the same files, using verl's own `DataProto` save/load.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.errors import BadInput
+from harness.io import write_json_atomic
+
+GEN_BATCH_FILE = "gen_batch.dp"  # RolloutSkip.gen_batch_name
+META_FILE = "meta.json"  # RolloutSkip.meta_name
+ACTIONS = ("cache", "repeat")  # what verl 0.9.1's RolloutSkipConfig accepts
+
+
+@dataclass(frozen=True)
+class ReplayKey:
+    """What names a dump directory: verl's experiment/project names and the batch shape."""
+
+    experiment: str
+    project: str
+    gbs: int
+    n: int
+    max_prompt_length: int
+    max_response_length: int
+
+    @property
+    def relative_dir(self) -> str:
+        return (f"{self.experiment}_{self.project}/"
+                f"GBS{self.gbs}_N{self.n}_in{self.max_prompt_length}_out{self.max_response_length}")
+
+    @classmethod
+    def from_verl_config(cls, config) -> ReplayKey:
+        """The key verl's RolloutSkip derives from a trainer config (an OmegaConf DictConfig)."""
+        from omegaconf import OmegaConf
+
+        gbs = OmegaConf.select(config, "data.gen_batch_size")
+        if gbs is None:
+            gbs = OmegaConf.select(config, "data.train_batch_size", default=0)
+        return cls(experiment=OmegaConf.select(config, "trainer.experiment_name", default="default_experiment_name"),
+                   project=OmegaConf.select(config, "trainer.project_name", default="default_project_name"),
+                   gbs=int(gbs), n=int(OmegaConf.select(config, "actor_rollout_ref.rollout.n", default=0)),
+                   max_prompt_length=int(OmegaConf.select(config, "data.max_prompt_length", default=0)),
+                   max_response_length=int(OmegaConf.select(config, "data.max_response_length", default=0)))
+
+    @classmethod
+    def for_scale(cls, scale, experiment: str, project: str) -> ReplayKey:
+        """The key of a harness Scale's DAPO batch (harness.scales.DapoBatch)."""
+        b = scale.batch
+        return cls(experiment, project, b.gbs, b.n, b.max_prompt_length, b.max_response_length)
+
+
+def verl_skip_overrides(dump_dir: str | os.PathLike, steps: list[int] | tuple[int, ...], action: str = "cache",
+                        *, group: str = "rollout") -> list[str]:
+    """Hydra overrides that turn on verl's own skip for `steps`.
+
+    group `rollout`: RolloutSkip, this module's gen_batch.dp layout, honoured by the V0 trainer
+    (`trainer.use_v1=false`). group `rollout_tq`: RolloutTqSkip of the V1 trainer (verl 0.9.1's
+    default, the one harness.dapo's recipe runs), which writes `{step}/{inner}/tq_batch.pt` instead.
+    """
+    if action not in ACTIONS:
+        raise BadInput(f"replay action {action!r}: use one of {', '.join(ACTIONS)} (verl 0.9.1 RolloutSkipConfig)")
+    if group not in ("rollout", "rollout_tq"):
+        raise BadInput(f"skip group {group!r}: use rollout (V0 trainer) or rollout_tq (V1 trainer)")
+    return [f"skip.{group}.enable=True", f"skip.{group}.dump_dir={Path(dump_dir)}",
+            f"skip.{group}.steps=[{','.join(str(int(s)) for s in steps)}]", f"skip.{group}.action={action}"]
+
+
+class RolloutReplay:
+    """Dump and replay `generate_sequences` outputs in verl's RolloutSkip layout.
+
+    `generate(step, produce)` is the whole protocol: replay the dump of `step` when there is one
+    (`repeat`: the nearest dumped step, as verl does), else call `produce()` and dump its result.
+    """
+
+    def __init__(self, dump_dir: str | os.PathLike, key: ReplayKey, action: str = "cache"):
+        if action not in ACTIONS:
+            raise BadInput(f"replay action {action!r}: use one of {', '.join(ACTIONS)} (verl 0.9.1 RolloutSkipConfig)")
+        self.root = Path(dump_dir).expanduser().resolve() / key.relative_dir
+        self.key = key
+        self.action = action
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / str(int(step))
+
+    def _complete(self, step: int) -> bool:
+        d = self.step_dir(step)
+        return (d / GEN_BATCH_FILE).is_file() and (d / META_FILE).is_file()
+
+    def available_steps(self) -> list[int]:
+        """Steps with both files present (a half-written step is not replayable), ascending."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit() and self._complete(int(p.name)))
+
+    def resolve(self, step: int) -> int | None:
+        """The dumped step that replays `step`, or None (then the step is generated and dumped)."""
+        if self._complete(step):
+            return step
+        if self.action == "cache":
+            return None
+        available = self.available_steps()
+        earlier = [s for s in available if s < step]
+        later = [s for s in available if s > step]
+        return earlier[-1] if earlier else (later[0] if later else None)
+
+    def dump(self, step: int, batch) -> Path:
+        """Write `batch` (a verl DataProto) and meta.json for `step`; both files appear atomically."""
+        d = self.step_dir(step)
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{GEN_BATCH_FILE}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            batch.save_to_disk(tmp)
+            os.replace(tmp, d / GEN_BATCH_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        # meta.json last: verl treats a step as dumped only when both files exist
+        write_json_atomic(d / META_FILE, {"global_steps": int(step)})
+        return d
+
+    def load(self, step: int):
+        """The DataProto dumped for the step that replays `step`; BadInput naming the directory if none."""
+        from verl import DataProto
+
+        found = self.resolve(step)
+        if found is None:
+            have = self.available_steps()
+            raise BadInput(f"{self.root}: no rollout dump for step {step} (action {self.action}; dumped steps "
+                           f"{have or 'none'}); dump it first on the baseline platform with the same "
+                           f"experiment/project names and batch shape")
+        meta_path = self.step_dir(found) / META_FILE
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{meta_path}: unreadable rollout dump meta ({exc}); delete the step directory and dump again") from None
+        if int(meta.get("global_steps", -1)) != found:
+            raise BadInput(f"{meta_path}: says global_steps={meta.get('global_steps')} but lies in step directory "
+                           f"{found}; the dump was moved or mixed up, dump it again")
+        return DataProto.load_from_disk(self.step_dir(found) / GEN_BATCH_FILE)
+
+    def generate(self, step: int, produce: Callable[[], object]):
+        """Replay `step` when dumped, else `produce()` it and dump it (verl's SkipManager protocol)."""
+        if self.resolve(step) is not None:
+            return self.load(step)
+        batch = produce()
+        self.dump(step, batch)
+        return batch
+
+
+@dataclass(frozen=True)
+class BatchDifference:
+    """One field where a replayed batch differs from the dumped one."""
+
+    field: str
+    count: int  # elements that differ (or -1 when the field is missing / has another shape)
+    worst: float  # largest absolute difference (nan when not comparable)
+    where: str  # first differing index, or what is wrong
+
+    def __str__(self) -> str:
+        if self.count < 0:
+            return f"{self.field}: {self.where}"
+        return f"{self.field}: {self.count} elements differ, worst |diff| {self.worst:g} at {self.where}"
+
+
+def batch_differences(expected, actual) -> tuple[BatchDifference, ...]:
+    """Compare two verl DataProto batches field by field, exactly: a replay must hand training the very
+    tokens the baseline generated (seed 003), so any difference is a finding."""
+    import numpy as np
+    import torch
+
+    out: list[BatchDifference] = []
+
+    def compare(name: str, a, b) -> None:
+        if b is None:
+            out.append(BatchDifference(name, -1, float("nan"), "missing from the replayed batch"))
+            return
+        a_t = torch.as_tensor(a) if not isinstance(a, np.ndarray) or a.dtype != object else None
+        if a_t is None:  # object arrays (uids, raw prompts): element-wise equality
+            b = np.asarray(b, dtype=object)
+            if a.shape != b.shape:
+                out.append(BatchDifference(name, -1, float("nan"), f"shape {tuple(b.shape)} != {tuple(a.shape)}"))
+                return
+            bad = [i for i, (x, y) in enumerate(zip(a.ravel(), b.ravel())) if not _same_object(x, y)]
+            if bad:
+                out.append(BatchDifference(name, len(bad), float("nan"), f"index {bad[0]}"))
+            return
+        b_t = torch.as_tensor(b)
+        if a_t.shape != b_t.shape or a_t.dtype != b_t.dtype:
+            out.append(BatchDifference(name, -1, float("nan"),
+                                       f"{b_t.dtype}{list(b_t.shape)} != {a_t.dtype}{list(a_t.shape)}"))
+            return
+        neq = a_t != b_t
+        if a_t.is_floating_point():
+            neq &= ~(torch.isnan(a_t) & torch.isnan(b_t))
+        count = int(neq.sum())
+        if count:
+            diff = (a_t.double() - b_t.double()).abs().masked_fill(~neq, 0)
+            worst_flat = int(diff.argmax())
+            where = tuple(int(i) for i in np.unravel_index(worst_flat, tuple(a_t.shape)))
+            out.append(BatchDifference(name, count, float(diff.flatten()[worst_flat]), f"index {where}"))
+
+    a_batch = {} if expected.batch is None else dict(expected.batch.items())
+    b_batch = {} if actual.batch is None else dict(actual.batch.items())
+    for key in sorted(a_batch):
+        compare(f"batch[{key}]", a_batch[key], b_batch.get(key))
+    for key in sorted(expected.non_tensor_batch):
+        compare(f"non_tensor_batch[{key}]", expected.non_tensor_batch[key], actual.non_tensor_batch.get(key))
+    for key in sorted(set(b_batch) - set(a_batch)):
+        out.append(BatchDifference(f"batch[{key}]", -1, float("nan"), "not in the dumped batch"))
+    return tuple(out)
+
+
+def _same_object(x, y) -> bool:
+    import numpy as np
+
+    try:
+        same = x == y
+        return bool(np.all(same)) if not isinstance(same, bool) else same
+    except Exception:
+        return repr(x) == repr(y)

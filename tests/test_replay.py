@@ -1,0 +1,96 @@
+"""Self-tests of the rollout replay checker (harness.launch.replay): it fails on replays that reproduce
+real ways a seed-003 "打桩" run goes wrong, and passes on the correct replay."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from harness.errors import BadInput
+from harness.launch.replay import RolloutReplay, ReplayKey, batch_differences, verl_skip_overrides
+
+KEY = ReplayKey("exp", "proj", gbs=2, n=2, max_prompt_length=4, max_response_length=3)
+
+
+def _batch(seed: int):
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    return DataProto.from_dict({"responses": torch.randint(0, 1000, (4, 3), generator=g),
+                                "old_log_probs": torch.randn(4, 3, generator=g)},
+                               non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+
+
+class ResamplingReplay(RolloutReplay):
+    """Seeded bug: the replay path is wired but never taken (what verl's DAPO trainer does with
+    skip.rollout.*: SkipManager is never initialised), so the NPU run samples its own rollouts."""
+
+    def generate(self, step, produce):
+        return produce()
+
+
+def test_correct_replay_passes(tmp_path):
+    replay = RolloutReplay(tmp_path, KEY)
+    dumped = replay.generate(1, lambda: _batch(1))
+    assert replay.available_steps() == [1]
+    assert batch_differences(dumped, replay.generate(1, lambda: _batch(2))) == ()
+
+
+def test_resampling_replay_is_caught(tmp_path):
+    dumped = RolloutReplay(tmp_path, KEY).generate(1, lambda: _batch(1))
+    diffs = batch_differences(dumped, ResamplingReplay(tmp_path, KEY).generate(1, lambda: _batch(2)))
+    fields = {d.field for d in diffs}
+    assert {"batch[responses]", "batch[old_log_probs]"} <= fields
+    text = "; ".join(map(str, diffs))
+    assert "elements differ, worst |diff|" in text and "at index (" in text
+
+
+def test_dump_without_non_tensors_is_caught(tmp_path):
+    from verl import DataProto
+
+    full = _batch(1)
+    stripped = DataProto(batch=full.batch, non_tensor_batch={}, meta_info={})  # seeded: uids lost in the dump
+    replay = RolloutReplay(tmp_path, KEY)
+    replay.dump(1, stripped)
+    diffs = batch_differences(full, replay.load(1))
+    assert [str(d) for d in diffs] == ["non_tensor_batch[uid]: missing from the replayed batch"]
+
+
+def test_changed_dtype_is_caught():
+    a = _batch(1)
+    b = _batch(1)
+    b.batch["old_log_probs"] = b.batch["old_log_probs"].to(torch.bfloat16)
+    (diff,) = batch_differences(a, b)
+    assert diff.field == "batch[old_log_probs]" and "torch.bfloat16" in diff.where
+
+
+def test_missing_dump_is_one_line_naming_the_directory(tmp_path):
+    with pytest.raises(BadInput) as exc:
+        RolloutReplay(tmp_path, KEY).load(3)
+    assert "exp_proj/GBS2_N2_in4_out3" in str(exc.value) and "step 3" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_meta_of_another_step_is_refused(tmp_path):
+    replay = RolloutReplay(tmp_path, KEY)
+    replay.dump(2, _batch(2))
+    (replay.step_dir(2) / "meta.json").write_text(json.dumps({"global_steps": 5}))
+    with pytest.raises(BadInput, match="global_steps=5"):
+        replay.load(2)
+
+
+def test_half_written_step_is_not_replayed(tmp_path):
+    replay = RolloutReplay(tmp_path, KEY)
+    replay.dump(1, _batch(1))
+    (replay.step_dir(1) / "meta.json").unlink()  # crashed between the two files
+    assert replay.available_steps() == [] and replay.resolve(1) is None
+
+
+def test_bad_action_and_group_are_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="random"):
+        RolloutReplay(tmp_path, KEY, action="random")
+    with pytest.raises(BadInput, match="rollout_tq"):
+        verl_skip_overrides(tmp_path, [1], group="async")
+    assert verl_skip_overrides(tmp_path, [1, 2], "repeat")[2] == "skip.rollout.steps=[1,2]"
