@@ -14,6 +14,8 @@ from harness.errors import BadInput
 # subcommand modules, each with register(subparsers) -> adds its parser(s) with set_defaults(func=...)
 COMMAND_MODULES = (
     "harness.commands",  # scales, plan
+    "harness.report.commands",  # throughput, report
+    "harness.runner",  # run (the main job)
 )
 
 

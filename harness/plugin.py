@@ -114,6 +114,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SCALE_KEY] = get_scale(scale_name) if scale_name else None
     config.stash[CLUSTER_KEY] = {"address": config.getoption("ray_address")}
     _register_hypothesis_profiles()
+    if config.getoption("report_dir"):  # outcomes + record_property measurements -> report.json/.html/.md
+        from harness.report.collect import ReportCollector
+
+        config.pluginmanager.register(ReportCollector(config, config.getoption("report_dir")), "harness-report")
 
 
 def _register_hypothesis_profiles() -> None:

@@ -1,0 +1,205 @@
+"""Tokens per second per device and per card from a verl run, computed exactly as verl does.
+
+verl 0.9.1 (`verl/trainer/ppo/metric_utils.py::compute_throughout_metrics`) logs
+`perf/throughput = perf/total_num_tokens / (timing_s/step * n_gpus)`, where `total_num_tokens` is the
+sum of `attention_mask` over the batch (prompt + response tokens) and `n_gpus` counts torch devices.
+On Atlas A3 a device is a die and a card holds two (seed 002: 128 cards = 256 dies), so verl's figure
+is half the per-card figure the target is stated in: 8192 x (77.8 + 1576.6) / 859.68 s / 128 cards =
+123.2 TPS/card, while `perf/throughput` reads 61.6. Confusing the two fails or passes the headline
+target by 2x, hence every figure here carries both and names its devices.
+
+The figure of a run is the median over a steady window: warm-up steps (graph capture, allocator
+growth; seed 002 starts at 112 and settles at 120 after ~13 steps) are skipped.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from harness.errors import BadInput
+from harness.hardware import HardwareProfile
+from harness.metrics.run import Run
+
+TOKENS = "perf/total_num_tokens"
+STEP_TIME = "timing_s/step"
+VERL_THROUGHPUT = "perf/throughput"
+PROMPT_MEAN = "prompt_length/mean"
+RESPONSE_MEAN = "response_length/mean"
+TIMING_PREFIX = "timing_s/"
+# The RL step's phases as verl's ray_trainer times them (marked_timer names); others follow by name.
+PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+
+# How far our per-device figure may sit from verl's own perf/throughput before we say the device count
+# is wrong: both are the same division, so only rounding of logged floats separates them.
+DEVICE_COUNT_RTOL = 0.01
+
+
+def verl_throughput(total_num_tokens: float, step_time_s: float, n_devices: int) -> float:
+    """verl's `perf/throughput`: tokens / (step time * devices) -- per *device* (a die on A3)."""
+    return total_num_tokens / (step_time_s * n_devices)
+
+
+@dataclass(frozen=True)
+class StepThroughput:
+    step: int
+    tokens: float
+    step_time_s: float
+    tps_per_device: float
+    tps_per_card: float
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Median seconds of one `timing_s/<name>` phase over the window, and its share of the step."""
+
+    name: str
+    seconds: float
+    share: float
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Throughput of one run over its steady window. `tps_per_card` = `tps_per_device` x dies per card."""
+
+    run: str
+    hardware: str
+    devices: int
+    dies_per_card: int
+    window: tuple[int, ...]  # steps the medians are taken over
+    warmup: tuple[int, ...]  # steps skipped
+    tokens_per_step: float
+    step_time_s: float
+    tps_per_device: float
+    tps_per_card: float
+    per_step: tuple[StepThroughput, ...]
+    phases: tuple[Phase, ...]
+
+    @property
+    def cards(self) -> int:
+        return self.devices // self.dies_per_card
+
+    def to_dict(self) -> dict:
+        """JSON-ready, for `--json`, `record_property("throughput", ...)` and the report."""
+        doc = asdict(self)
+        doc["cards"] = self.cards
+        return doc
+
+
+def _tokens_per_step(run: Run, sequences: int | None) -> dict[int, float]:
+    if TOKENS in run:
+        return run[TOKENS].as_dict()
+    if PROMPT_MEAN in run and RESPONSE_MEAN in run:
+        if not sequences:
+            raise BadInput(f"run {run.name!r} logs no {TOKENS}; pass --sequences (GBS x n) to count tokens "
+                           f"from {PROMPT_MEAN} + {RESPONSE_MEAN}")
+        prompt, response = run[PROMPT_MEAN].as_dict(), run[RESPONSE_MEAN].as_dict()
+        return {s: sequences * (prompt[s] + response[s]) for s in prompt if s in response}
+    raise BadInput(f"run {run.name!r} has neither {TOKENS} nor {PROMPT_MEAN}/{RESPONSE_MEAN}; "
+                   "is it a verl run log (FileLogger jsonl or console)?")
+
+
+def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], devices: int | None,
+             profile: HardwareProfile) -> int:
+    """The device count: given, else verl's own (from perf/throughput); a given count must agree with verl."""
+    if VERL_THROUGHPUT not in run:
+        if devices is None:
+            raise BadInput(f"run {run.name!r} logs no {VERL_THROUGHPUT}; pass --devices (torch devices: dies on A3)")
+        return devices
+    logged = run[VERL_THROUGHPUT].as_dict()
+    implied = [tokens[s] / (times[s] * logged[s]) for s in logged if s in tokens and s in times and logged[s] > 0]
+    if not implied:
+        return devices if devices is not None else _no_overlap(run)
+    verl_devices = round(statistics.median(implied))
+    if devices is None:
+        return verl_devices
+    if abs(devices - verl_devices) > DEVICE_COUNT_RTOL * verl_devices:
+        unit = "dies" if profile.dies_per_card > 1 else "devices"
+        raise BadInput(f"--devices {devices} disagrees with the run's {VERL_THROUGHPUT}, which verl computed with "
+                       f"{verl_devices} devices; pass the torch device count ({unit} on {profile.name}: "
+                       f"{profile.dies_per_card} per card)")
+    return devices
+
+
+def _no_overlap(run: Run):
+    raise BadInput(f"run {run.name!r}: {TOKENS}, {STEP_TIME} and {VERL_THROUGHPUT} share no step")
+
+
+def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None, sequences: int | None = None,
+               warmup: int = 1) -> Throughput:
+    """TPS per device and per card of `run` on `profile` hardware, median over the steps after `warmup`.
+
+    devices: torch devices of the run (dies on A3); None takes verl's own count from `perf/throughput`.
+    sequences: GBS x n, needed only when the run lacks `perf/total_num_tokens`.
+    """
+    if STEP_TIME not in run:
+        raise BadInput(f"run {run.name!r} has no {STEP_TIME}; is it a verl run log?")
+    if warmup < 0:
+        raise BadInput(f"--warmup {warmup}: must be >= 0")
+    times = run[STEP_TIME].as_dict()
+    tokens = _tokens_per_step(run, sequences)
+    steps = sorted(s for s in times if s in tokens)
+    if len(steps) <= warmup:
+        raise BadInput(f"run {run.name!r} has {len(steps)} steps with tokens and step time; "
+                       f"nothing is left after --warmup {warmup}")
+    n = _devices(run, tokens, times, devices, profile)
+    if n <= 0 or n % profile.dies_per_card:
+        raise BadInput(f"--devices {n}: must be a positive multiple of {profile.dies_per_card} "
+                       f"(dies per card on {profile.name})")
+    per_step = tuple(
+        StepThroughput(s, tokens[s], times[s], verl_throughput(tokens[s], times[s], n),
+                       verl_throughput(tokens[s], times[s], n) * profile.dies_per_card)
+        for s in steps)
+    window = per_step[warmup:]
+    step_time = statistics.median(p.step_time_s for p in window)
+    return Throughput(
+        run=run.name, hardware=profile.name, devices=n, dies_per_card=profile.dies_per_card,
+        window=tuple(p.step for p in window), warmup=tuple(p.step for p in per_step[:warmup]),
+        tokens_per_step=statistics.median(p.tokens for p in window), step_time_s=step_time,
+        tps_per_device=statistics.median(p.tps_per_device for p in window),
+        tps_per_card=statistics.median(p.tps_per_card for p in window),
+        per_step=per_step, phases=_phases(run, [p.step for p in window], step_time))
+
+
+def _phases(run: Run, window: list[int], step_time: float) -> tuple[Phase, ...]:
+    names = [k[len(TIMING_PREFIX):] for k in run.series if k.startswith(TIMING_PREFIX) and k != STEP_TIME]
+    names.sort(key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
+    out = []
+    for name in names:
+        values = run[TIMING_PREFIX + name].as_dict()
+        in_window = [values[s] for s in window if s in values]
+        if in_window:
+            seconds = statistics.median(in_window)
+            out.append(Phase(name, seconds, seconds / step_time if step_time > 0 else 0.0))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Pass/fail of one throughput check, with the numbers that decided it."""
+
+    passed: bool
+    check: str
+    measured: float
+    limit: float
+    message: str
+
+
+def check_target(tp: Throughput, target_tps_per_card: float) -> Verdict:
+    """TPS/card over the steady window must reach the scale's target (seed 002: 120 on A3)."""
+    worst = min(tp.per_step[len(tp.warmup):], key=lambda p: p.tps_per_card)
+    passed = tp.tps_per_card >= target_tps_per_card
+    return Verdict(passed, "target", tp.tps_per_card, target_tps_per_card,
+                   f"{tp.run}: median {tp.tps_per_card:.1f} TPS/card over steps {tp.window[0]}-{tp.window[-1]} "
+                   f"({len(tp.window)} steps, {tp.devices} devices = {tp.cards} {tp.hardware} cards) "
+                   f"{'>=' if passed else '<'} target {target_tps_per_card:g}; worst step {worst.step}: "
+                   f"{worst.tps_per_card:.1f}")
+
+
+def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: float) -> Verdict:
+    """No regression beyond `tolerance` (relative; verl Ascend nightly: throughput >= -5%) vs a baseline."""
+    limit = baseline_tps_per_card * (1.0 - tolerance)
+    change = tp.tps_per_card / baseline_tps_per_card - 1.0
+    passed = tp.tps_per_card >= limit
+    return Verdict(passed, "regression", tp.tps_per_card, limit,
+                   f"{tp.run}: median {tp.tps_per_card:.2f} TPS/card vs baseline {baseline_tps_per_card:.2f} "
+                   f"({change:+.1%}, allowed -{tolerance:.0%}) over steps {tp.window[0]}-{tp.window[-1]}")

@@ -1,0 +1,138 @@
+"""pytest side of the report: with `--report-dir DIR`, collect every test's outcome, reason,
+`record_property` measurements and pytest-benchmark stats, and at the end write DIR/report.json
+(+ report.html, report.md). Registered by harness.plugin when --report-dir is given.
+
+Works under xdist: outcomes and user_properties travel to the controller inside the test reports, and
+only the controller writes the report. Benchmark stats are read from the `benchmark` fixture on the
+worker and ride along as the `benchmark` user property (pytest-benchmark disables timing under xdist,
+so those runs carry none).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
+
+BENCHMARK_PROPERTY = "benchmark"
+_SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 2, "failed": 3, "error": 4}
+
+
+def _jsonable(value):
+    """record_property accepts anything; the report keeps JSON, and says so for the rest."""
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        return {"unserializable": repr(value)[:500]}
+
+
+def _reason(report: pytest.TestReport) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if hasattr(report, "wasxfail"):
+        return f"xfail: {report.wasxfail}"
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = crash.message if crash is not None else str(report.longrepr)
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        return (lines[0] if lines else "failed")[:2000]
+    return ""
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    return "skipped" if report.skipped else "passed"
+
+
+class ReportCollector:
+    """Accumulates per-test verdicts; writes and renders the run report at session end."""
+
+    def __init__(self, config: pytest.Config, report_dir: str):
+        self.config = config
+        self.report_dir = Path(report_dir)
+        self.tests: dict[str, dict] = {}
+        self.started = time.monotonic()
+        self.path: Path | None = None
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):
+        # Before the report is built (on the worker under xdist): attach the benchmark fixture's stats.
+        if call.when == "call":
+            bench = getattr(item, "funcargs", {}).get("benchmark")
+            stats = getattr(bench, "stats", None)
+            if stats is not None and getattr(stats, "stats", None) is not None and stats.stats.data:
+                doc = stats.as_dict(include_data=False)
+                item.user_properties.append((BENCHMARK_PROPERTY, _jsonable(
+                    {"name": doc["name"], "fullname": doc["fullname"], "group": doc["group"],
+                     "extra_info": doc["extra_info"], "stats": doc["stats"]})))
+        yield
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = self.tests.setdefault(report.nodeid, {
+            "outcome": "passed", "duration_s": 0.0, "reason": "", "properties": {}, "markers": ()})
+        entry["duration_s"] += report.duration
+        outcome = _outcome(report)
+        if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
+            entry["outcome"], entry["reason"] = outcome, _reason(report)
+        for name, value in report.user_properties:
+            entry["properties"][name] = _jsonable(value)
+        keywords = getattr(report, "keywords", {}) or {}
+        from harness.plugin import HARDWARE_MARKERS, TIER_MARKERS
+
+        entry["markers"] = tuple(sorted(k for k in keywords if k in TIER_MARKERS or k in HARDWARE_MARKERS
+                                        or k == "nightly"))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
+            return
+        self.path = publish(self.build(int(exitstatus)), self.report_dir)
+
+    def build(self, exit_status: int) -> RunReport:
+        from harness.plugin import SCALE_KEY
+
+        scale = self.config.stash.get(SCALE_KEY, None)
+        commit, dirty = git_commit(self.config.rootpath)
+        tests = []
+        for nodeid, e in self.tests.items():
+            props = dict(e["properties"])
+            bench = props.pop(BENCHMARK_PROPERTY, None)
+            tests.append(TestVerdict(nodeid, e["outcome"], round(e["duration_s"], 3), e["reason"],
+                                     e["markers"], props, bench))
+        created = now_utc()
+        return RunReport(
+            schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,
+            name=f"{scale.name if scale else 'tests'}-{created[:19].replace(':', '')}",
+            commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale),
+            command=tuple(self.config.invocation_params.args), machine=machine_info(), tests=tuple(tests),
+            duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status)
+
+
+def _plan_doc(scale) -> dict | None:
+    if scale is None:
+        return None
+    from dataclasses import asdict
+
+    return {"model": scale.model.name, "hardware": scale.hardware.name, "devices": scale.devices,
+            "cards": scale.cards, "nodes": scale.nodes, "plan": asdict(scale.plan), "batch": asdict(scale.batch),
+            "targets": asdict(scale.targets), "graph_mode": scale.graph_mode}
+
+
+def publish(report: RunReport, report_dir: str | Path) -> Path:
+    """Write report.json, report.html and report.md into `report_dir` (each atomically); return the JSON path."""
+    from harness.io import write_atomic
+    from harness.report.render import render_html, render_markdown
+    from harness.report.schema import write_report
+
+    report_dir = Path(report_dir)
+    path = write_report(report, report_dir / "report.json")
+    write_atomic(report_dir / "report.html", render_html(report))
+    write_atomic(report_dir / "report.md", render_markdown(report))
+    return path

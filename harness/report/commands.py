@@ -1,0 +1,134 @@
+"""`ascend-rl-harness throughput` (TPS per device and per card of a verl run, beside the roofline) and
+`ascend-rl-harness report` (report JSON -> HTML + Markdown; several -> trend with regression detection)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness.errors import BadInput
+from harness.hardware import PROFILES
+
+
+def throughput_document(paths: list[str], hardware: str | None, devices: int | None, sequences: int | None,
+                        warmup: int, scale_name: str | None, target: float | None) -> dict:
+    """What `throughput --json` prints: Throughput.to_dict() + target, roofline and verdict."""
+    from harness.metrics.ingest import load_run
+    from harness.metrics.throughput import PROMPT_MEAN, RESPONSE_MEAN, check_target, throughput
+    from harness.roofline import roofline
+    from harness.scales import get_scale
+
+    run = load_run(*paths)
+    scale = None
+    if scale_name or run.meta.scale:
+        try:
+            scale = get_scale(scale_name or run.meta.scale)
+        except KeyError as exc:
+            raise BadInput(f"--scale: {exc.args[0]}") from None
+    name = hardware or run.meta.hardware or (scale.hardware.name if scale else None)
+    if name not in PROFILES:
+        raise BadInput(f"--hardware {name!r}: pass one of {', '.join(PROFILES)} (dies per card and peak come from it)")
+    sequences = sequences or (scale.batch.sequences if scale else None)
+    tp = throughput(run, PROFILES[name], devices=devices or run.meta.devices, sequences=sequences, warmup=warmup)
+    doc = tp.to_dict()
+    target = target if target is not None else (scale.targets.tps_per_card if scale else None)
+    doc["target"] = target
+    doc["roofline"] = None
+    if scale is not None:
+        window = list(tp.window)
+        if PROMPT_MEAN in run and RESPONSE_MEAN in run:
+            p, r = run[PROMPT_MEAN].as_dict(), run[RESPONSE_MEAN].as_dict()
+            lengths = [p[s] + r[s] for s in window if s in p and s in r]
+            mean_tokens = sum(lengths) / len(lengths) if lengths else None
+        else:
+            mean_tokens = tp.tokens_per_step / scale.batch.sequences
+        roof = roofline(scale, mean_tokens)
+        doc["roofline"] = roof.to_dict() | {"fraction": roof.fraction(tp.tps_per_card)}
+    doc["verdict"] = None
+    if target is not None:
+        v = check_target(tp, target)
+        doc["verdict"] = {"passed": v.passed, "message": v.message}
+    return doc
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    doc = throughput_document(args.run, args.hardware, args.devices, args.sequences, args.warmup, args.scale,
+                              args.target)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"throughput of {doc['run']} ({doc['devices']} devices = {doc['cards']} "
+                            f"{doc['hardware']} cards)")
+        for col in ("step", "tokens", "step s", "TPS/device (verl)", "TPS/card"):
+            table.add_column(col, justify="right")
+        for p in doc["per_step"]:
+            mark = " (warm-up)" if p["step"] in doc["warmup"] else ""
+            table.add_row(f"{p['step']}{mark}", f"{p['tokens']:.0f}", f"{p['step_time_s']:.2f}",
+                          f"{p['tps_per_device']:.1f}", f"{p['tps_per_card']:.1f}")
+        console = Console()
+        console.print(table)
+        console.print(f"[bold]TPS/card {doc['tps_per_card']:.1f}[/] (median of steps {doc['window'][0]}-"
+                      f"{doc['window'][-1]}), TPS/device {doc['tps_per_device']:.1f}")
+        for ph in doc["phases"]:
+            console.print(f"  {ph['name']:>14}: {ph['seconds']:9.2f} s  {ph['share']:6.1%}")
+        if doc["roofline"]:
+            r = doc["roofline"]
+            console.print(f"roofline {r['tps_per_card_limit']:.0f} TPS/card ({r['flops_per_token']['total'] / 1e9:.0f} "
+                          f"GFLOP/token at {r['peak_tflops_per_card']:g} TFLOPS/card; measured {r['fraction']:.1%})"
+                          if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
+        if doc["verdict"]:
+            ok = doc["verdict"]["passed"]
+            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: {doc['verdict']['message']}")
+    return 0 if doc["verdict"] is None or doc["verdict"]["passed"] else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harness.io import write_atomic
+    from harness.report.render import (render_html, render_markdown, render_trend_html,
+                                       render_trend_markdown)
+    from harness.report.schema import load_report
+    from harness.report.trend import find_steps
+
+    reports = sorted((load_report(p) for p in args.results), key=lambda r: r.created)
+    out = Path(args.output)
+    console = Console()
+    for path, report in zip(args.results, reports):
+        stem = Path(path).stem if Path(path).stem != "report" else report.name
+        write_atomic(out / f"{stem}.html", render_html(report))
+        write_atomic(out / f"{stem}.md", render_markdown(report))
+        console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {report.name}: {out / (stem + '.html')}")
+    failed = any(not r.passed for r in reports[-1:])
+    if len(reports) > 1:
+        steps = find_steps(reports, args.tolerance)
+        write_atomic(out / "trend.html", render_trend_html(reports, steps))
+        write_atomic(out / "trend.md", render_trend_markdown(reports, steps))
+        for s in steps:
+            color = "red" if s.regression else "green"
+            console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {s.metric}: "
+                          f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {s.report}")
+        console.print(f"trend: {out / 'trend.html'}")
+        failed = failed or any(s.regression for s in steps)
+    return 1 if failed else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("throughput", help="TPS per device (verl) and per card of a verl run, beside the roofline")
+    p.add_argument("run", nargs="+", metavar="RUN", help="run directory or log file(s) (segments of one run)")
+    p.add_argument("--hardware", choices=sorted(PROFILES), help="hardware profile (default: the run's meta.json)")
+    p.add_argument("--devices", type=int, help="torch devices of the run (dies on A3); default: verl's own count")
+    p.add_argument("--sequences", type=int, help="GBS x n, only for runs without perf/total_num_tokens")
+    p.add_argument("--warmup", type=int, default=1, help="leading steps to skip (default 1)")
+    p.add_argument("--scale", help="scale of the run: roofline and default target")
+    p.add_argument("--target", type=float, help="TPS/card the run must reach (default: the scale's target)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_throughput)
+    p = sub.add_parser("report", help="render report JSON(s) to HTML + Markdown; several: trend + regressions")
+    p.add_argument("results", nargs="+", metavar="RESULT_JSON")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("--tolerance", type=float, default=0.05, help="relative change that counts as a step")
+    p.set_defaults(func=cmd_report)

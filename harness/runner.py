@@ -1,0 +1,93 @@
+"""`ascend-rl-harness run --scale tiny [--report-dir DIR]`: the main job.
+
+Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
+with a rich progress bar, then reads the report the collector wrote (JSON + HTML + Markdown), prints a
+verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason
+are allowed: a CPU machine has no NPU), 1 otherwise, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.errors import BadInput
+
+SUITES_DIR = "suites"
+
+
+class _Progress:
+    """pytest plugin: one rich progress bar advanced per finished test, the failing ones named as they happen."""
+
+    def __init__(self, progress, console):
+        self.progress, self.console, self.task = progress, console, None
+
+    def pytest_collection_finish(self, session) -> None:
+        self.task = self.progress.add_task("tests", total=len(session.items))
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed:
+            self.console.print(f"[red]{'FAILED' if report.when == 'call' else 'ERROR'}[/] {report.nodeid}")
+        if report.when == "teardown" and self.task is not None:
+            self.progress.update(self.task, advance=1, description=report.nodeid.rsplit("::", 1)[-1][:60])
+
+
+def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: list[str]) -> list[str]:
+    """The pytest command line the job runs (also printed, so a failure can be rerun by hand)."""
+    args = [SUITES_DIR, "-m", tier, "--scale", scale, "--report-dir", str(report_dir), "-p", "no:terminal"]
+    if workers > 1:
+        args += ["-p", "xdist", "-n", str(workers)]
+    return args + extra
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from harness.report.schema import load_report
+    from harness.scales import get_scale
+
+    try:
+        scale = get_scale(args.scale)
+    except KeyError as exc:
+        raise BadInput(f"--scale: {exc.args[0]}") from None
+    if not Path(SUITES_DIR).is_dir():
+        raise BadInput(f"no {SUITES_DIR}/ here ({Path.cwd()}); run from the ascend-rl-harness checkout")
+    report_dir = Path(args.report_dir)
+    console = Console()
+    argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, args.pytest_args)
+    console.print(f"[bold]ascend-rl-harness run[/] scale {scale.name}: pytest {' '.join(argv)}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        status = pytest.main(argv, plugins=[_Progress(progress, console)])
+    if int(status) in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
+        raise BadInput(f"pytest {' '.join(argv)} exited with {status.name if hasattr(status, 'name') else status}; "
+                       "rerun that command to see why")
+    report = load_report(report_dir / "report.json")
+    table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
+    for col in ("test", "outcome", "s", "reason"):
+        table.add_column(col, overflow="fold")
+    color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
+    for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
+        table.add_row(t.nodeid, f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}", t.reason[:200])
+    console.print(table)
+    c = report.counts
+    if not report.tests:
+        console.print(f"[red]FAIL[/]: no {scale.tier} test ran (pytest exit status {report.exit_status})")
+        return 1
+    verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
+    console.print(f"{verdict}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
+                  f"in {report.duration_s:.1f} s")
+    console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {(report_dir / 'report.json').resolve()}, "
+                  f"Markdown: {(report_dir / 'report.md').resolve()})")
+    return 0 if report.passed else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="the main job: run a scale's suites and write the report (JSON + HTML + Markdown)")
+    p.add_argument("--scale", default="tiny", help="scale to run (default tiny; see `scales`)")
+    p.add_argument("--report-dir", default="reports", help="where report.json/.html/.md go (default reports/)")
+    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (default 1)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,171 @@
+"""Self-tests of harness.metrics.throughput and the `throughput` CLI.
+
+Seed 002: DeepSeek-V3 on Atlas A3, 128 cards = 256 dies, GBS 512 x n 16 = 8192 sequences,
+mean prompt 77.8 + mean response 1576.6 tokens, step 859.68 s -> 123.2 TPS/card; verl's own
+perf/throughput divides by the 256 dies and reads 61.6 (the 2x trap the checker must not fall into).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.hardware import PROFILES
+from harness.metrics.ingest import load_run
+from harness.metrics.throughput import check_regression, check_target, throughput
+
+SEED_SEQUENCES = 512 * 16
+SEED_PROMPT, SEED_RESPONSE, SEED_STEP_S = 77.8, 1576.6, 859.68
+A3_DIES = 256
+
+
+def _verl_batch(prompt_lengths, response_lengths, max_prompt=8, max_response=12):
+    """A real verl DataProto as ray_trainer holds it after rollout: left-padded prompts, right-padded responses."""
+    import torch
+    from verl import DataProto
+
+    b = len(prompt_lengths)
+    prompt_mask = torch.zeros(b, max_prompt, dtype=torch.long)
+    response_mask = torch.zeros(b, max_response, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        prompt_mask[i, max_prompt - p:] = 1
+        response_mask[i, :r] = 1
+    scores = torch.randn(b, max_response) * response_mask
+    batch = DataProto.from_dict(tensors={
+        "prompts": torch.randint(0, 100, (b, max_prompt)), "responses": torch.randint(0, 100, (b, max_response)),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1), "response_mask": response_mask,
+        "token_level_scores": scores, "token_level_rewards": scores, "advantages": scores, "returns": scores})
+    # exactly what verl/trainer/ppo/ray_trainer.py does before compute_throughout_metrics
+    batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+    return batch
+
+
+def _log_with_verl(path, steps: list[dict]) -> None:
+    """Write metrics through verl's own FileLogger (the jsonl format a real run leaves)."""
+    import os
+
+    from verl.utils.tracking import FileLogger
+
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
+    try:
+        logger = FileLogger("harness", "selftest")
+        for step, data in enumerate(steps, start=1):
+            logger.log(data, step)
+        logger.finish()
+    finally:
+        del os.environ["VERL_FILE_LOGGER_PATH"]
+
+
+def _seed_step(step_time_s: float) -> dict:
+    """One step of seed 002 as verl would log it (perf/* from verl's compute_throughout_metrics)."""
+    from verl import DataProto
+    from verl.trainer.ppo.metric_utils import compute_throughout_metrics
+
+    tokens = round(SEED_SEQUENCES * (SEED_PROMPT + SEED_RESPONSE))
+    batch = DataProto(meta_info={"global_token_num": [tokens]})
+    perf = compute_throughout_metrics(batch, {"step": step_time_s}, n_gpus=A3_DIES)
+    return {**perf, "timing_s/step": step_time_s, "prompt_length/mean": SEED_PROMPT,
+            "response_length/mean": SEED_RESPONSE, "timing_s/gen": 0.62 * step_time_s,
+            "timing_s/old_log_prob": 0.08 * step_time_s, "timing_s/ref": 0.08 * step_time_s,
+            "timing_s/update_actor": 0.2 * step_time_s}
+
+
+@pytest.fixture(scope="module")
+def seed_run(tmp_path_factory):
+    """Seed 002 as a verl FileLogger log: step 1 warm-up at 112 TPS/card, step 2 the published numbers."""
+    path = tmp_path_factory.mktemp("seed002") / "seed002.jsonl"
+    tokens = SEED_SEQUENCES * (SEED_PROMPT + SEED_RESPONSE)
+    warmup_time = tokens / (112.0 * 128)
+    _log_with_verl(path, [_seed_step(warmup_time), _seed_step(SEED_STEP_S)])
+    return path
+
+
+def test_seed002_gives_123_2_tps_per_card_through_the_cli(seed_run, capsys):
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--devices", "256", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    card_keys = [k for k in doc if "card" in k and isinstance(doc[k], (int, float))]
+    assert "tps_per_card" in card_keys
+    assert round(doc["tps_per_card"], 1) == 123.2
+    assert round(doc["tps_per_device"], 1) == 61.6  # what verl's perf/throughput reads on A3
+    assert doc["cards"] == 128 and doc["window"] == [2] and doc["warmup"] == [1]
+    assert [p["name"] for p in doc["phases"]] == ["gen", "old_log_prob", "ref", "update_actor"]
+    assert doc["phases"][0]["share"] == pytest.approx(0.62)
+
+
+def test_cli_target_verdict_and_roofline(seed_run, capsys):
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--scale", "full-a3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["devices"] == A3_DIES  # taken from verl's own perf/throughput
+    assert doc["target"] == 120.0 and doc["verdict"]["passed"]
+    assert 1000 < doc["roofline"]["tps_per_card_limit"] < 2000  # ~1388 at 752 TFLOPS/card
+    assert doc["roofline"]["fraction"] == pytest.approx(123.2 / doc["roofline"]["tps_per_card_limit"], rel=1e-3)
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--target", "130"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_cli_refuses_card_count_as_device_count(seed_run, capsys):
+    # The 2x trap: passing 128 (cards) where verl counted 256 dies would double the figure.
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--devices", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "--devices 128" in err and "256" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_bad_input_is_one_line(tmp_path, capsys):
+    truncated = tmp_path / "run.jsonl"
+    truncated.write_text('{"step": 1, "data": {"timing_s/step": 10.0, "perf/total_num_tokens": 1000}}\n{"step": 2, "da')
+    assert main(["throughput", str(truncated), "--hardware", "a3", "--devices", "256"]) == 2
+    assert main(["throughput", str(tmp_path / "missing"), "--hardware", "a3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "run.jsonl" in err[0] and "missing" in err[1]
+
+
+def test_target_check_fails_on_the_dies_vs_cards_bug(seed_run):
+    run = load_run(seed_run)
+    a3 = PROFILES["a3"]
+    good = throughput(run, a3, devices=A3_DIES)
+    assert check_target(good, 120.0).passed
+    # Seeded bug: treating each die as a card (verl's perf/throughput taken as per-card) halves the figure.
+    buggy = throughput(run, dataclasses.replace(a3, dies_per_card=1), devices=A3_DIES)
+    verdict = check_target(buggy, 120.0)
+    assert not verdict.passed and "61.6" in verdict.message and "worst step 2" in verdict.message
+    # Seeded bug: no warm-up skip lets the slow first step (112) drag the median to 117.6 < 120.
+    assert not check_target(throughput(run, a3, devices=A3_DIES, warmup=0), 120.0).passed
+
+
+def test_regression_check_fails_beyond_tolerance(seed_run):
+    tp = throughput(load_run(seed_run), PROFILES["a3"])
+    assert check_regression(tp, 123.2 / 0.97, 0.05).passed  # 3% slower than baseline: within 5%
+    verdict = check_regression(tp, 123.2 / 0.93, 0.05)  # 7% slower: a regression
+    assert not verdict.passed and "-7.0%" in verdict.message
+
+
+def test_matches_verl_compute_throughout_metrics_on_a_real_dataproto(tmp_path):
+    """Per step, our TPS/device equals verl's perf/throughput from a real DataProto, both from logged
+    total tokens and from the logged prompt/response means (the path for logs without perf/*)."""
+    import random
+
+    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+
+    rng = random.Random(0)
+    n_gpus, sequences, steps = 16, 6, []
+    for _ in range(4):
+        batch = _verl_batch([rng.randint(1, 8) for _ in range(sequences)], [rng.randint(1, 12) for _ in range(sequences)])
+        timing = {"gen": rng.uniform(5, 9), "old_log_prob": 1.0, "ref": 1.0, "update_actor": 3.0}
+        timing["step"] = sum(timing.values()) + 0.5
+        steps.append({**compute_data_metrics(batch, use_critic=False), **compute_timing_metrics(batch, timing),
+                      **compute_throughout_metrics(batch, timing, n_gpus=n_gpus)})
+    path = tmp_path / "verl.jsonl"
+    _log_with_verl(path, steps)
+    run = load_run(path)
+    tp = throughput(run, PROFILES["a3"], warmup=0)
+    assert tp.devices == n_gpus
+    for ours, logged in zip(tp.per_step, steps):
+        assert ours.tps_per_device == pytest.approx(logged["perf/throughput"], rel=1e-9)
+        assert ours.tps_per_card == pytest.approx(2 * logged["perf/throughput"], rel=1e-9)
+    # Without perf/*: tokens from GBS x n x (mean prompt + mean response), as seed 002 states its figure.
+    means_only = dataclasses.replace(run, series={k: v for k, v in run.series.items() if not k.startswith("perf/")})
+    by_means = throughput(means_only, PROFILES["a3"], devices=n_gpus, sequences=sequences, warmup=0)
+    for ours, logged in zip(by_means.per_step, steps):
+        assert ours.tps_per_device == pytest.approx(logged["perf/throughput"], rel=1e-6)
