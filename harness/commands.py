@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 
 from harness.errors import BadInput
 from harness.plans import PlanError
@@ -35,15 +34,17 @@ def cmd_scales(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_document(scale: Scale) -> dict:
+def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> dict:
     """JSON-ready description of a scale: model values, plan, DAPO overrides and environment."""
     from harness import dapo
 
-    recipe = dapo.recipe(scale)
+    recipe = dapo.recipe(scale, model_path=model_path, data_dir=data_dir)
     return {
         "scale": scale.name,
         "tier": scale.tier,
+        "description": scale.description,
         "model": dataclasses.asdict(scale.model),
+        "params": {"total": scale.model.total_params(), "active": scale.model.total_params(active=True)},
         "hardware": dataclasses.asdict(scale.hardware),
         "devices": scale.devices,
         "cards": scale.cards,
@@ -51,6 +52,7 @@ def plan_document(scale: Scale) -> dict:
         "plan": dataclasses.asdict(scale.plan),
         "batch": dataclasses.asdict(scale.batch),
         "targets": dataclasses.asdict(scale.targets),
+        "verl_version": dapo.VERL_VERSION,
         "entrypoint": recipe.entrypoint,
         "overrides": list(recipe.overrides),
         "env": dict(recipe.env),
@@ -58,21 +60,26 @@ def plan_document(scale: Scale) -> dict:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harness import dapo
+
     scale = _scale_arg(args.scale)
     try:
         scale.validate()
     except PlanError as exc:
         raise BadInput(f"scale {scale.name}: {exc}") from None
-    doc = plan_document(scale)
+    doc = plan_document(scale, model_path=args.model_path, data_dir=args.data_dir)
+    recipe = dapo.recipe(scale, model_path=args.model_path, data_dir=args.data_dir)
+    if args.validate:
+        # Progress on stderr: stdout carries the JSON / command line. Importing verl takes ~10 s on CPU.
+        with Console(stderr=True).status(f"validating the {scale.name} overrides in verl {dapo.VERL_VERSION}'s config"):
+            dapo.validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     elif args.format == "verl-cli":
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in doc["env"].items())
-        cmd = " \\\n    ".join([f"python3 -m {doc['entrypoint']}", *map(shlex.quote, doc["overrides"])])
-        print(f"{env} \\\n{cmd}" if env else cmd)
+        print(recipe.command_line())
     else:
-        from rich.console import Console
-
         console = Console()
         t, r = scale.plan.train, scale.plan.rollout
         console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
@@ -81,12 +88,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on {scale.nodes} nodes")
         console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
                       f"stage layers {list(t.stage_layers) or 'uniform'}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
-        console.print(f"entrypoint: python3 -m {doc['entrypoint']}")
+        console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False)
         for key, value in doc["env"].items():
-            console.print(f"  env {key}={value}")
+            console.print(f"  env {key}={value}", markup=False)
         for override in doc["overrides"]:
-            console.print(f"  {override}")
-        console.print("[green]plan valid[/]")
+            console.print(f"  {override}", markup=False)
+        verdict = f"verl {dapo.VERL_VERSION} accepts the overrides" if args.validate else "overrides not validated"
+        console.print(f"[green]plan valid[/]; {verdict}")
     return 0
 
 
@@ -99,4 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
                      help="verl-cli prints a runnable verl command line")
-    p.set_defaults(func=cmd_plan, format="text")
+    p.add_argument("--model-path", default=None, help="HF model directory written into the overrides "
+                   "(default models/<model name>)")
+    p.add_argument("--data-dir", default=None, help="directory with train.parquet and test.parquet (default data/dapo)")
+    p.add_argument("--no-validate", dest="validate", action="store_false",
+                   help="skip composing the overrides in the installed verl's config (fast, no verl import)")
+    p.set_defaults(func=cmd_plan, format="text", validate=True)

@@ -1,0 +1,403 @@
+"""DAPO recipe for a scale: the Hydra overrides and environment of verl's Megatron trainer, and their
+validation against verl's own shipped config.
+
+verl 0.9.1 ships no `recipe.dapo` package (the DAPO recipe moved out of the wheel); its V1 trainer
+(`verl.trainer.main_ppo`, `trainer.use_v1=true` by default) runs DAPO itself: dynamic sampling is
+`algorithm.filter_groups` (the V1 ReplayBuffer), the overlong penalty is the `dapo` reward manager
+reading `reward.reward_kwargs`. The Megatron engine is the `model_engine=megatron` config group, which
+is what the deprecated `ppo_megatron_trainer.yaml` wraps, so the same override list composes in
+`ppo_trainer` here and runs as `python3 -m verl.trainer.main_ppo <overrides>` on the cluster.
+
+`validate_recipe` composes the overrides with Hydra in the installed `verl/trainer/config` and runs
+verl's own `validate_config` (which converts the actor config with `omega_conf_to_dataclass`) plus
+the dataclass conversion of the rollout and algorithm sections, so a misspelled key or a value verl
+rejects fails here with that key named, not 40 minutes into a 256-card job.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from harness.errors import BadInput
+from harness.hardware import DETERMINISTIC_ENV
+from harness.plans import TrainParallel
+from harness.scales import Scale
+
+VERL_VERSION = "0.9.1"  # the pinned verl (requirements/cpu.txt); config keys move between verl releases
+ENTRYPOINT = "verl.trainer.main_ppo"
+CONFIG_NAME = "ppo_trainer"
+
+# DAPO (arXiv:2503.14476) clip-higher: the upper clip bound is raised so low-probability tokens can
+# grow (entropy collapse otherwise); the lower bound keeps PPO's 0.2.
+CLIP_RATIO_LOW = 0.2
+CLIP_RATIO_HIGH = 0.28
+# Dual-clip bound for negative advantages as in verl's DAPO scripts (verl's default 3.0 clips harder).
+CLIP_RATIO_C = 10.0
+OVERLONG_PENALTY_FACTOR = 1.0
+# HCCL_BUFFSIZE (MB per communicator, CANN default 200): seed 001 measured 6-8 GB of HCCL memory per
+# device that never returns to zero between phases; vLLM's MoE dispatch/combine over a 64-128 device EP
+# group needs more than the default, so this is the one knob trading the two. Tune it with the memory suite.
+HCCL_BUFFSIZE_MB = 512
+
+
+class RecipeError(BadInput):
+    """A recipe verl rejects: the message names the override key (or config section) and verl's reason."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to launch a scale's DAPO job with verl: `env python3 -m entrypoint overrides...`."""
+
+    scale: str
+    entrypoint: str
+    overrides: tuple[str, ...]  # Hydra override strings, in the order they are applied
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self, python: str = "python3") -> list[str]:
+        return [python, "-m", self.entrypoint, *self.overrides]
+
+    def command_line(self, python: str = "python3") -> str:
+        """A shell command line: env assignments, `python3 -m entrypoint`, one override per continued line."""
+        head = " ".join(shlex.quote(w) for w in self.argv(python)[:3])
+        words = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [head] + [shlex.quote(o) for o in self.overrides]
+        return " \\\n    ".join(words)
+
+    def override_map(self) -> dict[str, str]:
+        """Override key (without a leading `+`) -> value string."""
+        return dict(_split_override(o) for o in self.overrides)
+
+
+def _split_override(override: str) -> tuple[str, str]:
+    key, sep, value = override.partition("=")
+    if not sep:
+        raise RecipeError(f"override {override!r} is not key=value", key=override)
+    return key.lstrip("+~"), value
+
+
+def _hydra_str(value: str) -> str:
+    """Quote a string for Hydra's override grammar (`|`, `*`, `,` are otherwise syntax)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
+    """Megatron-core's `pipeline_model_parallel_layout` string: `E` embedding, `t` decoder layer, `L`
+    loss, `|` between stages (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    stages = [f"t*{n}" for n in stage_layers]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return "|".join(stages)
+
+
+def stage_overrides(train: TrainParallel) -> list[str]:
+    """Per-stage layer counts as Megatron TransformerConfig fields passed through verl's
+    `override_transformer_config` (mbridge builds the TransformerConfig from it).
+
+    - uniform stages: nothing (Megatron splits num_layers / pp);
+    - uneven first/last with a uniform middle (A2: 3, 4 x 14, 2): num_layers_in_{first,last}_pipeline_stage;
+    - anything else (A3: 7,7,8,8,8,8,8,7 -- MindSpeed's --num-layer-list): Megatron >= 0.13's
+      `pipeline_model_parallel_layout`, the only per-stage form verl reads
+      (verl/utils/megatron_utils.py get_transformer_layer_offset). Megatron/MindSpeed builds older than
+      core 0.13 do not know that field and fail at model build naming it.
+    """
+    layers = train.stage_layers
+    if not layers or len(set(layers)) == 1:
+        return []
+    prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    middle = layers[1:-1]
+    if len(layers) == 2:
+        # pp=2: the last stage takes the rest; setting both trips Megatron's (middle % (pp-2)) check.
+        return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}"]
+    if len(set(middle)) == 1:
+        return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}",
+                f"{prefix}.num_layers_in_last_pipeline_stage={layers[-1]}"]
+    return [f"{prefix}.pipeline_model_parallel_layout={_hydra_str(pipeline_layout(layers))}"]
+
+
+def recipe_env(scale: Scale) -> dict[str, str]:
+    """Environment of the verl job for a scale. Only NPU scales need any."""
+    if scale.hardware.kind != "npu":
+        return {}
+    env = {
+        "HCCL_BUFFSIZE": str(HCCL_BUFFSIZE_MB),
+        # seed 001: rollout/old_logp/ref/update phases free and re-allocate tens of GB each step;
+        # expandable segments keep the caching allocator from fragmenting HBM between phases.
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_USE_V1": "1",
+    }
+    if scale.nodes > 1:
+        # HCCL's default 120 s link set-up timeout is too short for 16-32 nodes connecting at once.
+        env["HCCL_CONNECT_TIMEOUT"] = "1800"
+    if scale.targets.tps_per_card is None:
+        # Alignment scales (no throughput target) run deterministic (seed 001 method 3, seed 003): fixed
+        # seeds and deterministic HCCL/matmul, so curves can be compared with the GPU baseline. The
+        # throughput scale (seed 002, 120 TPS/card) does not: deterministic reductions cost speed.
+        # VLLM_ENABLE_V1_MULTIPROCESSING only matters to the harness's in-process engines, not to verl.
+        env.update({k: v for k, v in DETERMINISTIC_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+    return env
+
+
+def recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> Recipe:
+    """The DAPO job of a scale as verl Hydra overrides plus environment.
+
+    `model_path` is the HF model directory (default `models/<model name>`), `data_dir` holds
+    `train.parquet` and `test.parquet` (default `data/dapo`); both are only written into the overrides.
+    """
+    t, r, b = scale.plan.train, scale.plan.rollout, scale.batch
+    model_path = model_path or f"models/{scale.model.name}"
+    data_dir = (data_dir or "data/dapo").rstrip("/")
+    overlong = b.overlong_buffer_len or b.max_response_length // 4
+    device = {"npu": "npu", "gpu": "cuda"}.get(scale.hardware.kind, "cpu")
+    a, ro, mg = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.megatron"
+    overrides = [
+        "model_engine=megatron",  # the Megatron (mbridge / MindSpeed on NPU) engine group
+        # --- algorithm: DAPO = GRPO advantages, no KL, clip-higher, token-mean loss, dynamic sampling
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"{a}.use_kl_loss=False",
+        f"{a}.kl_loss_coef=0.0",
+        f"{a}.clip_ratio_low={CLIP_RATIO_LOW}",
+        f"{a}.clip_ratio_high={CLIP_RATIO_HIGH}",
+        f"{a}.clip_ratio_c={CLIP_RATIO_C}",
+        f"{a}.loss_agg_mode=token-mean",  # DAPO token-level loss: long responses are not down-weighted
+        f"{a}.entropy_coeff=0",
+        # Dynamic sampling: drop groups whose samples all score the same `acc` (zero advantage).
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        # Overlong reward shaping: the dapo reward manager reads reward.reward_kwargs (not in the
+        # shipped schema, hence `+`; verl never converts `reward` to a dataclass, so it is accepted).
+        "reward.reward_manager.name=dapo",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        f"+reward.reward_kwargs.overlong_buffer_cfg.len={overlong}",
+        f"+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor={OVERLONG_PENALTY_FACTOR}",
+        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+        f"+reward.reward_kwargs.max_resp_len={b.max_response_length}",
+        # --- data and batch
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={b.gbs}",
+        f"data.max_prompt_length={b.max_prompt_length}",
+        f"data.max_response_length={b.max_response_length}",
+        f"{a}.ppo_mini_batch_size={b.ppo_mini_batch_size or b.gbs}",
+        f"{a}.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
+        f"{ro}.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
+        f"{ro}.n={b.n}",
+        # --- model and Megatron training parallelism
+        f"actor_rollout_ref.model.path={model_path}",
+        f"{mg}.tensor_model_parallel_size={t.tp}",
+        f"{mg}.pipeline_model_parallel_size={t.pp}",
+        f"{mg}.expert_model_parallel_size={t.ep}",
+        f"{mg}.expert_tensor_parallel_size={t.etp}",
+        f"{mg}.context_parallel_size={t.cp}",
+        # seed 001: online HF<->MCore conversion with mbridge (as the GPU baseline) instead of offline
+        # dist checkpoints; the dist path's reward rose slower in the ablation.
+        f"{mg}.use_mbridge=True",
+        f"{mg}.use_dist_checkpointing=False",
+        *stage_overrides(t),
+        # --- rollout: vLLM (vllm-ascend on NPU)
+        f"{ro}.name=vllm",
+        f"{ro}.tensor_model_parallel_size={r.tp}",
+        f"{ro}.data_parallel_size={r.dp}",
+        f"{ro}.expert_parallel_size={r.ep}",
+        # seed 001/002: graph mode (aclgraph) is what brings A3 to 120 TPS/card; eager is 2-3x slower.
+        f"{ro}.enforce_eager={not scale.graph_mode}",
+        # seed 001: vanilla MLA prefill broadcasts the [b,1,1,s] mask to [b,h,s,s] and OOMs at GBS 128;
+        # chunked prefill takes the fused MLA path.
+        f"{ro}.enable_chunked_prefill={scale.chunked_prefill}",
+        # Rollout weights come from the actor by weight sync; with `dummy` a stale W_UV/W_UK_T (seed 001
+        # precision issue 1, verl PR #4130) shows as gibberish, which the MLA suites catch.
+        f"{ro}.load_format={scale.load_format}",
+        f"{ro}.max_model_len={b.max_sequence_length}",
+        # --- trainer
+        f"trainer.device={device}",
+        f"trainer.nnodes={scale.nodes}",
+        f"trainer.n_gpus_per_node={scale.devices_per_node}",
+        # FileLogger's JSONL ($VERL_FILE_LOGGER_PATH) is what harness.metrics ingests.
+        "trainer.logger=[console,file]",
+        "trainer.project_name=ascend-rl-harness",
+        f"trainer.experiment_name=dapo-{scale.name}",
+    ]
+    return Recipe(scale=scale.name, entrypoint=ENTRYPOINT, overrides=tuple(overrides), env=recipe_env(scale))
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation against the installed verl
+
+
+def check_verl_version() -> str:
+    """The installed verl version; a one-line BadInput when verl is missing or not the pinned one."""
+    try:
+        installed = importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        raise BadInput(f"verl is not installed; the harness targets verl {VERL_VERSION}: "
+                       f"pip install --no-deps verl=={VERL_VERSION} (see requirements/cpu.txt)") from None
+    if installed != VERL_VERSION:
+        raise BadInput(f"verl {installed} is installed but the DAPO recipe targets verl {VERL_VERSION} "
+                       f"(its config keys differ between releases): pip install --no-deps verl=={VERL_VERSION}")
+    return installed
+
+
+def _verl_config_dir() -> str:
+    spec = importlib.util.find_spec("verl.trainer.config")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInput("verl.trainer.config not found in the installed verl; reinstall verl "
+                       f"{VERL_VERSION} (pip install --no-deps verl=={VERL_VERSION})")
+    return list(spec.submodule_search_locations)[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    # Hydra instantiation errors wrap the real cause as "Error in call to target ...:\nCause(...)".
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cause = [ln for ln in lines if not ln.startswith(("Error in call to target", "full_key:", "To append"))]
+    return (cause or lines)[0]
+
+
+def _override_for(recipe: Recipe, message: str, section: str = "") -> str | None:
+    """The override a verl/Hydra error message is about: its full key quoted or named in the message,
+    else (dataclass errors name only the field) the override under `section` whose last key component
+    appears first in the message."""
+    keys = sorted(recipe.override_map(), key=len, reverse=True)
+    quoted = set(re.findall(r"'([^']+)'", message))
+    for key in keys:
+        if key in quoted or re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
+            return key
+    hits = []
+    for key in keys:
+        if section and not key.startswith(section + "."):
+            continue
+        found = re.search(rf"(?<!\w){re.escape(key.rsplit('.', 1)[-1])}(?!\w)", message)
+        if found:
+            hits.append((found.start(), key))
+    return min(hits)[1] if hits else None
+
+
+def compose(recipe: Recipe):
+    """verl's shipped `ppo_trainer` config with the recipe's overrides applied (an OmegaConf DictConfig).
+
+    Composition alone (no resolution, no conversion) is what Hydra does before `main_ppo` starts.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=_verl_config_dir(), version_base=None):
+            return hydra_compose(config_name=CONFIG_NAME, overrides=list(recipe.overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        message = _first_line(exc)
+        key = _override_for(recipe, str(exc))
+        where = f"override {key!r}" if key else f"recipe {recipe.scale}"
+        raise RecipeError(f"{where} rejected by verl {VERL_VERSION}'s {CONFIG_NAME} config: {message}", key=key) from None
+
+
+def validate_recipe(recipe: Recipe):
+    """Compose the recipe in verl's shipped config and run verl's own checks; return the composed config.
+
+    Raises RecipeError (a BadInput: CLI exit 2) naming the override or config section verl rejects, and
+    BadInput when the installed verl is not the pinned one or the entrypoint module is missing.
+    """
+    # Cached on the hashable parts (env is a dict): composition + dataclass conversion costs ~1-3 s.
+    return _validated(recipe.scale, recipe.entrypoint, recipe.overrides)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_defaults():
+    """verl's shipped Megatron config without the recipe: the types every override must keep."""
+    return compose(Recipe(scale="<defaults>", entrypoint=ENTRYPOINT, overrides=("model_engine=megatron",)))
+
+
+def _check_types(recipe: Recipe, config) -> None:
+    """verl's YAML is not a structured config, so Hydra accepts `clip_ratio_high=abc` and the Python
+    dataclasses do not check types either; a value must keep the type of verl's shipped default."""
+    from omegaconf import OmegaConf
+
+    defaults = _shipped_defaults()
+    for key in recipe.override_map():
+        default = OmegaConf.select(defaults, key, default=None, throw_on_missing=False)
+        if default is None or not isinstance(default, (bool, int, float)):
+            continue
+        value = OmegaConf.select(config, key)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} rejected: verl {VERL_VERSION} "
+                              f"expects {type(default).__name__} (default {default!r})", key=key)
+
+
+def _check_choices(recipe: Recipe, config) -> None:
+    """Names verl resolves only at run time, checked against verl's own registries now."""
+    from verl.experimental.reward_loop.reward_manager import registry as reward_registry  # V1 trainer's reward loop
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+
+    rollout = config.actor_rollout_ref.rollout
+    reward_manager = config.reward.reward_manager
+    checks = [
+        ("algorithm.adv_estimator", config.algorithm.adv_estimator, sorted(ADV_ESTIMATOR_REGISTRY)),
+        ("actor_rollout_ref.rollout.name", rollout.name, sorted({n for n, m in _ROLLOUT_REGISTRY if m == rollout.mode})),
+    ]
+    if reward_manager.source == "register":
+        checks.append(("reward.reward_manager.name", reward_manager.name, sorted(reward_registry.REWARD_MANAGER)))
+    for key, value, known in checks:
+        if value not in known:
+            raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} is not known to verl "
+                              f"{VERL_VERSION}; known: {', '.join(map(str, known))}", key=key)
+
+
+@functools.lru_cache(maxsize=32)
+def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
+    recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
+    check_verl_version()
+    if importlib.util.find_spec(entrypoint) is None:
+        raise BadInput(f"recipe {scale}: entrypoint module {entrypoint} is not in the installed verl")
+    config = compose(recipe)
+
+    import contextlib
+    import io
+    import warnings
+
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    # verl.trainer.ppo.utils.need_reference_policy / need_critic, restated: importing that module pulls
+    # verl's dataset stack (`datasets`), which the CPU tier does not install.
+    use_ref = bool(config.algorithm.get("use_kl_in_reward", False) or config.actor_rollout_ref.actor.use_kl_loss)
+    critic_enable = config.critic.get("enable")
+    use_critic = bool(critic_enable) if critic_enable is not None else config.algorithm.adv_estimator == "gae"
+    sections = {
+        # validate_config checks across sections (batch sizes vs parallelism): no section prefix.
+        "": lambda: validate_config(config, use_reference_policy=use_ref, use_critic=use_critic),
+        "actor_rollout_ref.rollout": lambda: omega_conf_to_dataclass(config.actor_rollout_ref.rollout),
+        "algorithm": lambda: omega_conf_to_dataclass(config.algorithm),
+    }
+    for section, convert in sections.items():
+        try:
+            # verl prints a success line and warns (sequence parallel off for TP 1, no critic for GRPO);
+            # neither may reach stdout, where `plan --json` writes its document.
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                convert()
+        except Exception as exc:  # verl raises AssertionError, ValueError, TypeError, InstantiationException
+            full_key = re.search(r"full_key:\s*(\S+)", str(exc))
+            where_section = full_key.group(1) if full_key else section
+            key = _override_for(recipe, str(exc), where_section)
+            where = f"override {key!r}" if key else f"section {where_section or 'verl validate_config'}"
+            raise RecipeError(f"recipe {scale}: {where} rejected by verl {VERL_VERSION}: {_first_line(exc)}",
+                              key=key) from None
+    _check_types(recipe, config)
+    _check_choices(recipe, config)
+    return config
