@@ -1,0 +1,341 @@
+"""Analytic per-phase memory model of a DAPO step (rollout, prefill, old_log_prob, ref_log_prob, update)
+for one device of a scale's parallel plan: verdicts for a 256-card job in milliseconds.
+
+Every component is a closed form of the model's dimensions (harness.models), the plan (harness.plans),
+the batch (harness.scales) and the device (harness.hardware); the constants that are not dimensions
+live in `MemoryOptions` (data, not code). The activation coefficients are seed 001's memory model of
+Megatron + MindSpeed (TP8 PP16 EP16, SP on), which `tests/test_memory_model.py` reproduces to the
+printed digits; the MLA prefill terms are the same closed forms the fake-tensor tracer measures on
+HF's real attention (`tests/test_memory_tracer.py` checks they agree).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+from harness.models import ModelSpec
+from harness.scales import Scale
+
+GiB = 1024**3
+MiB = 1024**2
+BF16, FP32 = 2, 4
+PHASES = ("rollout", "prefill", "old_log_prob", "ref_log_prob", "update")
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Knobs of the run that set memory but are not part of a Scale. Defaults follow seed 001's job."""
+
+    # Megatron --recompute-granularity full --recompute-method block: each stage keeps only its input
+    # [s/TP, b, h] per in-flight micro batch and re-runs one layer at a time in backward (seed 001).
+    full_recompute: bool = True
+    # verl megatron offload: params/grads live on the host outside the phases that need them;
+    # MindSpeed optimizer_cpu_offload (seed 001, optimizer_offload_fraction=1) keeps Adam on the host.
+    param_offload: bool = True
+    grad_offload: bool = True
+    optimizer_offload: bool = True
+    # bf16 grad buffers (Megatron DDP without grad_reduce_in_fp32): seed 002's A3 plan holds 11B params
+    # per die (8 MoE layers, EP8), which fits 64 GB with bf16 grads and could not with fp32 ones.
+    grad_bytes: int = BF16
+    optimizer_bytes: int = 3 * FP32  # fp32 master weights + Adam m and v, sharded by the distributed optimizer
+    # Seed 001 counts the actor's logits as full-vocabulary fp32 [b, s, V] (35 GB at 5 x 14336); with
+    # vocab-parallel cross entropy they are split by TP (set True to model that).
+    vocab_parallel_logits: bool = False
+    micro_batch: int | None = None  # None: scale.batch.micro_batch_size_per_device (dynamic bsz packs more)
+    max_response_length: int | None = None  # None: scale.batch.max_response_length
+    hccl_buffsize_mb: int | None = None  # None: harness.dapo.HCCL_BUFFSIZE_MB (the recipe's HCCL_BUFFSIZE)
+    # vLLM: the KV pool is what gpu_memory_utilization leaves after weights, non-torch (HCCL) memory
+    # and the activation peak of the profiling step (max_num_batched_tokens tokens).
+    gpu_memory_utilization: float = 0.8
+    max_num_seqs: int = 256  # verl rollout default
+    max_num_batched_tokens: int = 8192  # verl rollout default
+    chunked_prefill: bool | None = None  # None: scale.chunked_prefill
+    prefill_chunk: int = 512  # query chunk of the chunked MLA prefill
+
+    def resolve(self, scale: Scale) -> MemoryOptions:
+        from harness import dapo
+
+        return replace(
+            self,
+            micro_batch=self.micro_batch or scale.batch.micro_batch_size_per_device,
+            max_response_length=self.max_response_length or scale.batch.max_response_length,
+            hccl_buffsize_mb=self.hccl_buffsize_mb or dapo.HCCL_BUFFSIZE_MB,
+            chunked_prefill=scale.chunked_prefill if self.chunked_prefill is None else self.chunked_prefill)
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """Peak memory of one phase on the worst device (pipeline stage) of a scale."""
+
+    scale: str
+    phase: str
+    stage: int | None  # the training pipeline stage that peaks (None for rollout phases)
+    components: dict[str, float]  # GiB per component
+    budget_gib: float
+    headroom_gib: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak_gib(self) -> float:
+        return sum(self.components.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib + self.headroom_gib <= self.budget_gib
+
+    @property
+    def largest(self) -> str:
+        return max(self.components, key=self.components.get)
+
+    def to_json(self) -> dict:
+        return {"scale": self.scale, "phase": self.phase, "stage": self.stage,
+                "components_gib": {k: round(v, 4) for k, v in self.components.items()},
+                "peak_gib": round(self.peak_gib, 4), "budget_gib": self.budget_gib,
+                "headroom_gib": self.headroom_gib, "fits": self.fits, "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------ parameters per device
+def vocab_padded(spec: ModelSpec, tp: int, divisible_by: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * TP."""
+    m = divisible_by * tp
+    return math.ceil(spec.vocab_size / m) * m
+
+
+def layer_params_per_device(spec: ModelSpec, layer: int, *, tp: int, ep: int, etp: int = 1,
+                            experts_tp_split: bool = False) -> tuple[float, float]:
+    """(dense-sharded params, expert params) of one layer on one device.
+
+    Attention, the dense FFN and the shared experts are TP-split; routed experts are EP-split and
+    ETP-split in Megatron (`experts_tp_split=False`), while vLLM's EP shards them over the whole
+    instance; the router (and norms) are replicated.
+    """
+    norms = 2 * spec.hidden_size
+    dense = spec.attention_params() / tp + norms
+    if layer < spec.first_k_dense_replace:
+        return dense + spec.dense_mlp_params() / tp, 0.0
+    router = spec.n_routed_experts * spec.hidden_size + spec.n_routed_experts
+    dense += spec.n_shared_experts * spec.expert_params() / tp + router
+    experts = spec.n_routed_experts / ep * spec.expert_params() / (tp if experts_tp_split else etp)
+    return dense, experts
+
+
+def stage_layers(scale: Scale) -> list[range]:
+    t = scale.plan.train
+    counts = t.stage_layers or (scale.model.num_hidden_layers // t.pp,) * t.pp
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [range(s, s + c) for s, c in zip(starts, counts)]
+
+
+def train_params(scale: Scale, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameter counts of one device of a training pipeline stage."""
+    spec, t = scale.model, scale.plan.train
+    dense = experts = 0.0
+    for layer in stage_layers(scale)[stage]:
+        d, e = layer_params_per_device(spec, layer, tp=t.tp, ep=t.ep, etp=t.etp)
+        dense, experts = dense + d, experts + e
+    embedding = vocab_padded(spec, t.tp) * spec.hidden_size / t.tp
+    if stage == 0:
+        dense += embedding
+    if stage == t.pp - 1:
+        dense += embedding + spec.hidden_size  # untied output layer + final norm
+    return dense, experts
+
+
+def rollout_weight_bytes(scale: Scale) -> float:
+    """vLLM weights on one device: TP for attention/dense/shared/vocab, EP over the instance for experts."""
+    spec, r = scale.model, scale.plan.rollout
+    total = 2 * vocab_padded(spec, r.tp, 64) * spec.hidden_size / r.tp + spec.hidden_size
+    for layer in range(spec.num_hidden_layers):
+        d, e = layer_params_per_device(spec, layer, tp=r.tp, ep=r.ep, experts_tp_split=r.ep == 1)
+        total += d + e
+    return total * BF16
+
+
+# ------------------------------------------------------------------ activations (seed 001's model)
+# Bytes per layer per token of a TP shard (SP on): coefficient * hidden + 2 bytes of the MLA latent
+# (kv_lora_rank + qk_rope_head_dim). Seed 001 (TP8, s*b = 4096): dense 0.15435791 GB, MoE 0.578186035 GB.
+ACT_COEF_DENSE = 45
+ACT_COEF_MOE = 169
+
+
+def layer_activation_bytes(spec: ModelSpec, layer: int, *, tokens: int, tp: int, cp: int = 1) -> float:
+    """Activations one layer keeps for backward for `tokens` (= s*b) tokens, without recompute."""
+    coef = ACT_COEF_DENSE if layer < spec.first_k_dense_replace else ACT_COEF_MOE
+    latent = spec.kv_lora_rank + spec.qk_rope_head_dim
+    return tokens / (tp * cp) * (coef * spec.hidden_size + BF16 * latent)
+
+
+def layer_input_bytes(spec: ModelSpec, *, tokens: int, tp: int, cp: int = 1) -> float:
+    """[s/TP, b, h] in bf16: what full recompute keeps per checkpointed block."""
+    return tokens / (tp * cp) * spec.hidden_size * BF16
+
+
+# Live [tokens, V] logits at the peak, in fp32 units. log-prob phases: the bf16 logits (0.5), their fp32
+# upcast and the log-softmax output (verl logprobs_from_logits). update: the bf16 logits, the fp32
+# log-softmax and entropy softmax saved for backward, and the fp32 logits gradient.
+LOGITS_COPIES = {"log_prob": 2.5, "update": 3.5}
+
+
+def loss_bytes(*, tokens: int, vocab: int, shards: int = 1, copies: float = 1) -> float:
+    """fp32 logits [b, s, V/shards] (seed 001: the loss term, and the 35 GB logits at V=131072)."""
+    return tokens * vocab / shards * FP32 * copies
+
+
+def model_activation_bytes(spec: ModelSpec, *, tokens: int, tp: int, full_recompute: bool,
+                           vocab: int | None = None) -> float:
+    """Seed 001's total activation of one micro batch through all layers plus the (vocab-parallel) loss,
+    which it equates with the first pipeline stage's activation under 1F1B."""
+    loss = loss_bytes(tokens=tokens, vocab=vocab or spec.vocab_size, shards=tp)
+    if full_recompute:
+        return layer_input_bytes(spec, tokens=tokens, tp=tp) + loss
+    return sum(layer_activation_bytes(spec, i, tokens=tokens, tp=tp) for i in range(spec.num_hidden_layers)) + loss
+
+
+# ------------------------------------------------------------------ MLA prefill (vLLM rollout)
+# The eager chain per score element: bf16 scores, their fp32 copy for softmax(dtype=float32), the
+# fp32 probabilities (the bf16 cast follows once the copy is freed) -> 10 bytes live at the peak.
+SCORE_BYTES_PEAK = BF16 + FP32 + FP32
+
+
+def prefill_activation_bytes(spec: ModelSpec, *, batch: int, seq: int, tp: int, chunk: int | None) -> float:
+    """Peak transient memory of one MLA prefill (one layer) on a device with heads/tp heads.
+
+    vanilla (chunk None): the [b, h, s, s] score chain plus the materialized [b, 1, s, s] bf16 mask;
+    chunked: the same chain over [b, h, chunk, s]. Plus the per-token projections (q, k, v, the
+    kv_b expansion and the attention output), which the tracer shows are a few percent.
+    """
+    heads = spec.num_attention_heads // tp
+    queries = seq if chunk is None else min(chunk, seq)
+    scores = batch * heads * queries * seq * SCORE_BYTES_PEAK
+    mask = batch * seq * seq * BF16 if chunk is None else 0
+    per_token = heads * (2 * spec.qk_head_dim + (spec.qk_nope_head_dim + spec.v_head_dim) + 2 * spec.v_head_dim)
+    return scores + mask + batch * seq * per_token * BF16
+
+
+# ------------------------------------------------------------------ HCCL
+def hccl_communicators(scale: Scale) -> int:
+    """Communicators of size > 1 a device joins: Megatron's TP/PP/EP/ETP/CP/DP/expert-DP groups and
+    vLLM's TP/DP/EP groups. Each allocates HCCL_BUFFSIZE in and out once used, and never frees it
+    (seed 001: 6-8 GB of HCCL memory under every phase)."""
+    t, r, w = scale.plan.train, scale.plan.rollout, scale.devices
+    sizes = (t.tp, t.pp, t.ep, t.etp, t.cp, t.dp(w), w // (t.pp * t.ep * t.etp), r.tp, r.dp, r.ep)
+    return sum(1 for s in sizes if s > 1)
+
+
+def hccl_bytes(scale: Scale, buffsize_mb: int) -> float:
+    return hccl_communicators(scale) * 2 * buffsize_mb * MiB
+
+
+# ------------------------------------------------------------------ phases
+def budget_bytes(scale: Scale) -> int:
+    """Device memory of the scale's hardware; a CPU scale's device is this host's RAM."""
+    if scale.hardware.device_memory_bytes:
+        return scale.hardware.device_memory_bytes
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _phase(scale: Scale, phase: str, stage, components: dict[str, float], notes=()) -> PhaseMemory:
+    return PhaseMemory(scale.name, phase, stage, {k: v / GiB for k, v in components.items()},
+                       round(budget_bytes(scale) / GiB, 2), scale.targets.memory_headroom_gib, tuple(notes))
+
+
+def prefill_shape(scale: Scale, o: MemoryOptions) -> tuple[int, int, int | None]:
+    """(prompts prefilled together on one device, prompt length, query chunk or None for vanilla).
+
+    Chunked prefill bounds a step to max_num_batched_tokens tokens. Without it the scheduler admits
+    every waiting prompt up to max_num_seqs and the vanilla MLA prefill pads them into one
+    [b, h, s, s] batch (seed 001, GBS 128)."""
+    seq = scale.batch.max_prompt_length
+    per_rank = max(1, scale.batch.sequences // (scale.devices // scale.plan.rollout.tp))
+    if o.chunked_prefill:
+        return min(per_rank, max(1, o.max_num_batched_tokens // seq)), seq, min(o.prefill_chunk, seq)
+    return min(o.max_num_seqs, per_rank), seq, None
+
+
+def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
+    spec, r, b = scale.model, scale.plan.rollout, scale.batch
+    mem = budget_bytes(scale)
+    weights, hccl = rollout_weight_bytes(scale), hccl_bytes(scale, o.hccl_buffsize_mb)
+    prompts, seq, chunk = prefill_shape(scale, o)
+    per_rank = max(1, b.sequences // (scale.devices // r.tp))
+    # vLLM sizes the KV pool after profiling one step of max_num_batched_tokens tokens.
+    step_prompts = min(per_rank, max(1, o.max_num_batched_tokens // seq))
+    profiled = prefill_activation_bytes(spec, batch=step_prompts, seq=seq, tp=r.tp, chunk=chunk)
+    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - profiled)
+    prefill = prefill_activation_bytes(spec, batch=prompts, seq=seq, tp=r.tp, chunk=chunk)
+    how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
+           f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
+           "fix: enable chunked prefill (rollout.enable_chunked_prefill / chunk_prefill_for_mla)")
+    kv_need = (spec.kv_lora_rank + spec.qk_rope_head_dim) * BF16 * spec.num_hidden_layers * (seq + o.max_response_length)
+    notes = [] if kv_pool >= kv_need else [
+        f"KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB): raise "
+        "gpu_memory_utilization or lower max_model_len"]
+    decode = min(o.max_num_seqs, per_rank) * spec.hidden_size * FP32 * 4  # a few [tokens, h] buffers per step
+    base = {"weights": weights, "kv_cache": kv_pool, "hccl": hccl}
+    return [_phase(scale, "rollout", None, {**base, "activations": decode}, notes),
+            _phase(scale, "prefill", None, {**base, "activations": prefill}, [how, *notes])]
+
+
+def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
+    """The worst pipeline stage of a training-side phase (old_log_prob, ref_log_prob, update)."""
+    spec, t = scale.model, scale.plan.train
+    w = scale.devices
+    seq = scale.batch.max_prompt_length + o.max_response_length
+    tokens = o.micro_batch * seq
+    dp, expert_dp = t.dp(w), max(1, w // (t.pp * t.ep * t.etp))
+    vocab = vocab_padded(spec, t.tp)
+    mini = scale.batch.ppo_mini_batch_size or scale.batch.gbs
+    microbatches = max(1, mini * scale.batch.n // (dp * o.micro_batch))
+    hccl = hccl_bytes(scale, o.hccl_buffsize_mb)
+    best = None
+    for stage, layers in enumerate(stage_layers(scale)):
+        dense, experts = train_params(scale, stage)
+        c = {"params": (dense + experts) * BF16}
+        if phase == "update" or not o.grad_offload:
+            c["grads"] = (dense + experts) * o.grad_bytes
+        if phase == "update" and not o.optimizer_offload:
+            c["optimizer"] = (dense / dp + experts / expert_dp) * o.optimizer_bytes
+        if phase == "update":
+            in_flight = min(t.pp - stage, microbatches)  # 1F1B warm-up depth
+            if o.full_recompute:
+                c["activations"] = in_flight * layer_input_bytes(spec, tokens=tokens, tp=t.tp, cp=t.cp)
+                c["recompute"] = max(layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
+            else:
+                c["activations"] = in_flight * sum(
+                    layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
+        else:
+            # forward only: one layer's activations at a time
+            c["activations"] = max(layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
+        if stage == t.pp - 1:
+            shards = t.tp * t.cp if o.vocab_parallel_logits else t.cp
+            c["logits"] = loss_bytes(tokens=tokens, vocab=vocab, shards=shards, copies=LOGITS_COPIES["update" if phase == "update" else "log_prob"])
+        c["hccl"] = hccl
+        if phase == "ref_log_prob":
+            c.pop("grads", None)  # the reference model has no gradients
+        cand = _phase(scale, phase, stage, c)
+        if best is None or cand.peak_gib > best.peak_gib:
+            best = cand
+    if "logits" in best.components and best.largest == "logits" and not best.fits:
+        best = replace(best, notes=best.notes + (logits_fix(scale, o),))
+    return best
+
+
+def logits_fix(scale: Scale, o: MemoryOptions) -> str:
+    t = scale.plan.train
+    return (f"logits [{o.micro_batch}, {scale.batch.max_prompt_length + o.max_response_length}, "
+            f"{vocab_padded(scale.model, t.tp)}] fp32 do not fit: enable context parallel "
+            f"(actor megatron context_parallel_size, now {t.cp}), lower the micro batch "
+            f"(ppo_micro_batch_size_per_gpu / log_prob_micro_batch_size_per_gpu, now {o.micro_batch}) "
+            f"or cap the max response length (data.max_response_length, now {o.max_response_length})")
+
+
+def plan_memory(scale: Scale, options: MemoryOptions | None = None,
+                phases: tuple[str, ...] = PHASES) -> list[PhaseMemory]:
+    """Per-phase peak memory of `scale` on its worst device; one PhaseMemory per requested phase."""
+    o = (options or MemoryOptions()).resolve(scale)
+    out = []
+    if {"rollout", "prefill"} & set(phases):
+        out += [p for p in rollout_phases(scale, o) if p.phase in phases]
+    out += [train_phase(scale, p, o) for p in phases if p not in ("rollout", "prefill")]
+    return out
