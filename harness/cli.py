@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "harness.commands",  # scales, plan
     "harness.report.commands",  # throughput, report
     "harness.runner",  # run (the main job)
+    "harness.memory.cli",  # memory
 )
 
 

@@ -1,0 +1,81 @@
+"""`ascend-rl-harness memory --scale NAME`: per-phase memory of one device against its budget, with a verdict.
+
+Exit 0 when every requested phase fits with the scale's headroom, 1 when one does not, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from harness.errors import BadInput
+from harness.memory.model import PHASES, MemoryOptions, PhaseMemory, plan_memory
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from harness.commands import _scale_arg
+    from harness.plans import PlanError
+
+    scale = _scale_arg(args.scale)
+    try:
+        scale.validate()
+    except PlanError as exc:
+        raise BadInput(f"--scale {scale.name}: {exc}") from None
+    if args.gbs is not None:
+        if args.gbs < 1:
+            raise BadInput(f"--gbs {args.gbs}: must be a positive number of prompts per step")
+        scale = replace(scale, batch=replace(scale.batch, gbs=args.gbs))
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise BadInput(f"--micro-batch {args.micro_batch}: must be >= 1")
+    options = MemoryOptions(chunked_prefill=args.chunked_prefill, micro_batch=args.micro_batch)
+    phases = (args.phase,) if args.phase else PHASES
+    results = plan_memory(scale, options, phases)
+    ok = all(p.fits for p in results)
+    if args.json:
+        print(json.dumps({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results]}, indent=2))
+    else:
+        _print(scale.name, results, ok)
+    return 0 if ok else 1
+
+
+def _print(scale: str, results: list[PhaseMemory], ok: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    # One column per phase, one row per component: stays narrow with ten components.
+    table = Table(title=f"memory per device, GiB: {scale}")
+    table.add_column("component")
+    for p in results:
+        table.add_column(p.phase if p.stage is None else f"{p.phase} (stage {p.stage})", justify="right")
+    for name in dict.fromkeys(k for p in results for k in p.components):
+        table.add_row(name, *(f"{p.components[name]:.2f}" if name in p.components else "-" for p in results))
+    table.add_row("[bold]peak[/]", *(f"[bold]{p.peak_gib:.2f}[/]" for p in results))
+    table.add_row("usable", *(f"{p.budget_gib - p.headroom_gib:.2f}" for p in results))
+    table.add_row("fits", *("[green]yes[/]" if p.fits else "[red]NO[/]" for p in results))
+    console.print(table)
+    for p in results:
+        for note in p.notes:
+            console.print(f"  {p.phase}: {escape(note)}")
+    bad = [p for p in results if not p.fits]
+    if ok:
+        console.print(f"[bold green]PASS[/]: all {len(results)} phase(s) fit with headroom")
+    else:
+        worst = max(bad, key=lambda p: p.peak_gib - p.budget_gib)
+        console.print(f"[bold red]FAIL[/]: {len(bad)} of {len(results)} phase(s) do not fit; worst {worst.phase} "
+                      f"{worst.peak_gib:.2f} GiB (largest component {worst.largest} "
+                      f"{worst.components[worst.largest]:.2f} GiB) vs {worst.budget_gib - worst.headroom_gib:.2f}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("memory", help="per-phase memory of a scale's device vs its budget (analytic model)")
+    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    p.add_argument("--phase", choices=PHASES, help="only this phase (default: all)")
+    p.add_argument("--gbs", type=int, help="override the prompts per step (data.train_batch_size)")
+    p.add_argument("--micro-batch", type=int, help="override the micro batch per device (dynamic bsz packing)")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="rollout chunked (MLA) prefill on/off (default: the scale's)")
+    p.add_argument("--json", action="store_true", help="print JSON; each phase carries a boolean `fits`")
+    p.set_defaults(func=run)
