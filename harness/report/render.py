@@ -57,7 +57,7 @@ def plot_throughput(doc: dict) -> str:
     if limit:
         ax.axhline(limit, color="tab:gray", ls=":", label=f"roofline {limit:.0f}")
     ax.set_xlabel("step")
-    ax.set_ylabel(f"tokens/s per card ({doc['hardware']})")
+    ax.set_ylabel(f"tokens/s per card ({doc.get('hardware', '')})")
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
@@ -116,16 +116,20 @@ def _fmt(value, digits: int = 4) -> str:
 def _throughput_html(report: RunReport) -> list[str]:
     out = []
     for nodeid, doc in report.properties("throughput"):
+        if not isinstance(doc, dict):
+            continue
         out.append(f"<h3>{html.escape(nodeid)}</h3>")
         roof = doc.get("roofline") or {}
-        rows = [["TPS/card (median, steady window)", _fmt(doc["tps_per_card"])],
-                ["TPS/device (verl perf/throughput)", _fmt(doc["tps_per_device"])],
-                ["devices / cards", f"{doc['devices']} / {doc.get('cards', '')} ({html.escape(doc['hardware'])})"],
-                ["window / warm-up steps", f"{doc['window']} / {doc['warmup']}"],
-                ["step time s (median)", _fmt(doc["step_time_s"])]]
+        rows = [[label, value] for label, value in (
+            ("TPS/card (median, steady window)", _fmt(doc.get("tps_per_card", ""))),
+            ("TPS/device (verl perf/throughput)", _fmt(doc.get("tps_per_device", ""))),
+            ("devices / cards", f"{doc.get('devices', '')} / {doc.get('cards', '')} "
+                                f"({html.escape(str(doc.get('hardware', '')))})"),
+            ("window / warm-up steps", f"{doc.get('window', '')} / {doc.get('warmup', '')}"),
+            ("step time s (median)", _fmt(doc.get("step_time_s", "")))) if value.strip(" /()[]")]
         if doc.get("target") is not None:
             rows.append(["target TPS/card", _fmt(doc["target"])])
-        if roof.get("tps_per_card_limit"):
+        if roof.get("tps_per_card_limit") and doc.get("tps_per_card"):
             rows.append(["roofline TPS/card", f"{roof['tps_per_card_limit']:.1f} (measured "
                          f"{doc['tps_per_card'] / roof['tps_per_card_limit']:.1%} of it; peak "
                          f"{roof['peak_tflops_per_card']:g} TFLOPS/card: {html.escape(roof['peak_source'])})"])
@@ -228,8 +232,11 @@ def render_markdown(report: RunReport) -> str:
         lines.append("")
     for nodeid, doc in report.properties("throughput"):
         roof = (doc.get("roofline") or {}).get("tps_per_card_limit")
-        lines.append(f"- throughput `{_md_cell(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card** "
-                     f"({doc['tps_per_device']:.1f} per device, {doc['devices']} devices on {doc['hardware']})"
+        if not isinstance(doc.get("tps_per_card"), (int, float)):
+            continue
+        lines.append(f"- throughput `{_md_cell(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
+                     + (f" ({doc['tps_per_device']:.1f} per device, {doc['devices']} devices on {doc['hardware']})"
+                        if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
                      + (f", target {doc['target']:g}" if doc.get("target") is not None else "")
                      + (f", roofline {roof:.0f}" if roof else ""))
     bench = _benchmarks_rows(report)

@@ -37,6 +37,8 @@ FAILING = ("failed", "error", "xpassed")
 class TestVerdict:
     """The outcome of one test: phase outcomes merged (an error in setup/teardown counts as error)."""
 
+    __test__ = False  # a record, not a pytest test class
+
     nodeid: str
     outcome: str  # one of OUTCOMES
     duration_s: float

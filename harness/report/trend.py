@@ -62,7 +62,8 @@ def metrics(reports: list[RunReport]) -> list[Metric]:
         put("pass_rate", True, i, sum(t.outcome == "passed" for t in ran) / len(ran) if ran else 1.0)
         put("duration_s", False, i, r.duration_s)
         for nodeid, doc in r.properties("throughput"):
-            put(f"tps_per_card[{nodeid}]", True, i, doc["tps_per_card"])
+            if isinstance(doc, dict) and isinstance(doc.get("tps_per_card"), (int, float)):
+                put(f"tps_per_card[{nodeid}]", True, i, doc["tps_per_card"])
         for t in r.tests:
             if t.benchmark:
                 put(f"benchmark_median_s[{t.benchmark['fullname']}]", False, i, t.benchmark["stats"]["median"])
