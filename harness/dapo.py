@@ -246,6 +246,14 @@ def check_verl_version() -> str:
     return installed
 
 
+def module_exists(module: str) -> bool:
+    """Is `module` importable (found without importing it)? A missing parent package counts as missing."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _verl_config_dir() -> str:
     spec = importlib.util.find_spec("verl.trainer.config")
     if spec is None or not spec.submodule_search_locations:
@@ -363,7 +371,7 @@ def _check_choices(recipe: Recipe, config) -> None:
 def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
     check_verl_version()
-    if importlib.util.find_spec(entrypoint) is None:
+    if not module_exists(entrypoint):
         raise BadInput(f"recipe {scale}: entrypoint module {entrypoint} is not in the installed verl")
     config = compose(recipe)
 

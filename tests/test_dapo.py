@@ -1,0 +1,172 @@
+"""The DAPO recipe composes in verl 0.9.1's own shipped config, carries the DAPO settings and the
+scale's plan, and the validator fails naming the key on seeded bad overrides."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from harness import dapo
+from harness.errors import BadInput
+from harness.hardware import DETERMINISTIC_ENV
+from harness.scales import SCALES, get_scale
+
+
+@pytest.fixture(scope="module", params=sorted(SCALES))
+def composed(request):
+    """(scale, recipe, verl config composed and validated) per scale; validation is cached per recipe."""
+    scale = SCALES[request.param]
+    recipe = dapo.recipe(scale)
+    return scale, recipe, dapo.validate_recipe(recipe)
+
+
+def test_recipe_composes_with_dapo_settings(composed):
+    scale, recipe, cfg = composed
+    actor, rollout, mg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.megatron
+    expected = {
+        "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, "grpo"),
+        "use_kl_loss": (actor.use_kl_loss, False),
+        "use_kl_in_reward": (cfg.algorithm.use_kl_in_reward, False),
+        "clip_ratio_low": (actor.clip_ratio_low, 0.2),
+        "clip_ratio_high": (actor.clip_ratio_high, 0.28),
+        "loss_agg_mode": (actor.loss_agg_mode, "token-mean"),
+        "filter_groups.enable": (cfg.algorithm.filter_groups.enable, True),
+        "filter_groups.metric": (cfg.algorithm.filter_groups.metric, "acc"),
+        "reward_manager": (cfg.reward.reward_manager.name, "dapo"),
+        "overlong.enable": (cfg.reward.reward_kwargs.overlong_buffer_cfg.enable, True),
+        "overlong.len": (cfg.reward.reward_kwargs.overlong_buffer_cfg.len,
+                         scale.batch.overlong_buffer_len or scale.batch.max_response_length // 4),
+        "max_resp_len": (cfg.reward.reward_kwargs.max_resp_len, scale.batch.max_response_length),
+        "strategy": (actor.strategy, "megatron"),
+        "use_mbridge": (mg.use_mbridge, True),
+        "tp": (mg.tensor_model_parallel_size, scale.plan.train.tp),
+        "pp": (mg.pipeline_model_parallel_size, scale.plan.train.pp),
+        "ep": (mg.expert_model_parallel_size, scale.plan.train.ep),
+        "etp": (mg.expert_tensor_parallel_size, scale.plan.train.etp),
+        "cp": (mg.context_parallel_size, scale.plan.train.cp),
+        "rollout.name": (rollout.name, "vllm"),
+        "rollout.tp": (rollout.tensor_model_parallel_size, scale.plan.rollout.tp),
+        "rollout.dp": (rollout.data_parallel_size, scale.plan.rollout.dp),
+        "rollout.ep": (rollout.expert_parallel_size, scale.plan.rollout.ep),
+        "enforce_eager": (rollout.enforce_eager, not scale.graph_mode),
+        "chunked_prefill": (rollout.enable_chunked_prefill, True),
+        "load_format": (rollout.load_format, scale.load_format),
+        "n": (rollout.n, scale.batch.n),
+        "train_batch_size": (cfg.data.train_batch_size, scale.batch.gbs),
+        "devices": (cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node, scale.devices),
+        "file logger": ("file" in cfg.trainer.logger, True),
+    }
+    bad = [f"{k}: {got!r} != {want!r}" for k, (got, want) in expected.items() if got != want]
+    assert not bad, f"{scale.name}: {len(bad)} settings differ: {'; '.join(bad)}"
+
+
+def _stage_decoder_counts(layout: str) -> list[int]:
+    """Decoder layers per stage of a Megatron layout string (only the `t*N` / `t` forms we emit)."""
+    return [sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", stage)) for stage in layout.split("|")]
+
+
+def test_stage_layers_reach_megatron(composed):
+    scale, _, cfg = composed
+    otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
+    layers = scale.plan.train.stage_layers
+    if not layers or len(set(layers)) == 1:
+        assert "num_layers_in_first_pipeline_stage" not in otc and "pipeline_model_parallel_layout" not in otc
+    elif "pipeline_model_parallel_layout" in otc:
+        layout = otc.pipeline_model_parallel_layout
+        assert layout.startswith("E") and layout.endswith("L")
+        assert _stage_decoder_counts(layout) == list(layers)
+    else:
+        assert otc.num_layers_in_first_pipeline_stage == layers[0]
+        last = otc.get("num_layers_in_last_pipeline_stage", None)
+        middle = (scale.model.num_hidden_layers - layers[0] - (last or 0)) // max(1, len(layers) - 1 - (last is not None))
+        rebuilt = [layers[0], *[middle] * (len(layers) - 1 - (last is not None)), *([last] if last else [])]
+        assert rebuilt == list(layers), f"Megatron would build {rebuilt}, the plan says {list(layers)}"
+    # the reference policy's Megatron config reads the actor's (ref.megatron interpolates it)
+    assert cfg.actor_rollout_ref.ref.megatron.override_transformer_config == otc
+
+
+def test_a3_non_uniform_middle_uses_layout():
+    otc = dapo.validate_recipe(dapo.recipe(get_scale("full-a3"))).actor_rollout_ref.actor.megatron.override_transformer_config
+    assert otc.pipeline_model_parallel_layout == "Et*7|t*7|t*8|t*8|t*8|t*8|t*8|t*7L"
+
+
+def test_a2_uses_first_last_stage_counts():
+    otc = dapo.validate_recipe(dapo.recipe(get_scale("full-a2-gbs128"))).actor_rollout_ref.actor.megatron.override_transformer_config
+    assert (otc.num_layers_in_first_pipeline_stage, otc.num_layers_in_last_pipeline_stage) == (3, 2)
+
+
+def test_env_per_scale():
+    a3, a2, tiny = (dapo.recipe(get_scale(n)).env for n in ("full-a3", "full-a2-gbs128", "tiny"))
+    assert tiny == {}, "a CPU scale needs no Ascend environment"
+    assert a3["HCCL_BUFFSIZE"] == a2["HCCL_BUFFSIZE"] == str(dapo.HCCL_BUFFSIZE_MB)
+    # alignment runs are deterministic; the 120 TPS/card throughput run is not
+    assert all(a2[k] == v for k, v in DETERMINISTIC_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING")
+    assert "HCCL_DETERMINISTIC" not in a3
+
+
+# ---- the validator must fail on seeded bad recipes, naming the key --------------------------------
+
+def _replace(recipe: dapo.Recipe, key: str, new: str | None) -> dapo.Recipe:
+    out = [o for o in recipe.overrides if dapo._split_override(o)[0] != key]
+    assert len(out) == len(recipe.overrides) - 1, f"{key} not in the recipe"
+    return dataclasses.replace(recipe, overrides=tuple(out) + ((new,) if new else ()))
+
+
+SEEDED = {
+    # misspelled key: Hydra refuses to override what verl's config does not have
+    "misspelled key": ("actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_hihg=0.28",
+                       "actor_rollout_ref.actor.clip_ratio_hihg"),
+    # a value verl's actor dataclass rejects
+    "bad loss_agg_mode": ("actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.loss_agg_mode=token_mean",
+                          "actor_rollout_ref.actor.loss_agg_mode"),
+    # a string where verl's default is a float: Hydra and the dataclasses both accept it
+    "wrong type": ("actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_high=high",
+                   "actor_rollout_ref.actor.clip_ratio_high"),
+    # names verl only resolves at run time
+    "unknown estimator": ("algorithm.adv_estimator", "algorithm.adv_estimator=dapo", "algorithm.adv_estimator"),
+    "unknown rollout": ("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.name=vllm_ascend",
+                        "actor_rollout_ref.rollout.name"),
+    "unknown reward manager": ("reward.reward_manager.name", "reward.reward_manager.name=dapo_v2",
+                               "reward.reward_manager.name"),
+    # a key added with + that the actor dataclass does not have
+    "unknown actor field": (None, "+actor_rollout_ref.actor.clip_ratio_higher=0.28", "actor_rollout_ref.actor.clip_ratio_higher"),
+    # vLLM's EP group must be the whole instance; verl's RolloutConfig asserts it
+    "rollout ep": ("actor_rollout_ref.rollout.expert_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size=3",
+                   "actor_rollout_ref.rollout.expert_parallel_size"),
+    # verl's validate_config: the batch must cover a mini batch
+    "batch too small": ("data.train_batch_size", "data.train_batch_size=8", "data.train_batch_size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEEDED))
+def test_seeded_bad_override_fails_naming_the_key(case):
+    old, new, key = SEEDED[case]
+    good = dapo.recipe(get_scale("full-a3"))
+    bad = _replace(good, old, new) if old else dataclasses.replace(good, overrides=good.overrides + (new,))
+    with pytest.raises(dapo.RecipeError) as err:
+        dapo.validate_recipe(bad)
+    assert err.value.key == key, str(err.value)
+    assert key in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, BadInput)  # the CLI turns it into exit 2
+
+
+def test_other_verl_version_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(dapo.importlib.metadata, "version", lambda name: "0.7.0")
+    with pytest.raises(BadInput, match=r"^verl 0\.7\.0 is installed but the DAPO recipe targets verl 0\.9\.1") as err:
+        dapo.check_verl_version()
+    assert "\n" not in str(err.value)
+
+
+def test_missing_entrypoint_module_is_rejected():
+    # verl 0.9.1 no longer ships recipe/dapo/main_dapo.py: a recipe pointing there must not validate.
+    recipe = dataclasses.replace(dapo.recipe(get_scale("tiny")), entrypoint="recipe.dapo.main_dapo")
+    with pytest.raises(BadInput, match="entrypoint module recipe.dapo.main_dapo is not in the installed verl"):
+        dapo.validate_recipe(recipe)
+
+
+def test_pipeline_layout_format():
+    assert dapo.pipeline_layout((3, 4, 2)) == "Et*3|t*4|t*2L"
+    assert dapo.stage_overrides(get_scale("moonlight-a2").plan.train) == [
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=14"]
+    assert dapo.stage_overrides(get_scale("reduced-a2").plan.train) == []
