@@ -111,7 +111,13 @@ def layer_params_per_device(spec: ModelSpec, layer: int, *, tp: int, ep: int, et
     instance; the router (and norms) are replicated.
     """
     norms = 2 * spec.hidden_size
-    dense = spec.attention_params() / tp + norms
+    # MLA's down projections (q_a, kv_a) and their norms are replicated across TP (Megatron
+    # `duplicated` linears, vLLM ReplicatedLinear); q_b, kv_b and o are split.
+    h = spec.hidden_size
+    replicated = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank
+    if spec.q_lora_rank:
+        replicated += h * spec.q_lora_rank + spec.q_lora_rank
+    dense = replicated + (spec.attention_params() - replicated) / tp + norms
     if layer < spec.first_k_dense_replace:
         return dense + spec.dense_mlp_params() / tp, 0.0
     router = spec.n_routed_experts * spec.hidden_size + spec.n_routed_experts

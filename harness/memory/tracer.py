@@ -60,6 +60,9 @@ class _LargestOutputs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # Views and in-place results alias an existing storage: not an allocation.
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 nbytes = t.untyped_storage().nbytes()
@@ -146,12 +149,14 @@ def trace_decoder_layer(spec: ModelSpec, *, layer: int, tokens: int, tp: int = 1
                         etp: int = 1, batch: int = 1) -> Trace:
     """Forward peak of one full-size decoder layer shard (dense if layer < first_k_dense_replace, else MoE)
     on `batch` sequences of `tokens // batch` tokens, no grad (the log-prob and rollout shape)."""
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3MLP
 
     seq = tokens // batch
     with fake_mode():
         cfg = shard_config(spec, tp=tp, ep=ep, etp=etp, attn_implementation="sdpa")
         module = DeepseekV3DecoderLayer(cfg, layer).eval()
+        if layer >= spec.first_k_dense_replace:  # the shared expert is TP-split like the dense FFN
+            module.mlp.shared_experts = DeepseekV3MLP(cfg, spec.moe_intermediate_size * spec.n_shared_experts // tp)
         hidden = torch.empty(batch, seq, spec.hidden_size)
         cos_sin = rope_inputs(cfg, batch, seq)
         with torch.no_grad():
