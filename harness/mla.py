@@ -111,3 +111,205 @@ def derive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> tuple[torch.T
                          f"expected {(n * (p + v), lat)}")
     w_uk, w_uv = w.view(lat, n, p + v).split([p, v], dim=-1)
     return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
+
+
+# ---------------------------------------------------------------- freshness
+@dataclass(frozen=True)
+class Deviation:
+    """How far one absorbed weight of one layer is from its derivation from the current kv_b_proj."""
+
+    layer: int
+    weight: str  # "W_UK_T" or "W_UV"
+    count: int  # elements outside the tolerance
+    numel: int
+    worst: float  # max |actual - derived|
+    where: tuple[int, ...]  # index of the worst element
+
+    def describe(self) -> str:
+        return (f"layer {self.layer} {self.weight}: {self.count}/{self.numel} elements off, worst |diff| "
+                f"{self.worst:.4g} at {list(self.where)}")
+
+
+@dataclass(frozen=True)
+class FreshnessReport:
+    """Result of `check_freshness`: one Deviation per (layer, weight) that is off; `problems` for layers that
+    cannot be checked at all (kv_b_proj dropped, shapes wrong)."""
+
+    engine: str
+    tol: Tolerance
+    layers_checked: int
+    stale: tuple[Deviation, ...]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.stale and not self.problems
+
+    def message(self) -> str:
+        parts = [d.describe() for d in self.stale] + list(self.problems)
+        return (f"{self.engine}: W_UK_T/W_UV are not the derivation of the current kv_b_proj in "
+                f"{len(parts)} of {2 * self.layers_checked} checks (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): "
+                + "; ".join(parts) + ". The absorbed weights were copies not re-derived after the weight sync "
+                "(vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj was rebound to new storage.")
+
+
+def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Deviation | None:
+    a, e = actual.detach().double(), expected.detach().double()
+    diff = (a - e).abs()
+    bad = diff > tol.atol + tol.rtol * e.abs()
+    if not bool(bad.any()):
+        return None
+    flat = int(diff.argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+    return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=float(diff.max()),
+                     where=where)
+
+
+def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: torch.dtype) -> FreshnessReport:
+    """Every layer's W_UK_T / W_UV must equal the derivation from its CURRENT kv_b_proj within the dtype
+    tolerance (layers are `harness.engines.MLALayer`; layers without absorbed weights are skipped)."""
+    tol = tolerance(WEIGHT_TOL, dtype)
+    stale, problems, checked = [], [], 0
+    for layer in layers:
+        if layer.w_uk_t is None and layer.w_uv is None:
+            continue
+        checked += 1
+        try:
+            w_uk_t, w_uv = derive_absorbed(layer.kv_b_proj, spec)
+        except ValueError as exc:
+            problems.append(f"layer {layer.layer}: {exc} (the engine dropped or reshaped kv_b_proj.weight, so a weight "
+                            f"sync cannot reach W_UK_T/W_UV)")
+            continue
+        for name, actual, expected in (("W_UK_T", layer.w_uk_t, w_uk_t), ("W_UV", layer.w_uv, w_uv)):
+            if actual is None:
+                continue
+            if tuple(actual.shape) != tuple(expected.shape):
+                problems.append(f"layer {layer.layer} {name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+                continue
+            dev = _deviation(layer.layer, name, actual, expected, tol)
+            if dev:
+                stale.append(dev)
+    if checked == 0:
+        problems.append("the engine exposes no W_UK_T/W_UV in any layer (mla_layers() returned none)")
+    return FreshnessReport(engine=engine_name, tol=tol, layers_checked=checked, stale=tuple(stale),
+                           problems=tuple(problems))
+
+
+# ---------------------------------------------------------------- aliasing (information)
+@dataclass(frozen=True)
+class AliasInfo:
+    """Does an absorbed weight share storage with kv_b_proj, and does an in-place write to kv_b_proj show in it
+    (the seed's "-100" test)? Information only: re-deriving after every sync is the other valid fix."""
+
+    layer: int
+    weight: str
+    shares_storage: bool
+    propagates: bool
+
+
+def probe_aliasing(layers: Sequence, spec: ModelSpec) -> list[AliasInfo]:
+    """Write -100 into the kv_b_proj element behind W_UK_T[0,0,0] / W_UV[0,0,0] of each layer, read the absorbed
+    weight, restore the element. Needs live tensors (an in-process engine)."""
+    p = spec.qk_nope_head_dim
+    out = []
+    with torch.no_grad():
+        for layer in layers:
+            kv = layer.kv_b_proj
+            for name, absorbed, row in (("W_UK_T", layer.w_uk_t, 0), ("W_UV", layer.w_uv, p)):
+                if absorbed is None or kv.numel() == 0:
+                    continue
+                shares = absorbed.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
+                saved = kv[row, 0].clone()
+                kv[row, 0] = -100.0
+                propagates = bool(absorbed[0, 0, 0] == -100.0)
+                kv[row, 0] = saved
+                out.append(AliasInfo(layer=layer.layer, weight=name, shares_storage=shares, propagates=propagates))
+    return out
+
+
+# ---------------------------------------------------------------- behaviour after sync
+def first_divergence(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:
+    """(prompt, token) of the first differing token, or None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        for j in range(max(len(x), len(y))):
+            if j >= len(x) or j >= len(y) or x[j] != y[j]:
+                return i, j
+    return None if len(a) == len(b) else (min(len(a), len(b)), 0)
+
+
+@dataclass(frozen=True)
+class SyncBehaviour:
+    """Greedy tokens before the sync, after it, and from an engine built fresh with the new weights."""
+
+    engine: str
+    pre: list[list[int]]
+    post: list[list[int]]
+    fresh: list[list[int]]
+
+    @property
+    def matches_fresh(self) -> bool:
+        return first_divergence(self.post, self.fresh) is None
+
+    @property
+    def changed(self) -> bool:
+        return first_divergence(self.post, self.pre) is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.matches_fresh and self.changed
+
+    def message(self) -> str:
+        if not self.changed:
+            return (f"{self.engine}: greedy tokens after the weight sync equal those before it: the sync changed "
+                    f"nothing (sensitivity guard)")
+        i, j = first_divergence(self.post, self.fresh)
+        n_bad = sum(first_divergence([x], [y]) is not None for x, y in zip(self.post, self.fresh))
+        where = "prefill (first token)" if j == 0 else "decode (absorbed W_UK_T/W_UV path)"
+        got = self.post[i][j] if j < len(self.post[i]) else None
+        want = self.fresh[i][j] if j < len(self.fresh[i]) else None
+        return (f"{self.engine}: after the weight sync {n_bad}/{len(self.fresh)} prompts decode differently from an "
+                f"engine built fresh with the new weights; first at prompt {i} token {j} in {where}: got {got}, "
+                f"fresh {want}")
+
+
+# ---------------------------------------------------------------- forward alignment
+@dataclass(frozen=True)
+class Alignment:
+    """Per-step log-probabilities of one engine vs a reference, per the LOGPROB_TOL table."""
+
+    name: str
+    tol: Tolerance
+    count: int  # elements outside tolerance
+    numel: int
+    worst: float
+    where: tuple[int, int, int]  # (prompt, step, token id) of the worst element
+
+    @property
+    def ok(self) -> bool:
+        return self.count == 0
+
+    def message(self) -> str:
+        return (f"{self.name}: {self.count}/{self.numel} log-probs outside rtol {self.tol.rtol:g} atol "
+                f"{self.tol.atol:g}; worst |diff| {self.worst:.4g} at prompt {self.where[0]} step {self.where[1]} "
+                f"token {self.where[2]}")
+
+
+def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                     dtype: torch.dtype) -> Alignment:
+    """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward)."""
+    tol = tolerance(LOGPROB_TOL, dtype)
+    count = numel = 0
+    worst, where = -1.0, (0, 0, 0)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.shape != w.shape:
+            raise ValueError(f"{name}: prompt {i} shapes differ: {tuple(g.shape)} vs {tuple(w.shape)}")
+        g, w = g.double(), w.double()
+        diff = (g - w).abs()
+        diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
+        count += int((diff > tol.atol + tol.rtol * w.abs()).sum())
+        numel += diff.numel()
+        if float(diff.max()) > worst:
+            worst = float(diff.max())
+            step, tok = divmod(int(diff.argmax()), diff.shape[1])
+            where = (i, step, tok)
+    return Alignment(name=name, tol=tol, count=count, numel=numel, worst=worst, where=where)

@@ -79,7 +79,10 @@ def write_model_dir(spec: ModelSpec, state_dict: dict[str, torch.Tensor], path: 
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = spec.to_hf_config(dtype=str(dtype).removeprefix("torch."), eos_token_id=None, bos_token_id=None)
+    # topk_method / scoring_func are in the official DeepSeek-V3 config.json; vLLM reads them (transformers
+    # hard-codes sigmoid + noaux_tc), without them vLLM builds a softmax router with no correction bias.
+    config = spec.to_hf_config(dtype=str(dtype).removeprefix("torch."), eos_token_id=None, bos_token_id=None,
+                               topk_method="noaux_tc", scoring_func="sigmoid")
     config.save_pretrained(path)
     # safetensors refuses shared/non-contiguous storage; write each tensor as its own contiguous copy.
     save_file({k: v.detach().contiguous().clone() for k, v in state_dict.items()}, str(path / "model.safetensors"))

