@@ -1,0 +1,26 @@
+"""Memory verdict speed (issue 4: a full 61-layer plan verdict in <= 10 s on CPU): the analytic plan of
+the A2 GBS-128 job, the fake-tensor trace of its rollout prefill at real shapes, and one full MoE layer."""
+from __future__ import annotations
+
+from harness.memory.model import plan_memory
+from harness.memory.prefill import prefill_verdict
+from harness.memory.tracer import trace_decoder_layer
+from harness.models import DEEPSEEK_V3
+from harness.scales import SCALES
+
+
+def test_bench_full_plan_verdict(benchmark):
+    results = benchmark(plan_memory, SCALES["full-a2-gbs128"])
+    assert len(results) == 5 and all(p.fits for p in results)
+
+
+def test_bench_traced_prefill_verdict(benchmark):
+    verdict = benchmark.pedantic(prefill_verdict, args=(SCALES["full-a2-gbs128"],), kwargs={"variant": "vanilla"},
+                                 rounds=3, iterations=1)
+    assert not verdict.fits
+
+
+def test_bench_moe_layer_trace(benchmark):
+    tr = benchmark.pedantic(trace_decoder_layer, args=(DEEPSEEK_V3,), kwargs={"layer": 3, "tokens": 4096, "tp": 8, "ep": 16},
+                            rounds=3, iterations=1)
+    assert tr.resident_bytes > 2**30
