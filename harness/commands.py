@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from harness.errors import BadInput
 from harness.plans import PlanError
@@ -24,13 +25,15 @@ def cmd_scales(args: argparse.Namespace) -> int:
     table = Table(title="ascend-rl-harness scales")
     for col in ("scale", "tier", "model", "hardware", "devices", "cards", "train TPxPPxEP", "rollout TPxDPxEP",
                 "GBS x n", "prompt/response"):
-        table.add_column(col)
+        # the name is what users copy into --scale: never wrap or truncate it (CI logs are 80 columns)
+        table.add_column(col, no_wrap=col == "scale")
     for s in SCALES.values():
         t, r = s.plan.train, s.plan.rollout
         table.add_row(s.name, s.tier, s.model.name, s.hardware.name, str(s.devices), str(s.cards),
                       f"{t.tp}x{t.pp}x{t.ep}", f"{r.tp}x{r.dp}x{r.ep}", f"{s.batch.gbs}x{s.batch.n}",
                       f"{s.batch.max_prompt_length}/{s.batch.max_response_length}")
-    Console().print(table)
+    # rich assumes 80 columns when stdout is not a terminal (CI logs, pipes) and would truncate every cell
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     return 0
 
 

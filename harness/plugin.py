@@ -185,7 +185,9 @@ def skip_or_fail(config: pytest.Config, reason: str) -> None:
     """Skip with the reason; under --strict-hardware fail with it instead."""
     if config.getoption("strict_hardware"):
         pytest.fail(f"--strict-hardware: missing {reason}", pytrace=False)
-    pytest.skip(f"missing {reason}")
+    # Report the skip at the test's location (as pytest's own skip marks do), not at this line, so
+    # `-rs` says which test lacks what.
+    raise pytest.skip.Exception(f"missing {reason}", _use_item_location=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

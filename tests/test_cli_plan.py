@@ -1,0 +1,106 @@
+"""`ascend-rl-harness plan` / `scales`: JSON with the model values and the verl overrides, a verl
+command line a shell really runs, and bad input as one line with exit code 2."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from harness import dapo
+from harness.cli import main
+from harness.models import DEEPSEEK_V3
+from harness.scales import SCALES, get_scale
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_full_a3_json(capsys):
+    code, out, _ = _run(capsys, "plan", "--scale", "full-a3", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    model = doc["model"]
+    assert (model["hidden_size"], model["num_hidden_layers"], model["kv_lora_rank"], model["n_routed_experts"]) == \
+        (DEEPSEEK_V3.hidden_size, 61, 512, 256)
+    assert (doc["devices"], doc["cards"], doc["nodes"]) == (256, 128, 16)
+    assert doc["plan"]["train"]["stage_layers"] == [7, 7, 8, 8, 8, 8, 8, 7]
+    assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == dapo.VERL_VERSION
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in doc["overrides"]
+    assert doc["env"]["HCCL_BUFFSIZE"] == str(dapo.HCCL_BUFFSIZE_MB)
+    # the printed list composes in verl's config (the done-criterion), not just the one dapo.recipe built
+    printed = dapo.Recipe(scale="full-a3", entrypoint=doc["entrypoint"], overrides=tuple(doc["overrides"]))
+    cfg = dapo.validate_recipe(printed)
+    assert cfg.actor_rollout_ref.rollout.expert_parallel_size == 128
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """A `python3` on PATH that reports the argv and environment the shell handed it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    probe = bin_dir / "python3"
+    probe.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                     "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, sys.stdout)\n")
+    probe.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to run the printed command line")
+@pytest.mark.parametrize("scale", ["full-a3", "tiny"])
+def test_verl_cli_is_a_runnable_command_line(capsys, fake_python, scale):
+    code, out, _ = _run(capsys, "plan", "--scale", scale, "--format", "verl-cli")
+    assert code == 0
+    proc = subprocess.run(["bash", "-c", out], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{fake_python}{os.pathsep}{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    recipe = dapo.recipe(get_scale(scale))
+    # the shell hands verl exactly the overrides (quoting of `|`, `*`, `[...]` survives) and the env
+    assert seen["argv"] == ["-m", recipe.entrypoint, *recipe.overrides]
+    assert {k: seen["env"].get(k) for k in recipe.env} == dict(recipe.env)
+    assert dapo.module_exists(seen["argv"][1]), "the entrypoint module is not in the installed verl"
+
+
+def test_plan_text_ends_with_a_verdict(capsys):
+    code, out, _ = _run(capsys, "plan", "--scale", "full-a2-gbs128")
+    assert code == 0
+    assert "TP8 PP16 EP16 ETP1" in out and "rollout TP8 DP8 EP64" in out
+    assert out.strip().splitlines()[-1] == f"plan valid; verl {dapo.VERL_VERSION} accepts the overrides"
+
+
+def test_plan_rejected_override_is_exit_2_naming_the_key(capsys, monkeypatch):
+    real = dapo.recipe
+
+    def misspelled(scale, **kw):  # seeded bug: the recipe misspells a verl key
+        r = real(scale, **kw)
+        return dapo.Recipe(r.scale, r.entrypoint,
+                           tuple(o.replace("clip_ratio_high", "clip_ratio_hi") for o in r.overrides), r.env)
+
+    monkeypatch.setattr(dapo, "recipe", misspelled)
+    code, out, err = _run(capsys, "plan", "--scale", "full-a3", "--json")
+    assert code == 2 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.startswith("ascend-rl-harness plan: error:")]
+    assert len(lines) == 1 and "actor_rollout_ref.actor.clip_ratio_hi" in lines[0], err
+
+
+def test_bad_scale_is_exit_2_one_line():
+    exe = shutil.which("ascend-rl-harness", path=os.path.dirname(sys.executable)) or shutil.which("ascend-rl-harness")
+    argv = [exe] if exe else [sys.executable, "-m", "harness.cli"]
+    proc = subprocess.run([*argv, "plan", "--scale", "full-a4", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"ascend-rl-harness plan: error: --scale: unknown scale 'full-a4'; known: {', '.join(SCALES)} "
+        "(see `ascend-rl-harness scales`)"]
+
+
+def test_scales_lists_every_scale(capsys):
+    code, out, _ = _run(capsys, "scales")
+    assert code == 0
+    assert not [name for name in SCALES if name not in out]

@@ -1,0 +1,158 @@
+"""The pytest plugin in throw-away sessions (pytester): options, markers, requires(), scale selection,
+and --strict-hardware, which must turn every hardware skip into a failure naming what is missing."""
+from __future__ import annotations
+
+import pytest
+
+from harness import hardware as hw
+from harness.plugin import HARDWARE_MARKERS, TIER_MARKERS, requires
+
+# These sessions assert what is skipped on a CPU-only machine (the CI tier).
+pytestmark = pytest.mark.skipif(hw.detect().kind != "cpu", reason="asserts the skips of a CPU-only machine")
+
+SUITE = """
+import pytest
+from harness.plugin import requires
+
+@pytest.mark.tiny
+def test_tiny(scale):
+    assert scale.name == "tiny"
+
+@pytest.mark.full
+def test_full(scale):
+    assert scale.tier == "full"
+
+@pytest.mark.npu
+def test_npu_marker():
+    pass
+
+@requires(hardware="a3", cards=128)
+def test_a3_cluster():
+    pass
+
+@requires(packages=["no_such_package_for_harness_selftest"])
+def test_missing_package():
+    pass
+
+@requires(packages=["json"])
+def test_present_package():
+    pass
+
+def test_device(device):
+    assert device == "cpu"
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def _skip_reasons(result: pytest.RunResult) -> str:
+    return "\n".join(line for line in result.outlines if line.startswith("SKIPPED"))
+
+
+
+def test_markers_are_listed(pytester: pytest.Pytester):
+    result = pytester.runpytest("--markers")
+    text = result.stdout.str()
+    missing = [m for m in (*TIER_MARKERS, *HARDWARE_MARKERS, "nightly") if f"@pytest.mark.{m}:" not in text]
+    assert not missing, f"{len(missing)} markers not registered: {missing}"
+    assert "@pytest.mark.requires(hardware=None, cards=None" in text
+
+
+def test_options_are_registered(pytester: pytest.Pytester):
+    text = pytester.runpytest("--help").stdout.str()
+    options = ("--scale", "--hardware", "--strict-hardware", "--report-dir", "--baseline", "--run-dir",
+               "--engine", "--ray-address")
+    assert not [o for o in options if o not in text]
+
+
+def test_markers_are_strict(pytester: pytest.Pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.tinny\ndef test_typo():\n    pass\n")
+    result = pytester.runpytest("--strict-markers")
+    result.stdout.fnmatch_lines(["*'tinny' not found in `markers` configuration option*"])
+
+
+def test_missing_hardware_skips_with_reason(suite):
+    reprec = suite.inline_run()
+    reprec.assertoutcome(passed=3, skipped=4)
+    reasons = {r.nodeid.split("::")[-1]: r.longrepr[2] for r in reprec.getreports("pytest_runtest_logreport") if r.skipped}
+    expected = {
+        "test_full": ["missing hardware a3", "256 devices; found 0", "a Ray cluster (--ray-address)"],
+        "test_npu_marker": ["missing hardware npu", "found cpu"],
+        "test_a3_cluster": ["missing hardware a3", "128 cards; found 0"],
+        "test_missing_package": ["missing package no_such_package_for_harness_selftest"],
+    }
+    for test, needles in expected.items():
+        assert all(n in reasons.get(test, "") for n in needles), f"{test}: {reasons.get(test)!r} lacks {needles}"
+    # the skip is reported at the test, not inside the plugin
+    skip_lines = [line for line in suite.runpytest("-rs").outlines if line.startswith("SKIPPED")]
+    assert len(skip_lines) == 4 and all("test_suite.py:" in line for line in skip_lines), skip_lines
+
+
+def test_strict_hardware_fails_naming_what_is_missing(suite):
+    # the nightly must never go green by skipping: `pytest -m full --strict-hardware` on a CPU machine
+    # (the failure is raised in setup, so pytest counts it as an error; the session fails either way)
+    result = suite.runpytest("-m", "full", "--strict-hardware")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(errors=1, deselected=6)
+    result.stdout.fnmatch_lines(["*--strict-hardware: missing hardware a3 (needs Atlas A3*found cpu*"])
+    result = suite.runpytest("-m", "full")
+    result.assert_outcomes(skipped=1, deselected=6)
+
+
+def test_strict_hardware_covers_markers_and_requires(suite):
+    result = suite.runpytest("--strict-hardware")
+    result.assert_outcomes(passed=3, errors=4)
+    result.stdout.fnmatch_lines(["*--strict-hardware: missing package no_such_package_for_harness_selftest*"])
+
+
+def test_scale_option_deselects_other_tiers(suite):
+    result = suite.runpytest("--scale", "tiny")
+    result.assert_outcomes(passed=3, skipped=3, deselected=1)  # test_full deselected, untiered tests kept
+    result = suite.runpytest("--scale", "full-a2-gbs128", "-rs", "-k", "tiny or full")
+    result.assert_outcomes(skipped=1, deselected=6)
+    assert "missing hardware a2" in _skip_reasons(result)
+
+
+def test_scale_fixture_needs_a_tier(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_untiered(scale):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*uses the `scale` fixture but has no tier marker and no --scale*"])
+
+
+def test_absent_hardware_option_is_a_usage_error(pytester: pytest.Pytester):
+    result = pytester.runpytest("--hardware", "a3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--hardware a3 requested but this machine has cpu*"])
+
+
+def test_unknown_scale_is_a_usage_error(pytester: pytest.Pytester):
+    result = pytester.runpytest("--scale", "full-a4")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--scale: invalid choice: 'full-a4'*"])
+
+
+def test_broken_torch_npu_is_a_one_line_usage_error(pytester: pytest.Pytester, monkeypatch, tmp_path):
+    # torch_npu installed without CANN: the session must stop with one line saying what to do.
+    fake = tmp_path / "fake_site"
+    (fake / "torch_npu").mkdir(parents=True)
+    (fake / "torch_npu" / "__init__.py").write_text(
+        "raise ImportError('libascendcl.so: cannot open shared object file: No such file or directory')\n")
+    monkeypatch.syspath_prepend(str(fake))
+    hw.detect.cache_clear()
+    try:
+        result = pytester.runpytest()
+    finally:
+        hw.detect.cache_clear()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if "torch_npu" in line]
+    assert len(errors) == 1 and "set_env.sh" in errors[0] and "libascendcl.so" in errors[0], result.errlines
+
+
+def test_requires_rejects_unknown_hardware():
+    with pytest.raises(ValueError, match="requires\\(hardware='a4'\\): use one of cpu, gpu, npu, a2, a3"):
+        requires(hardware="a4")
