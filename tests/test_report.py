@@ -12,7 +12,7 @@ import pytest
 from harness.cli import main
 from harness.errors import BadInput
 from harness.report.render import render_html, render_markdown
-from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, load_report, machine_info, write_report
+from harness.report.schema import SCHEMA_VERSION, load_report, write_report
 from harness.report.trend import detect_step, regressions
 
 SUITE = textwrap.dedent('''
@@ -103,34 +103,15 @@ def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
         load_report(truncated)
 
 
-def make_report(name: str, created: str, *, tps: float | None = None, bench_median: float | None = None,
-                failing: bool = False, properties: dict | None = None) -> RunReport:
-    """A RunReport built directly (no pytest session), for renderer and trend tests."""
-    props = dict(properties or {})
-    if tps is not None:
-        props["throughput"] = {"tps_per_card": tps, "tps_per_device": tps / 2}
-    tests = [TestVerdict("suites/perf/test_throughput_target.py::test_tps", "passed", 1.0, "", ("full", "a3"), props)]
-    if bench_median is not None:
-        tests.append(TestVerdict("suites/perf/test_graph_mode.py::test_decode", "passed", 2.0, "", ("tiny",), {},
-                                 {"name": "test_decode", "fullname": "suites/perf/test_graph_mode.py::test_decode",
-                                  "group": None, "extra_info": {}, "stats": {
-                                      "median": bench_median, "mean": bench_median, "stddev": 0.0, "rounds": 5,
-                                      "ops": 1 / bench_median, "min": bench_median, "max": bench_median}}))
-    if failing:
-        tests.append(TestVerdict("suites/memory/test_fit.py::test_update", "failed", 0.5, "peak 70.1 GiB > budget 62"))
-    return RunReport(SCHEMA, SCHEMA_VERSION, created, name, "abc123", False, "full-a3", None, ("pytest",),
-                     machine_info(), tuple(tests), 10.0, 1 if failing else 0)
-
-
-def test_markdown_names_failures_and_figures():
-    md = render_markdown(make_report("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01, failing=True))
+def test_markdown_names_failures_and_figures(report_factory):
+    md = render_markdown(report_factory("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01, failing=True))
     assert "FAIL" in md and "peak 70.1 GiB > budget 62" in md and "123.2 TPS/card" in md
     assert "| suites/perf/test_graph_mode.py::test_decode | 10.000 |" in md
-    assert "✅ PASS" in render_markdown(make_report("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))
+    assert "✅ PASS" in render_markdown(report_factory("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))
 
 
-def test_html_is_self_contained_and_degrades_without_sections():
-    page = render_html(make_report("bare", "2026-11-01T02:00:00+00:00"))
+def test_html_is_self_contained_and_degrades_without_sections(report_factory):
+    page = render_html(report_factory("bare", "2026-11-01T02:00:00+00:00"))
     assert 'id="verdicts"' in page and "<h2>Throughput" not in page and "<img" not in page
     assert "http://" not in page and "https://" not in page  # nothing to fetch: CI artifacts open offline
 
@@ -141,30 +122,30 @@ def test_step_detection_finds_the_seeded_drop():
     assert k == len(flat) and before == pytest.approx(120.15) and after == pytest.approx(110.0)
 
 
-def _nights(values, **kw):
+def _nights(make_report, values, **kw):
     return [make_report(f"night-{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", **{kw.get("key", "tps"): v})
             for i, v in enumerate(values)]
 
 
-def test_trend_flags_a_throughput_regression_and_not_noise():
+def test_trend_flags_a_throughput_regression_and_not_noise(report_factory):
     steady = [120.0, 121.0, 119.5, 120.5, 120.2, 119.8, 120.9, 120.1]
-    found = regressions(_nights(steady + [110.0, 109.5]))
+    found = regressions(_nights(report_factory, steady + [110.0, 109.5]))
     assert [(s.metric, s.report) for s in found] == [
         ("tps_per_card[suites/perf/test_throughput_target.py::test_tps]", "night-8")]
     assert found[0].change == pytest.approx(109.75 / 120.15 - 1)
-    assert regressions(_nights(steady)) == []  # +-1% noise is no step
-    assert regressions(_nights(steady + [130.0, 131.0])) == []  # an improvement is not a regression
-    assert len(regressions(_nights(steady + [108.0]))) == 1  # the newest night alone is flagged
+    assert regressions(_nights(report_factory, steady)) == []  # +-1% noise is no step
+    assert regressions(_nights(report_factory, steady + [130.0, 131.0])) == []  # an improvement is not a regression
+    assert len(regressions(_nights(report_factory, steady + [108.0]))) == 1  # the newest night alone is flagged
 
 
-def test_trend_flags_a_slower_benchmark():
-    found = regressions(_nights([0.010, 0.0101, 0.0099, 0.0100, 0.0112, 0.0113], key="bench_median"))
+def test_trend_flags_a_slower_benchmark(report_factory):
+    found = regressions(_nights(report_factory, [0.010, 0.0101, 0.0099, 0.0100, 0.0112, 0.0113], key="bench_median"))
     assert [s.metric for s in found] == ["benchmark_median_s[suites/perf/test_graph_mode.py::test_decode]"]
 
 
-def test_report_cli_renders_and_exits_1_on_regression(tmp_path, capsys):
+def test_report_cli_renders_and_exits_1_on_regression(tmp_path, capsys, report_factory):
     paths = []
-    for r in _nights([120.0, 120.5, 119.8, 120.2, 110.0]):
+    for r in _nights(report_factory, [120.0, 120.5, 119.8, 120.2, 110.0]):
         paths.append(str(write_report(r, tmp_path / "in" / f"{r.name}.json")))
     assert main(["report", *paths, "-o", str(tmp_path / "out")]) == 1
     assert "regression" in capsys.readouterr().out

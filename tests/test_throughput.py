@@ -169,3 +169,27 @@ def test_matches_verl_compute_throughout_metrics_on_a_real_dataproto(tmp_path):
     by_means = throughput(means_only, PROFILES["a3"], devices=n_gpus, sequences=sequences, warmup=0)
     for ours, logged in zip(by_means.per_step, steps):
         assert ours.tps_per_device == pytest.approx(logged["perf/throughput"], rel=1e-6)
+
+
+def test_graph_mode_read_from_the_runs_config(seed_run):
+    from harness.metrics.run import RunMeta
+    from harness.metrics.throughput import graph_mode
+
+    run = load_run(seed_run)
+    assert graph_mode(run) is None  # nothing recorded: the target suite refuses to assume graph mode
+    eager = dataclasses.replace(run, meta=RunMeta(extra={"overrides": ["actor_rollout_ref.rollout.enforce_eager=True"]}))
+    graph = dataclasses.replace(run, meta=RunMeta(extra={"config": {"actor_rollout_ref": {"rollout": {
+        "enforce_eager": False}}}}))
+    assert graph_mode(eager) is False and graph_mode(graph) is True
+
+
+def test_graph_not_slower_check_fails_when_graph_mode_is_slower():
+    from harness.metrics.throughput import GRAPH_MODE_TOLERANCE, DecodeSpeed, check_graph_not_slower
+
+    eager = DecodeSpeed("eager", 256, (0.50, 0.52, 0.90))
+    tol = GRAPH_MODE_TOLERANCE["cpu"]
+    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.30, 0.31, 0.60)), tol).passed
+    # within noise: 5% slower passes the CPU tolerance (10%), a seeded 25% slowdown does not
+    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.525, 0.53)), tol).passed
+    verdict = check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.625, 0.64, 0.70)), tol)
+    assert not verdict.passed and "speedup 0.80x" in verdict.message

@@ -203,3 +203,64 @@ def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: fl
     return Verdict(passed, "regression", tp.tps_per_card, limit,
                    f"{tp.run}: median {tp.tps_per_card:.2f} TPS/card vs baseline {baseline_tps_per_card:.2f} "
                    f"({change:+.1%}, allowed -{tolerance:.0%}) over steps {tp.window[0]}-{tp.window[-1]}")
+
+
+def graph_mode(run: Run) -> bool | None:
+    """Was the run's rollout in graph mode (vLLM `enforce_eager=False`)? None when its config is unrecorded.
+
+    Reads the run's meta.json (`run.meta.extra`): a resolved verl config under "config", or the Hydra
+    "overrides" list the launcher passed (`actor_rollout_ref.rollout.enforce_eager=False`).
+    """
+    extra = run.meta.extra
+    config = extra.get("config")
+    if isinstance(config, dict):
+        rollout = config.get("actor_rollout_ref", {}).get("rollout", {})
+        if "enforce_eager" in rollout:
+            return not _truthy(rollout["enforce_eager"])
+    for override in extra.get("overrides") or ():
+        key, _, value = str(override).lstrip("+").partition("=")
+        if key == "actor_rollout_ref.rollout.enforce_eager":
+            return not _truthy(value)
+    return None
+
+
+def _truthy(value) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
+
+
+# Graph mode must not be slower than eager. Tolerance per device kind: CPU test machines are shared and
+# noisy (the minimum over rounds damps that), accelerators are measured on a dedicated card.
+GRAPH_MODE_TOLERANCE = {"cpu": 0.10, "gpu": 0.03, "npu": 0.03}
+
+
+@dataclass(frozen=True)
+class DecodeSpeed:
+    """Decode rounds of one engine mode: tokens generated per round and each round's wall seconds."""
+
+    mode: str
+    tokens_per_round: int
+    seconds: tuple[float, ...]
+
+    @property
+    def best_tps(self) -> float:
+        # The fastest round: the estimate least distorted by other processes on a shared machine
+        # (timeit's rationale); the median is reported beside it.
+        return self.tokens_per_round / min(self.seconds)
+
+    @property
+    def median_tps(self) -> float:
+        return self.tokens_per_round / statistics.median(self.seconds)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "best_tps": self.best_tps, "median_tps": self.median_tps}
+
+
+def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: float) -> Verdict:
+    """Graph-mode decode throughput must be at least eager's, within `tolerance` (relative)."""
+    speedup = graph.best_tps / eager.best_tps
+    passed = speedup >= 1.0 - tolerance
+    return Verdict(passed, "graph-mode", speedup, 1.0 - tolerance,
+                   f"graph mode decodes {graph.best_tps:.1f} tok/s (median {graph.median_tps:.1f}) vs eager "
+                   f"{eager.best_tps:.1f} (median {eager.median_tps:.1f}): speedup {speedup:.2f}x "
+                   f"({'>=' if passed else '<'} {1.0 - tolerance:.2f}x allowed) over {len(graph.seconds)} / "
+                   f"{len(eager.seconds)} rounds, slowest graph round {max(graph.seconds):.3f} s")
