@@ -1,13 +1,17 @@
 """`ascend-rl-harness run --scale tiny [--report-dir DIR]`: the main job.
 
 Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
-with a rich progress bar, then reads the report the collector wrote (JSON + HTML + Markdown), prints a
-verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason
+with a rich progress bar (pytest's own terminal output goes to DIR/pytest.log), then reads the report
+the collector wrote (JSON + HTML + Markdown), prints a verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason
 are allowed: a CPU machine has no NPU), 1 otherwise, 2 on bad input.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
+import sys
 from pathlib import Path
 
 from harness.errors import BadInput
@@ -33,7 +37,7 @@ class _Progress:
 
 def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: list[str]) -> list[str]:
     """The pytest command line the job runs (also printed, so a failure can be rerun by hand)."""
-    args = [SUITES_DIR, "-m", tier, "--scale", scale, "--report-dir", str(report_dir), "-p", "no:terminal"]
+    args = [SUITES_DIR, "-m", tier, "--scale", scale, "--report-dir", str(report_dir), "-p", "no:cacheprovider"]
     if workers > 1:
         args += ["-p", "xdist", "-n", str(workers)]
     return args + extra
@@ -55,15 +59,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not Path(SUITES_DIR).is_dir():
         raise BadInput(f"no {SUITES_DIR}/ here ({Path.cwd()}); run from the ascend-rl-harness checkout")
     report_dir = Path(args.report_dir)
-    console = Console()
-    argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, args.pytest_args)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra)
+    # The progress bar writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
+    # while tests run, and its own terminal report goes to pytest.log.
+    try:
+        terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is no file (captured, in a test)
+        terminal = sys.stdout
+    # CI logs are no terminal: keep node ids and reasons on one line instead of folding them at 80 columns.
+    console = Console(file=terminal, width=None if terminal.isatty() else 200)
+    log = report_dir / "pytest.log"
     console.print(f"[bold]ascend-rl-harness run[/] scale {scale.name}: pytest {' '.join(argv)}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with open(log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), \
+            Progress(*columns, console=console, transient=True) as progress:
         status = pytest.main(argv, plugins=[_Progress(progress, console)])
     if int(status) in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
-        raise BadInput(f"pytest {' '.join(argv)} exited with {status.name if hasattr(status, 'name') else status}; "
-                       "rerun that command to see why")
+        raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)}; see {log}")
+    if not (report_dir / "report.json").is_file():
+        raise BadInput(f"pytest wrote no {report_dir / 'report.json'} (exit status {int(status)}); see {log}")
     report = load_report(report_dir / "report.json")
     table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
     for col in ("test", "outcome", "s", "reason"):
@@ -80,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"{verdict}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
                   f"in {report.duration_s:.1f} s")
     console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {(report_dir / 'report.json').resolve()}, "
-                  f"Markdown: {(report_dir / 'report.md').resolve()})")
+                  f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
     return 0 if report.passed else 1
 
 

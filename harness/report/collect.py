@@ -89,6 +89,14 @@ class ReportCollector:
         entry["markers"] = tuple(sorted(k for k in keywords if k in TIER_MARKERS or k in HARDWARE_MARKERS
                                         or k == "nightly"))
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        # A suite that fails to import is a failed verdict, not an absent one.
+        if report.failed:
+            lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
+            self.tests[report.nodeid or "<collection>"] = {
+                "outcome": "error", "duration_s": 0.0, "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
+                "properties": {}, "markers": ()}
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
