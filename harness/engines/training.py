@@ -7,6 +7,7 @@ and used behind `requires(packages=[...])`.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -36,10 +37,17 @@ class HFTrainingModel:
     def softmax_scale(self) -> float:
         return float(self.attention_layers()[0].scaling)
 
-    def set_softmax_scale(self, scale: float) -> None:
-        """Override the scale of every attention layer (to build the wrong-scale comparison)."""
+    @contextlib.contextmanager
+    def softmax_scale_set(self, scale: float):
+        """Within the block every attention layer uses `scale` (to build the wrong-scale comparison)."""
+        saved = [attn.scaling for attn in self.attention_layers()]
         for attn in self.attention_layers():
             attn.scaling = scale
+        try:
+            yield self
+        finally:
+            for attn, old in zip(self.attention_layers(), saved):
+                attn.scaling = old
 
     @torch.no_grad()
     def response_logprobs(self, prompt: list[int], response: list[int]) -> torch.Tensor:
