@@ -1,0 +1,70 @@
+"""`ascend-rl-harness launch`: submit a scale's DAPO job to a Ray cluster and watch it, print a K8s job
+manifest for bare-metal clusters, or prove the launcher on a loopback-only local Ray cluster.
+
+Exit 0 the job succeeded and logged every step, 1 it failed / timed out / lost a node, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import BadInput
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from harness.commands import _scale_arg
+
+    scale = _scale_arg(args.scale)
+    if args.k8s:
+        from harness.launch.k8s import manifest_yaml
+
+        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps), end="")
+        return 0
+    if args.local and args.ray_address:
+        raise BadInput("--local starts its own cluster; drop --ray-address (or --local)")
+    if not args.local and not args.ray_address:
+        raise BadInput("--ray-address is required (the dashboard of an existing cluster, http://HEAD:8265), "
+                       "or --local for a throwaway loopback-only cluster, or --k8s for a manifest")
+    run_dir = Path(args.run_dir or f"runs/{scale.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    from harness.launch import local
+
+    if args.local and not local.isolated():
+        # re-execute this very command as PID 1 of a loopback-only network namespace
+        argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", scale.name, "--local",
+                "--run-dir", str(run_dir), "--timeout", str(args.timeout)]
+        argv += ["--steps", str(args.steps)] if args.steps else []
+        argv += ["--resume"] if args.resume else []
+        return local.run_isolated(argv, timeout_s=args.timeout + 120).returncode
+    from rich.console import Console
+
+    from harness.launch.ray_job import job_for_scale, launch
+
+    console = Console(stderr=True)
+    spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume)
+    if args.local:
+        with local.local_cluster() as url:
+            console.print(f"local Ray cluster at {url}, network interfaces {local.interfaces()}")
+            result = launch(url, spec, timeout_s=args.timeout, console=console)
+    else:
+        result = launch(args.ray_address, spec, timeout_s=args.timeout, console=console)
+    style = "green" if result.ok else "red"
+    console.print(f"[bold {style}]{result.line()}[/]")
+    return 0 if result.ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="submit a scale's DAPO job to Ray (or print a K8s manifest)")
+    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    p.add_argument("--ray-address", help="Ray dashboard / job server of an existing cluster (http://HEAD:8265)")
+    p.add_argument("--local", action="store_true",
+                   help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
+    p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
+    p.add_argument("--steps", type=int, help="training steps (default: 4 for tiny, 20 otherwise)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the job is stopped (verdict timeout)")
+    p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
+    p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
+    p.add_argument("--image", default="verl-ascend:latest", help="container image for --k8s")
+    p.add_argument("--namespace", default="default", help="Kubernetes namespace for --k8s")
+    p.set_defaults(func=cmd_launch)

@@ -1,0 +1,177 @@
+"""A throwaway one-node Ray cluster that cannot talk to the network: the CI proof of the launcher.
+
+Ray binds every interface and rewrites 127.0.0.1 to the host's address, so `--dashboard-host
+127.0.0.1` alone does not keep its traffic on the machine. `run_isolated` re-executes a command in
+new network + PID namespaces (`unshare --net --pid --fork --mount-proc`) where only `lo` is up: there
+is no other interface to reach, and every process Ray starts dies with the namespace (its PID 1 is a
+shell that also reaps the processes Ray orphans). Inside it,
+`local_cluster` starts `ray start --head` on 127.0.0.1 and always ends with `ray stop --force`, which
+then only sees this namespace's processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.errors import BadInput
+
+ISOLATED_ENV = "HARNESS_ISOLATED_NETNS"
+DASHBOARD_PORT = 8265
+LAST_TEMP_DIR: list[str] = []
+
+
+def interfaces() -> list[str]:
+    """Network interfaces of this process's network namespace (asked through the kernel, not /sys/class/net,
+    which shows the namespace sysfs was mounted in)."""
+    import socket
+
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def isolated() -> bool:
+    """True inside run_isolated's namespaces: the marker is set, `lo` is the only interface, and our parent is
+    PID 1 of the new PID namespace (the shell that reaps what Ray orphans, so `ray stop` sees no zombies)."""
+    return os.environ.get(ISOLATED_ENV) == "1" and interfaces() == ["lo"] and os.getppid() == 1
+
+
+def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    """Run `argv` under PID 1 of fresh network and PID namespaces with only loopback up (needs root, util-linux
+    `unshare` and iproute2 `ip`). Output passes through; returns the finished process."""
+    if os.environ.get(ISOLATED_ENV) == "1":  # never nest: each level would add a PID namespace (max depth 32)
+        raise BadInput(f"already inside a harness namespace but it is not loopback-only (interfaces {interfaces()}, "
+                       f"pid {os.getpid()}); unset {ISOLATED_ENV}")
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        raise BadInput(f"{' and '.join(missing)} not found: install util-linux / iproute2 (apt-get install iproute2) "
+                       "to run the local Ray cluster in a loopback-only network namespace")
+    if os.geteuid() != 0:
+        raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass --ray-address")
+    command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
+               "sh", "-c", 'ip link set lo up && "$@"', "sh", *argv]
+    env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run(command, env=env, timeout=timeout_s, check=False)
+
+
+@contextmanager
+def local_cluster(num_cpus: int = 2):
+    """`ray start --head` on 127.0.0.1 inside run_isolated's namespaces; yields the dashboard URL (its
+    session dir is `LAST_TEMP_DIR[0]`). Always stops the cluster (`ray stop --force`) and removes its temp dir."""
+    if not isolated():
+        raise BadInput("--local runs Ray only inside a loopback-only network namespace; "
+                       "use `ascend-rl-harness launch --local` (it re-executes itself under unshare)")
+    ray = str(Path(sys.executable).with_name("ray"))
+    temp = tempfile.mkdtemp(prefix="rh-ray-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 chars
+    LAST_TEMP_DIR[:] = [temp]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+             "--dashboard-port", str(DASHBOARD_PORT), "--include-dashboard", "true", "--num-cpus", str(num_cpus),
+             "--temp-dir", temp, "--disable-usage-stats"]
+    try:
+        done = subprocess.run(start, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise BadInput(f"`ray start --head` failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        url = f"http://127.0.0.1:{DASHBOARD_PORT}"
+        _wait_for_job_server(url)
+        yield url
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, check=False)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            JobSubmissionClient(url).list_jobs()
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise BadInput(f"the local Ray job server at {url} did not come up in {timeout_s:.0f} s ({exc})") from None
+            time.sleep(0.5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CI proof: `python -m harness.launch.local --out DIR` (run by tests through run_isolated)
+
+FAILING_ENTRYPOINT = "python -c \"import sys; print('seeded failure: the trainer crashed'); sys.exit(3)\""
+HANG_TIMEOUT_S = 10.0
+HANGING_ENTRYPOINT = "python -c \"import time; print('seeded hang', flush=True); time.sleep(600)\""
+
+
+def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> dict:
+    """Inside run_isolated: start the local cluster, launch the tiny DAPO lab job and two seeded bad jobs (a
+    crash, a hang) through the launcher, stop the cluster; write and return `proof.json` in `out_dir`."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rich.console import Console
+
+    from harness.io import write_json_atomic
+    from harness.launch.ray_job import JobSpec, lab_job, launch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
+    with local_cluster() as url:
+        times["cluster_start_s"] = time.monotonic() - t0
+        seen = interfaces()
+        jobs = {"lab": (lab_job(out / "lab", steps=steps), timeout_s),
+                "crash": (JobSpec("crash", FAILING_ENTRYPOINT, str(out / "crash"), 1, working_dir=None), 60.0),
+                "hang": (JobSpec("hang", HANGING_ENTRYPOINT, str(out / "hang"), 1, working_dir=None), HANG_TIMEOUT_S)}
+
+        def run(name: str) -> dict:
+            spec, timeout = jobs[name]
+            # only the lab job draws its progress bar; the seeded jobs run beside it quietly
+            console = Console(stderr=True, width=120) if name == "lab" else Console(file=io.StringIO())
+            t = time.monotonic()
+            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console)
+            times[f"{name}_s"] = time.monotonic() - t
+            return {**dataclasses.asdict(result), "ok": result.ok}
+
+        with ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof must stay under a minute
+            results = dict(zip(jobs, pool.map(run, jobs)))
+        t = time.monotonic()
+    times["cluster_stop_s"] = time.monotonic() - t
+    proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results, "times": times,
+             "ray_processes_after_stop": _ray_processes()}
+    write_json_atomic(out / "proof.json", proof)
+    return proof
+
+
+def _ray_processes() -> list[str]:
+    """Ray processes still alive in this PID namespace (after `ray stop --force` there must be none)."""
+    names = ("raylet", "gcs_server", "dashboard", "ray::", "log_monitor", "runtime_env")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and any(n in cmd for n in names):
+            found.append(f"{pid} {cmd[:120]}")
+    return found
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.launch.local", description=prove.__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    try:
+        prove(args.out, steps=args.steps)
+    except BadInput as exc:
+        print(f"python -m harness.launch.local: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,259 @@
+"""Submit a scale's DAPO job to an existing Ray cluster through the Ray Jobs API, watch it, collect it.
+
+The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.dapo overrides>`) on every scale
+but `tiny`, which runs the harness's DAPO lab (`python -m harness.lab`). The harness never schedules
+work itself: Ray places the job, verl places its workers.
+
+While the job runs, a rich progress bar shows steps done / total, the ETA and the latest reward and
+throughput, read from the FileLogger jsonl through harness.metrics.ingest (the run directory must be on
+storage the harness host shares with the cluster: NFS, a PVC, or the local disk of a one-node cluster).
+The job ends with one verdict -- succeeded, failed, timeout, node-lost, stopped -- recorded in
+`launch.json` beside the job's logs (`job.log`), which are kept whatever the verdict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import BadInput
+from harness.io import write_atomic, write_json_atomic
+
+METRICS_FILE = "metrics.jsonl"  # verl FileLogger ($VERL_FILE_LOGGER_PATH), as harness.lab writes it
+RESULT_FILE = "launch.json"
+LOG_FILE = "job.log"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
+WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "data", "**/__pycache__",
+                        ".benchmarks", ".hypothesis", "*.egg-info")
+VERDICTS = ("succeeded", "failed", "timeout", "node-lost", "stopped")
+REWARD_KEY, TPS_KEY = "critic/rewards/mean", "perf/throughput"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: the shell entrypoint, its environment, where it writes, how many steps it runs."""
+
+    name: str
+    entrypoint: str
+    run_dir: str  # absolute; the job writes metrics.jsonl (and rollouts/, profiles/, checkpoints/) here
+    total_steps: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str | None = str(REPO_ROOT)  # uploaded by Ray; None when the cluster image has the harness
+    resume: bool = False  # a resubmission that resumes from the run's checkpoints (verl resume_mode=auto)
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.run_dir) / METRICS_FILE
+
+    def runtime_env(self) -> dict:
+        """Ray runtime_env: the plan's env vars (+ the FileLogger path) and the working dir."""
+        env = {**self.env, "VERL_FILE_LOGGER_PATH": str(self.metrics_path)}
+        runtime = {"env_vars": env}
+        if self.working_dir:
+            runtime.update(working_dir=self.working_dir, excludes=list(WORKING_DIR_EXCLUDES))
+        return runtime
+
+
+def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "python") -> JobSpec:
+    """The tiny scale: the harness's DAPO lab (real verl algorithm pieces on CPU) as a Ray job."""
+    run_dir = Path(run_dir).resolve()
+    return JobSpec(name="tiny", total_steps=steps, run_dir=str(run_dir),
+                   entrypoint=f"{python} -m harness.lab --steps {steps} --seed {seed} --out {shlex.quote(str(run_dir))}")
+
+
+def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
+             extra_overrides: tuple[str, ...] = (), resume: bool = False) -> JobSpec:
+    """A scale's DAPO job: verl's entrypoint with harness.dapo's overrides, writing into `run_dir`."""
+    from harness import dapo
+
+    run_dir = Path(run_dir).resolve()
+    recipe = dapo.recipe(scale, model_path=model_path, data_dir=data_dir)
+    overrides = [*recipe.overrides,
+                 f"trainer.total_training_steps={steps}",
+                 f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+                 f"trainer.resume_mode={'auto' if resume else 'disable'}",
+                 f"trainer.rollout_data_dir={run_dir / 'rollouts'}",  # seed 003: rollouts dumped per step
+                 f"global_profiler.save_path={run_dir / 'profiles'}",
+                 *extra_overrides]
+    entrypoint = " ".join(shlex.quote(w) for w in ["python3", "-m", recipe.entrypoint, *overrides])
+    return JobSpec(name=scale.name, entrypoint=entrypoint, run_dir=str(run_dir), total_steps=steps,
+                   env=dict(recipe.env), resume=resume)
+
+
+def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, **kw) -> JobSpec:
+    """The job `launch --scale NAME` submits: the lab for tiny, verl's DAPO for every other scale."""
+    if scale.tier == "tiny":
+        return lab_job(run_dir, steps=steps or 4)
+    return verl_job(scale, run_dir, steps=steps or 20, resume=resume, **kw)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the metrics file says so far."""
+
+    steps_done: int
+    reward: float | None = None
+    tps: float | None = None
+
+
+def read_progress(metrics_path: Path) -> Progress:
+    """Latest step, reward and throughput of a (possibly still growing) FileLogger jsonl."""
+    from harness.metrics.ingest import load_run
+
+    if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
+        return Progress(0)
+    try:
+        run = load_run(metrics_path, strict=False)  # lenient: the last line may be half written
+    except BadInput:
+        return Progress(0)
+    last = lambda key: run[key].values[-1] if key in run and len(run[key]) else None  # noqa: E731
+    return Progress(max(run.steps, default=0), last(REWARD_KEY), last(TPS_KEY))
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a launched job ended. `ok`: it succeeded and logged every step."""
+
+    verdict: str
+    job_id: str
+    run_dir: str
+    message: str
+    steps_done: int
+    total_steps: int
+    elapsed_s: float
+    address: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "succeeded" and self.steps_done >= self.total_steps
+
+    def line(self) -> str:
+        return (f"{self.verdict.upper()}: job {self.job_id} on {self.address}, {self.steps_done}/{self.total_steps} "
+                f"steps in {self.elapsed_s:.0f} s; {self.message}; logs and metrics in {self.run_dir}")
+
+
+def verdict(status: str, *, steps_done: int, total: int, lost_nodes: tuple[str, ...] = (), timed_out: bool = False,
+            job_message: str = "") -> tuple[str, str] | None:
+    """The verdict for a job status (a ray JobStatus value) and what the harness saw; None while running."""
+    if lost_nodes:
+        return "node-lost", f"{len(lost_nodes)} node(s) died while the job ran: {', '.join(lost_nodes[:4])}"
+    if timed_out:
+        return "timeout", f"no end after the timeout; stopped at step {steps_done} of {total}"
+    if status == "SUCCEEDED":
+        if steps_done < total:
+            return "failed", f"the job exited 0 but logged {steps_done} of {total} steps"
+        return "succeeded", f"all {total} steps logged"
+    if status == "FAILED":
+        # Ray's message: "Job entrypoint command failed with exit code N, last available logs ...:\n<logs>"
+        lines = job_message.strip().splitlines() or ["job failed"]
+        code = re.search(r"exit code (-?\d+)", lines[0])
+        last = lines[-1].strip()[:300]
+        return "failed", f"exit code {code.group(1)}: {last}" if code else last
+    if status == "STOPPED":
+        return "stopped", "the job was stopped from outside the harness"
+    return None
+
+
+def _client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    url = address if "://" in address else f"http://{address}"
+    if url.startswith("ray://"):
+        raise BadInput(f"--ray-address {address}: the Jobs API needs the dashboard address (http://HEAD:8265), not ray://")
+    try:
+        return JobSubmissionClient(url), url
+    except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
+        raise BadInput(f"--ray-address {address}: no Ray job server answers there ({type(exc).__name__}); "
+                       "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
+
+
+def _alive_nodes(url: str) -> set[str] | None:
+    """Node ids Ray reports alive (state API through the dashboard); None if the state API is unavailable."""
+    try:
+        from ray.util.state import list_nodes
+
+        return {n.node_id for n in list_nodes(address=url, filters=[("state", "=", "ALIVE")], timeout=10)}
+    except Exception:
+        return None
+
+
+def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: float = 2.0,
+           console=None, node_check_s: float = 10.0) -> LaunchResult:
+    """Submit `spec`, show progress until it ends, keep its logs; return the verdict (never raises on a
+    failed job -- the verdict says it). BadInput when the cluster cannot be reached."""
+    from ray.job_submission import JobStatus
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    from harness.checkpoint import rotate_log_for_resume
+
+    console = console or Console(stderr=True)
+    client, url = _client(address)
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.resume:
+        rotate_log_for_resume(spec.metrics_path)  # verl's FileLogger truncates it on resume
+    elif spec.metrics_path.exists():
+        raise BadInput(f"{spec.metrics_path}: the run directory already holds a run; pass a new --run-dir or --resume")
+    nodes_before = _alive_nodes(url) or set()
+    job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env(),
+                               submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}",
+                               metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
+    write_json_atomic(run_dir / RESULT_FILE, {"job_id": job_id, "address": url, "verdict": "running",
+                                              "spec": dataclasses.asdict(spec)})
+    start = time.monotonic()
+    last_node_check = start
+    result = None
+    progress = Progress(0)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[latest]}"))
+    try:
+        with Bar(*columns, console=console, transient=False) as bar:
+            task = bar.add_task(spec.name, total=spec.total_steps, latest="waiting for step 1")
+            while result is None:
+                time.sleep(poll_s)
+                status = client.get_job_status(job_id)
+                progress = read_progress(spec.metrics_path)
+                latest = " ".join(f"{k} {v:.4g}" for k, v in (("reward", progress.reward), ("TPS", progress.tps))
+                                  if v is not None) or str(status.value if hasattr(status, "value") else status).lower()
+                bar.update(task, completed=min(progress.steps_done, spec.total_steps), latest=latest)
+                lost: tuple[str, ...] = ()
+                now = time.monotonic()
+                if nodes_before and now - last_node_check >= node_check_s and status in (JobStatus.RUNNING,
+                                                                                        JobStatus.PENDING):
+                    last_node_check = now
+                    alive = _alive_nodes(url)
+                    lost = tuple(sorted(nodes_before - alive)) if alive is not None else ()
+                timed_out = now - start > timeout_s and not status.is_terminal()
+                message = (client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
+                decided = verdict(str(status.value if hasattr(status, "value") else status),
+                                  steps_done=progress.steps_done, total=spec.total_steps, lost_nodes=lost,
+                                  timed_out=timed_out, job_message=message)
+                if decided is not None:
+                    if not status.is_terminal():
+                        client.stop_job(job_id)
+                    result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
+                                          spec.total_steps, time.monotonic() - start, url)
+    except KeyboardInterrupt:
+        client.stop_job(job_id)
+        result = LaunchResult("stopped", job_id, str(run_dir), "interrupted by the user", progress.steps_done,
+                              spec.total_steps, time.monotonic() - start, url)
+    finally:
+        _keep_logs(client, job_id, run_dir)
+        if result is not None:
+            write_json_atomic(run_dir / RESULT_FILE, {**dataclasses.asdict(result), "spec": dataclasses.asdict(spec)})
+    return result
+
+
+def _keep_logs(client, job_id: str, run_dir: Path) -> None:
+    try:
+        logs = client.get_job_logs(job_id)
+    except Exception as exc:  # the head itself died: say so in the log file instead of losing the verdict
+        logs = f"[harness] could not fetch the job logs: {type(exc).__name__}: {exc}\n"
+    write_atomic(run_dir / LOG_FILE, logs)

@@ -1,0 +1,140 @@
+"""Self-tests of the launcher pieces that need no cluster: verdicts, the job a scale submits, progress
+read from a growing FileLogger jsonl, the K8s manifest (parsed with yaml), and the CLI's bad input."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from harness import dapo
+from harness.cli import main
+from harness.launch.k8s import NPU_RESOURCE, manifest_yaml
+from harness.launch.ray_job import JobSpec, job_for_scale, read_progress, verdict
+from harness.scales import SCALES, get_scale
+
+
+@pytest.mark.parametrize("status, kw, expected", [
+    ("RUNNING", {}, None),
+    ("PENDING", {}, None),
+    ("SUCCEEDED", {}, "succeeded"),
+    ("SUCCEEDED", {"steps_done": 3}, "failed"),  # exit 0 but the trainer stopped early
+    ("FAILED", {"job_message": "Job entrypoint command failed with exit code 137, last logs:\nKilled"}, "failed"),
+    ("STOPPED", {}, "stopped"),
+    ("RUNNING", {"timed_out": True}, "timeout"),
+    ("RUNNING", {"lost_nodes": ("abc",)}, "node-lost"),
+    ("FAILED", {"lost_nodes": ("abc",)}, "node-lost"),  # the node loss is the cause, say so
+])
+def test_verdicts(status, kw, expected):
+    args = {"steps_done": 4, "total": 4, **kw}
+    decided = verdict(status, **args)
+    assert (decided[0] if decided else None) == expected
+    if expected == "failed" and "job_message" in kw:
+        assert decided[1] == "exit code 137: Killed"
+
+
+def test_tiny_job_is_the_lab(tmp_path):
+    spec = job_for_scale(get_scale("tiny"), tmp_path / "run", steps=3)
+    assert shlex.split(spec.entrypoint)[:3] == ["python", "-m", "harness.lab"] and "--steps 3" in spec.entrypoint
+    env = spec.runtime_env()
+    assert env["env_vars"]["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "run" / "metrics.jsonl").resolve())
+    assert ".venv" in env["excludes"] and env["working_dir"]
+
+
+def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):
+    scale = get_scale("reduced-a2")
+    spec = job_for_scale(scale, tmp_path / "run", steps=5)
+    recipe = dapo.recipe(scale)
+    words = shlex.split(spec.entrypoint)
+    assert words[:3] == ["python3", "-m", recipe.entrypoint]
+    assert set(recipe.overrides) <= set(words)
+    assert "trainer.total_training_steps=5" in words and "trainer.resume_mode=disable" in words
+    assert f"trainer.rollout_data_dir={(tmp_path / 'run' / 'rollouts').resolve()}" in words
+    assert spec.runtime_env()["env_vars"].items() >= dict(recipe.env).items() and recipe.env
+
+
+def test_progress_of_a_growing_log(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    assert read_progress(log).steps_done == 0
+    lines = [json.dumps({"step": s, "data": {"critic/rewards/mean": s / 10, "perf/throughput": 100.0 + s}})
+             for s in (1, 2)]
+    log.write_text("\n".join(lines) + "\n" + '{"step": 3, "data": {"critic/rew')  # step 3 half written
+    p = read_progress(log)
+    assert (p.steps_done, p.reward, p.tps) == (2, 0.2, 102.0)
+
+
+def _docs(scale_name: str):
+    text = manifest_yaml(get_scale(scale_name), image="img:1", namespace="rl", steps=7)
+    assert "&id" not in text and "*id" not in text, "YAML aliases make hand edits of one pod change all"
+    return yaml.safe_load_all(text), text
+
+
+@pytest.mark.parametrize("name", ["full-a3", "full-a2-gbs128", "moonlight-a2", "reduced-a2"])
+def test_k8s_manifest(name):
+    scale = get_scale(name)
+    docs, _ = _docs(name)
+    service, job = docs
+    assert (service["kind"], job["kind"], job["apiVersion"]) == ("Service", "Job", "batch.volcano.sh/v1alpha1")
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["namespace"] == "rl"
+    tasks = {t["name"]: t for t in job["spec"]["tasks"]}
+    assert sum(t["replicas"] for t in tasks.values()) == scale.nodes == job["spec"]["minAvailable"]
+    assert tasks["head"]["replicas"] == 1 and set(tasks) == ({"head", "worker"} if scale.nodes > 1 else {"head"})
+    recipe = dapo.recipe(scale)
+    for task in tasks.values():
+        pod = task["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["image"] == "img:1" and pod["hostNetwork"] is True
+        want = str(scale.devices_per_node)
+        assert container["resources"]["requests"][NPU_RESOURCE] == want == container["resources"]["limits"][NPU_RESOURCE]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env.items() >= dict(recipe.env).items()
+        assert env["VERL_FILE_LOGGER_PATH"].endswith("/metrics.jsonl")
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/mnt/shared", "/dev/shm"}
+        labels = task["template"]["metadata"]["labels"]
+        if task["name"] == "head":
+            assert service["spec"]["selector"].items() <= labels.items()
+    head = tasks["head"]["template"]["spec"]["containers"][0]["command"][2]
+    assert f"-ge {scale.nodes} ]" in head, "the head must wait for every node before starting verl"
+    words = shlex.split(head.split("&& python3 -m", 1)[1].split("2>&1")[0])
+    assert words[0] == recipe.entrypoint and set(recipe.overrides) <= set(words)
+    assert "trainer.total_training_steps=7" in words and "trainer.resume_mode=auto" in words
+    assert "metrics.seg" in head, "a rescheduled head must keep the metrics verl's FileLogger would truncate"
+    if scale.nodes > 1:
+        worker = tasks["worker"]["template"]["spec"]["containers"][0]["command"][2]
+        assert f"{service['metadata']['name']}.rl.svc.cluster.local:6379" in worker
+
+
+def test_every_scale_has_a_manifest():
+    for name in SCALES:
+        docs, _ = _docs(name)
+        assert len(list(docs)) == 2
+
+
+def test_cpu_manifest_requests_no_npus():
+    _, text = _docs("tiny")
+    assert NPU_RESOURCE not in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["launch", "--scale", "tiny"], "--ray-address is required"),
+    (["launch", "--scale", "nope"], "unknown scale"),
+    (["launch", "--scale", "tiny", "--ray-address", "ray://h:10001"], "not ray://"),
+    (["launch", "--scale", "tiny", "--ray-address", "http://127.0.0.1:9"], "no Ray job server answers"),
+    (["launch", "--scale", "tiny", "--local", "--ray-address", "http://h:8265"], "drop --ray-address"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err, err
+
+
+def test_cli_prints_the_manifest(capsys):
+    assert main(["launch", "--scale", "full-a3", "--k8s"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+
+
+def test_job_spec_without_working_dir():
+    spec = JobSpec("x", "true", "/r", 1, working_dir=None)
+    assert "working_dir" not in spec.runtime_env()
