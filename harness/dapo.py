@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -89,6 +88,11 @@ def _hydra_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _hydra_value(value: str) -> str:
+    """A path or name as a Hydra override value: quoted only when it holds characters Hydra parses."""
+    return value if re.fullmatch(r"[\w./-]+", value) else _hydra_str(value)
+
+
 def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
     """Megatron-core's `pipeline_model_parallel_layout` string: `E` embedding, `t` decoder layer, `L`
     loss, `|` between stages (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
@@ -106,8 +110,8 @@ def stage_overrides(train: TrainParallel) -> list[str]:
     - uneven first/last with a uniform middle (A2: 3, 4 x 14, 2): num_layers_in_{first,last}_pipeline_stage;
     - anything else (A3: 7,7,8,8,8,8,8,7 -- MindSpeed's --num-layer-list): Megatron >= 0.13's
       `pipeline_model_parallel_layout`, the only per-stage form verl reads
-      (verl/utils/megatron_utils.py get_transformer_layer_offset). Megatron/MindSpeed builds older than
-      core 0.13 do not know that field and fail at model build naming it.
+      (verl/utils/megatron_utils.py get_transformer_layer_offset). A Megatron-core without that field
+      rejects it by name when mbridge builds the TransformerConfig, so the job fails at start, not silently.
     """
     layers = train.stage_layers
     if not layers or len(set(layers)) == 1:
@@ -115,7 +119,7 @@ def stage_overrides(train: TrainParallel) -> list[str]:
     prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config"
     middle = layers[1:-1]
     if len(layers) == 2:
-        # pp=2: the last stage takes the rest; setting both trips Megatron's (middle % (pp-2)) check.
+        # pp=2: there is no middle; the first-stage count alone fixes the split (the last takes the rest).
         return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}"]
     if len(set(middle)) == 1:
         return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}",
@@ -132,7 +136,6 @@ def recipe_env(scale: Scale) -> dict[str, str]:
         # seed 001: rollout/old_logp/ref/update phases free and re-allocate tens of GB each step;
         # expandable segments keep the caching allocator from fragmenting HBM between phases.
         "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
-        "VLLM_USE_V1": "1",
     }
     if scale.nodes > 1:
         # HCCL's default 120 s link set-up timeout is too short for 16-32 nodes connecting at once.
@@ -182,8 +185,8 @@ def recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None 
         "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
         f"+reward.reward_kwargs.max_resp_len={b.max_response_length}",
         # --- data and batch
-        f"data.train_files={data_dir}/train.parquet",
-        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_files={_hydra_value(data_dir + '/train.parquet')}",
+        f"data.val_files={_hydra_value(data_dir + '/test.parquet')}",
         f"data.train_batch_size={b.gbs}",
         f"data.max_prompt_length={b.max_prompt_length}",
         f"data.max_response_length={b.max_response_length}",
@@ -192,7 +195,7 @@ def recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None 
         f"{ro}.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         f"{ro}.n={b.n}",
         # --- model and Megatron training parallelism
-        f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.model.path={_hydra_value(model_path)}",
         f"{mg}.tensor_model_parallel_size={t.tp}",
         f"{mg}.pipeline_model_parallel_size={t.pp}",
         f"{mg}.expert_model_parallel_size={t.ep}",

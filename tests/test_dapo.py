@@ -170,3 +170,23 @@ def test_pipeline_layout_format():
     assert dapo.stage_overrides(get_scale("moonlight-a2").plan.train) == [
         "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=14"]
     assert dapo.stage_overrides(get_scale("reduced-a2").plan.train) == []
+
+
+def test_paths_with_spaces_survive_hydra():
+    recipe = dapo.recipe(get_scale("tiny"), model_path="/mnt/my models/tiny dsv3", data_dir="/data/dapo 17k/")
+    cfg = dapo.validate_recipe(recipe)
+    assert cfg.actor_rollout_ref.model.path == "/mnt/my models/tiny dsv3"
+    assert cfg.data.train_files == "/data/dapo 17k/train.parquet"
+
+
+def test_same_config_as_the_shipped_megatron_trainer():
+    # verl's (deprecated) ppo_megatron_trainer.yaml is ppo_trainer + `model_engine: megatron`; composing
+    # it with the rest of the overrides must give the very config the recipe composes.
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    recipe = dapo.recipe(get_scale("full-a3"))
+    rest = [o for o in recipe.overrides if o != "model_engine=megatron"]
+    with initialize_config_dir(config_dir=dapo._verl_config_dir(), version_base=None):
+        megatron = compose(config_name="ppo_megatron_trainer", overrides=rest)
+    assert OmegaConf.to_container(megatron) == OmegaConf.to_container(dapo.compose(recipe))
