@@ -14,6 +14,7 @@ from harness.errors import BadInput
 # subcommand modules, each with register(subparsers) -> adds its parser(s) with set_defaults(func=...)
 COMMAND_MODULES = (
     "harness.commands",  # scales, plan
+    "harness.launch.cli",  # launch (Ray Jobs, --k8s manifest, --local loopback-only cluster)
     "harness.report.commands",  # throughput, report
     "harness.runner",  # run (the main job)
     "harness.memory.cli",  # memory
