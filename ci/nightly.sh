@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Nightly run on an Ascend NPU cluster, for any scheduler (Slurm, cron, Jenkins, the GitHub workflow
+# .github/workflows/nightly-npu.yml). Runs the tiers in order, cheapest first -- tiny -> layer ->
+# reduced -> moonlight -> full -- each with --strict-hardware (a nightly must never go green by
+# skipping), and stops at the first failing tier: no 256-card job is booked when one card already fails.
+# Every tier's report.json goes to the trend store; the HTML (tonight's reports and the trend across
+# nights) is written to the publish directory.
+#
+# Environment:
+#   HARDWARE      a2 | a3 (default a3): picks the scales below and is passed as --hardware
+#   SCALES        override the scale list (space separated, in tier order)
+#   RAY_ADDRESS   the cluster's Ray dashboard (http://HEAD:8265) for the multi-node tiers
+#   BASELINE_DIR  golden baselines (default baselines/)
+#   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
+#   PUBLISH_DIR   where the HTML goes (default ./public)
+#   NIGHTLY_DRY_RUN=1  print the commands instead of running them
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+HARDWARE="${HARDWARE:-a3}"
+case "$HARDWARE" in
+  # Only A2 has reduced and moonlight scales registered (harness/scales.py); A3 runs tiny, layer, full.
+  a2) DEFAULT_SCALES="tiny layer reduced-a2 moonlight-a2 full-a2-gbs128" ;;
+  a3) DEFAULT_SCALES="tiny layer full-a3" ;;
+  *) echo "ci/nightly.sh: error: HARDWARE=$HARDWARE: use a2 or a3" >&2; exit 2 ;;
+esac
+SCALES="${SCALES:-$DEFAULT_SCALES}"
+BASELINE_DIR="${BASELINE_DIR:-baselines}"
+TREND_STORE="${TREND_STORE:-/data/ascend-rl-harness/trend}"
+PUBLISH_DIR="${PUBLISH_DIR:-public}"
+NIGHT="$(date -u +%Y%m%dT%H%M%SZ)"
+REPORTS="reports/nightly-$NIGHT"
+HARNESS="${HARNESS:-ascend-rl-harness}"
+PYTHON="${PYTHON:-python3}"
+
+run() {  # run a command, or print it under NIGHTLY_DRY_RUN=1
+  if [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi
+}
+
+status=0
+for scale in $SCALES; do
+  out="$REPORTS/$scale"
+  run mkdir -p "$out"
+  extra=(--strict-hardware --hardware "$HARDWARE")
+  [ -n "${RAY_ADDRESS:-}" ] && extra+=(--ray-address "$RAY_ADDRESS")
+  [ -d "$BASELINE_DIR/$HARDWARE" ] && extra+=(--baseline "$BASELINE_DIR/$HARDWARE")
+  tier_status=0
+  run "$HARNESS" run --scale "$scale" --report-dir "$out" -- "${extra[@]}" || tier_status=$?
+  # Keep the report whatever happened: the trend store is how a regression is seen the next morning.
+  if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+    run mkdir -p "$TREND_STORE/$scale"
+    run cp "$out/report.json" "$TREND_STORE/$scale/$NIGHT.json"
+    run "$PYTHON" -m harness.launch.nightly "$out/report.json" || true  # FAIL <scale> <suite>::<test> metric .. step ..
+  fi
+  if [ "$tier_status" -ne 0 ]; then
+    echo "ci/nightly.sh: tier of scale $scale failed (exit $tier_status); later tiers not run" >&2
+    status=$tier_status
+    break
+  fi
+done
+
+# Publish: tonight's per-scale HTML and the trend of every scale across the stored nights.
+run mkdir -p "$PUBLISH_DIR/$NIGHT"
+for scale in $SCALES; do
+  if [ -d "$REPORTS/$scale" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+    run cp -r "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
+  fi
+  if compgen -G "$TREND_STORE/$scale/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale/"*.json
+  fi
+done
+echo "ci/nightly.sh: night $NIGHT on $HARDWARE: exit $status; HTML in $PUBLISH_DIR" >&2
+exit "$status"

@@ -1,0 +1,99 @@
+"""The nightly CI is well-formed: the workflow parses and runs ci/nightly.sh on verl's Ascend runner
+labels; the script passes `bash -n`, runs the tiers in order with --strict-hardware, stores report JSON
+in the trend store and publishes HTML; its failure lines name suite, metric and step."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.launch.nightly import failures, main
+from harness.scales import TIERS, get_scale
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "ci" / "nightly.sh"
+WORKFLOW = ROOT / ".github" / "workflows" / "nightly-npu.yml"
+
+
+def test_workflow_parses_and_runs_the_script_on_ascend_runners():
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert triggers["schedule"][0]["cron"] and "workflow_dispatch" in triggers
+    job = doc["jobs"]["nightly"]
+    runners = {row["runner"] for row in job["strategy"]["matrix"]["include"]}
+    assert runners == {"linux-aarch64-a2-8", "linux-aarch64-a3-16"}
+    assert {row["hardware"] for row in job["strategy"]["matrix"]["include"]} == {"a2", "a3"}
+    runs = [step.get("run", "") for step in job["steps"]]
+    assert any(r.strip() == "bash ci/nightly.sh" for r in runs)
+    assert any("npu-smi info" in r for r in runs) and any("--no-deps -e ." in r for r in runs)
+    assert job["env"]["TREND_STORE"].startswith("/data/") and "publish" in doc["jobs"]
+
+
+def test_script_is_valid_bash():
+    done = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert os.access(SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize("hardware", ["a2", "a3"])
+def test_tiers_in_order_strict_trend_and_publish(hardware, tmp_path):
+    env = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": hardware, "RAY_ADDRESS": "http://head:8265",
+           "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public")}
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    commands = [shlex.split(line) for line in done.stdout.splitlines()]
+    runs = [c for c in commands if c[:2] == ["ascend-rl-harness", "run"]]
+    scales = [c[c.index("--scale") + 1] for c in runs]
+    tiers = [get_scale(s).tier for s in scales]
+    assert tiers == sorted(tiers, key=TIERS.index) and tiers[0] == "tiny" and tiers[-1] == "full", tiers
+    if hardware == "a2":
+        assert tiers == list(TIERS)
+    for c in runs:
+        assert "--strict-hardware" in c and c[c.index("--hardware") + 1] == hardware
+        assert c[c.index("--ray-address") + 1] == "http://head:8265"
+        scale = get_scale(c[c.index("--scale") + 1])
+        assert scale.tier in ("tiny", "layer") or scale.hardware.name == hardware, f"{scale.name} on {hardware}"
+    stored = [c for c in commands if c[0] == "cp" and str(tmp_path / "trend") in c[-1]]
+    assert len(stored) == len(scales) and all(c[1].endswith("report.json") for c in stored)
+    reports = [c for c in commands if c[:2] == ["ascend-rl-harness", "report"]]
+    assert len(reports) == len(scales) and all(c[3].startswith(str(tmp_path / "public")) for c in reports)
+
+
+def test_unknown_hardware_is_bad_input(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "h100"})
+    assert done.returncode == 2 and "HARDWARE=h100" in done.stderr
+
+
+def _report(tmp_path, tests, exit_status=1):
+    from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, machine_info, write_report
+
+    report = RunReport(SCHEMA, SCHEMA_VERSION, "2026-11-29T00:00:00Z", "nightly", None, None, "reduced-a2",
+                       None, (), machine_info(), tuple(TestVerdict(*t) for t in tests), 1.0, exit_status)
+    return write_report(report, tmp_path / "report.json")
+
+
+def test_failure_lines_name_suite_metric_and_step(tmp_path, capsys):
+    path = _report(tmp_path, [
+        ("suites/precision/test_curves.py::test_reward_curve", "failed", 1.0,
+         "AssertionError: critic/rewards/mean left the band at 3 of 10 steps, worst step 12 (|d| 0.21 > 0.05)"),
+        ("suites/perf/test_throughput.py::test_tps", "passed", 1.0, ""),
+        ("suites/memory/test_phases.py::test_fit", "error", 1.0, "BadInput: baselines/a2: no such file"),
+    ])
+    assert main([str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("FAIL reduced-a2 suites/precision/test_curves.py::test_reward_curve "
+                               "metric critic/rewards/mean step 12:")
+    assert lines[1].startswith("FAIL reduced-a2 suites/memory/test_phases.py::test_fit metric - step -")
+    assert len(lines) == 2
+
+
+def test_passing_report_is_one_pass_line(tmp_path, capsys):
+    path = _report(tmp_path, [("suites/functional/test_x.py::test_y", "passed", 1.0, "")], exit_status=0)
+    assert main([str(path)]) == 0
+    assert re.match(r"PASS reduced-a2: 1 passed, 0 skipped", capsys.readouterr().out)
