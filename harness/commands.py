@@ -91,11 +91,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on {scale.nodes} nodes")
         console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
                       f"stage layers {list(t.stage_layers) or 'uniform'}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
-        console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False)
+        # overrides are copied into shells: no rich markup ([console,file]) and no wrapping at 80 columns
+        console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
         for key, value in doc["env"].items():
-            console.print(f"  env {key}={value}", markup=False)
+            console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
         for override in doc["overrides"]:
-            console.print(f"  {override}", markup=False)
+            console.print(f"  {override}", markup=False, soft_wrap=True)
         verdict = f"verl {dapo.VERL_VERSION} accepts the overrides" if args.validate else "overrides not validated"
         console.print(f"[green]plan valid[/]; {verdict}")
     return 0
