@@ -142,6 +142,17 @@ def _throughput_html(report: RunReport) -> list[str]:
     return out
 
 
+def _graph_mode_html(report: RunReport) -> list[str]:
+    rows = []
+    for nodeid, doc in report.properties("throughput.graph_mode"):
+        if isinstance(doc, dict) and {"eager", "graph", "speedup"} <= doc.keys():
+            rows.append([html.escape(nodeid), html.escape(str(doc.get("platform", ""))),
+                         f"{doc['eager']['best_tps']:.1f} / {doc['eager']['median_tps']:.1f}",
+                         f"{doc['graph']['best_tps']:.1f} / {doc['graph']['median_tps']:.1f}", f"{doc['speedup']:.2f}x"])
+    return [_table(["test", "platform", "eager tok/s best / median", "graph tok/s best / median", "speedup"],
+                   rows, "graph-mode")] if rows else []
+
+
 def _curves_html(report: RunReport) -> list[str]:
     out = []
     for nodeid, verdicts in report.properties("curves.verdicts"):
@@ -191,7 +202,8 @@ def render_html(report: RunReport) -> str:
                     [[html.escape(t.nodeid), f'<span class="{t.outcome}">{t.outcome}</span>', f"{t.duration_s:.2f}",
                       html.escape(t.reason)] for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))],
                     "verdicts")]
-    for title, section in (("Throughput", _throughput_html(report)), ("Curves", _curves_html(report)),
+    for title, section in (("Throughput", _throughput_html(report)), ("Graph mode vs eager", _graph_mode_html(report)),
+                           ("Curves", _curves_html(report)),
                            ("Memory per phase", _memory_html(report))):
         if section:
             parts += [f"<h2>{title}</h2>", *section]
@@ -199,7 +211,7 @@ def render_html(report: RunReport) -> str:
     if bench:
         parts += ["<h2>Benchmarks</h2>", _table(["benchmark", "median ms", "mean ms", "stddev ms", "rounds", "ops/s"],
                                                  bench, "benchmarks")]
-    known = {"throughput", "curves.verdicts", "memory.phases"}
+    known = {"throughput", "throughput.graph_mode", "curves.verdicts", "memory.phases"}
     other = [[html.escape(t.nodeid), html.escape(k), f"<pre>{html.escape(json.dumps(v, indent=1)[:4000])}</pre>"]
              for t in report.tests for k, v in t.properties.items() if k not in known]
     if other:
@@ -239,6 +251,9 @@ def render_markdown(report: RunReport) -> str:
                         if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
                      + (f", target {doc['target']:g}" if doc.get("target") is not None else "")
                      + (f", roofline {roof:.0f}" if roof else ""))
+    for nodeid, doc in report.properties("throughput.graph_mode"):
+        if isinstance(doc, dict) and "speedup" in doc:
+            lines.append(f"- graph mode vs eager `{_md_cell(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
     bench = _benchmarks_rows(report)
     if bench:
         lines += ["", "| benchmark | median ms | mean ms | stddev ms | rounds | ops/s |", "|---|---|---|---|---|---|"]
