@@ -15,7 +15,10 @@ from harness.errors import BadInput
 
 # verl metric keys are slash paths (critic/rewards/mean, perf/throughput, timing_s/step); harness
 # records use dotted names (memory.phases). A failure message names one or more of them.
-_METRIC = re.compile(r"\b([a-z_]+(?:/[A-Za-z0-9_@.\-]+)+|(?:memory|curves|throughput|mla|launch|checkpoint|replay)\.[a-z_.]+)")
+_VERL_PREFIXES = ("actor", "critic", "perf", "timing_s", "timing_per_token_ms", "response_length", "prompt_length",
+                  "training", "val-core", "val-aux", "global_seqlen", "rollout_corr", "response", "mfu")
+_METRIC = re.compile(r"\b((?:" + "|".join(map(re.escape, _VERL_PREFIXES)) + r")(?:/[A-Za-z0-9_@.\-]+)+"
+                     r"|(?:memory|curves|throughput|mla|launch|checkpoint|replay)\.[a-z_.]+)")
 _STEP = re.compile(r"\bsteps?[ =:]+(\d+(?:\s*(?:\.\.|-)\s*\d+)?)", re.IGNORECASE)
 
 
