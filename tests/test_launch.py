@@ -138,3 +138,9 @@ def test_cli_prints_the_manifest(capsys):
 def test_job_spec_without_working_dir():
     spec = JobSpec("x", "true", "/r", 1, working_dir=None)
     assert "working_dir" not in spec.runtime_env()
+
+
+def test_existing_run_dir_is_refused_before_submitting(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    assert main(["launch", "--scale", "tiny", "--ray-address", "http://127.0.0.1:9", "--run-dir", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err

@@ -194,13 +194,13 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     from harness.checkpoint import rotate_log_for_resume
 
     console = console or Console(stderr=True)
-    client, url = _client(address)
     run_dir = Path(spec.run_dir)
+    if not spec.resume and spec.metrics_path.exists():
+        raise BadInput(f"{spec.metrics_path}: the run directory already holds a run; pass a new --run-dir or --resume")
+    client, url = _client(address)
     run_dir.mkdir(parents=True, exist_ok=True)
     if spec.resume:
         rotate_log_for_resume(spec.metrics_path)  # verl's FileLogger truncates it on resume
-    elif spec.metrics_path.exists():
-        raise BadInput(f"{spec.metrics_path}: the run directory already holds a run; pass a new --run-dir or --resume")
     nodes_before = _alive_nodes(url) or set()
     job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env(),
                                submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}",
