@@ -117,3 +117,15 @@ def test_memory_grows_with_micro_batch_and_length(name, mb, resp):
     small = plan_memory(scale, MemoryOptions(micro_batch=mb, max_response_length=resp), phases=("update",))[0]
     big = plan_memory(scale, MemoryOptions(micro_batch=mb + 1, max_response_length=resp * 2), phases=("update",))[0]
     assert big.peak_gib >= small.peak_gib
+
+
+def test_offload_switches_move_state_between_phases():
+    scale = SCALES["full-a2-gbs128"]
+    offloaded = {p.phase: p for p in plan_memory(scale)}
+    resident = {p.phase: p for p in plan_memory(scale, MemoryOptions(param_offload=False, grad_offload=False,
+                                                                     optimizer_offload=False))}
+    assert "params" not in offloaded["rollout"].components and "optimizer" not in offloaded["update"].components
+    # Without offload the actor's state sits under vLLM during rollout, and vLLM's KV pool shrinks to nothing.
+    assert {"params", "grads", "optimizer"} <= set(resident["rollout"].components)
+    assert resident["rollout"].components["kv_cache"] == 0 and "KV pool" in resident["rollout"].notes[0]
+    assert resident["update"].peak_gib > offloaded["update"].peak_gib

@@ -268,7 +268,8 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
     # vLLM sizes the KV pool after profiling one step of max_num_batched_tokens tokens.
     step_prompts = min(per_rank, max(1, o.max_num_batched_tokens // seq))
     profiled = prefill_activation_bytes(spec, batch=step_prompts, seq=seq, tp=r.tp, chunk=chunk)
-    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - profiled)
+    actor_resident = max(sum(actor_state_bytes(scale, i, "rollout", o).values()) for i in range(scale.plan.train.pp))
+    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - actor_resident - profiled)
     prefill = prefill_activation_bytes(spec, batch=prompts, seq=seq, tp=r.tp, chunk=chunk)
     how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
            f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
@@ -278,9 +279,31 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
         f"KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB): raise "
         "gpu_memory_utilization or lower max_model_len"]
     decode = min(o.max_num_seqs, per_rank) * spec.hidden_size * FP32 * 4  # a few [tokens, h] buffers per step
-    base = {"weights": weights, "kv_cache": kv_pool, "hccl": hccl}
+    actor = max((actor_state_bytes(scale, i, "rollout", o) for i in range(scale.plan.train.pp)),
+                key=lambda c: sum(c.values()))
+    base = {"weights": weights, "kv_cache": kv_pool, "hccl": hccl, **actor}
     return [_phase(scale, "rollout", None, {**base, "activations": decode}, notes),
             _phase(scale, "prefill", None, {**base, "activations": prefill}, [how, *notes])]
+
+
+def actor_state_bytes(scale: Scale, stage: int, phase: str, o: MemoryOptions) -> dict[str, float]:
+    """Training state resident on a device of `stage` during `phase` (verl megatron offload semantics):
+    a phase loads what it uses (the actor's params for old_log_prob and update, the reference model's
+    for ref_log_prob, grads for update); what is not offloaded stays resident in every phase."""
+    t, w = scale.plan.train, scale.devices
+    dense, experts = train_params(scale, stage)
+    params = dense + experts
+    dp, expert_dp = t.dp(w), max(1, w // (t.pp * t.ep * t.etp))
+    c = {}
+    if phase in ("old_log_prob", "update") or not o.param_offload:
+        c["params"] = params * BF16
+    if phase == "ref_log_prob":
+        c["ref_params"] = params * BF16
+    if phase == "update" or not o.grad_offload:
+        c["grads"] = params * o.grad_bytes
+    if not o.optimizer_offload:
+        c["optimizer"] = (dense / dp + experts / expert_dp) * o.optimizer_bytes
+    return c
 
 
 def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
@@ -296,12 +319,7 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
     hccl = hccl_bytes(scale, o.hccl_buffsize_mb)
     best = None
     for stage, layers in enumerate(stage_layers(scale)):
-        dense, experts = train_params(scale, stage)
-        c = {"params": (dense + experts) * BF16}
-        if phase == "update" or not o.grad_offload:
-            c["grads"] = (dense + experts) * o.grad_bytes
-        if phase == "update" and not o.optimizer_offload:
-            c["optimizer"] = (dense / dp + experts / expert_dp) * o.optimizer_bytes
+        c = actor_state_bytes(scale, stage, phase, o)
         if phase == "update":
             in_flight = min(t.pp - stage, microbatches)  # 1F1B warm-up depth
             if o.full_recompute:
@@ -317,8 +335,6 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
             shards = t.tp * t.cp if o.vocab_parallel_logits else t.cp
             c["logits"] = loss_bytes(tokens=tokens, vocab=vocab, shards=shards, copies=LOGITS_COPIES["update" if phase == "update" else "log_prob"])
         c["hccl"] = hccl
-        if phase == "ref_log_prob":
-            c.pop("grads", None)  # the reference model has no gradients
         cand = _phase(scale, phase, stage, c)
         if best is None or cand.peak_gib > best.peak_gib:
             best = cand

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -146,7 +147,7 @@ def prefill_verdict(scale, options=None, *, variant: str | None = None) -> Prefi
 
     o = (options or MemoryOptions()).resolve(scale)
     if variant is not None:
-        o = replace_chunked(o, variant == "chunked")
+        o = dataclasses.replace(o, chunked_prefill=variant != "vanilla")
     variant = variant or ("chunked" if o.chunked_prefill else "vanilla")
     prompts, seq, chunk = prefill_shape(scale, o)
     tp = scale.plan.rollout.tp
@@ -156,8 +157,3 @@ def prefill_verdict(scale, options=None, *, variant: str | None = None) -> Prefi
     return check_prefill(tr, batch=prompts, heads=scale.model.num_attention_heads // tp, seq=seq,
                          static_bytes=static, budget_bytes=budget_bytes(scale), headroom_gib=phase.headroom_gib)
 
-
-def replace_chunked(options, chunked: bool):
-    from dataclasses import replace
-
-    return replace(options, chunked_prefill=chunked)
