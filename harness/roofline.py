@@ -14,7 +14,11 @@ layers with 7-8 layers per PP stage, r = 1). Attention scores add, per forward a
 
 Rollout decode is memory-bound in practice, so this is a loose upper bound: it tells a reader how far
 from the hardware's limit a run sits (seed 002's 120 TPS/card on A3 is ~9% of it), not what to expect.
-Peak figures and their sources live in `harness.hardware.PROFILES` (per device; x dies per card).
+Peak figures and their sources live in `harness.hardware.PROFILES` (per device; x dies per card). Checked
+for this module: A3 376 TFLOPS BF16 dense per die = 752 per Ascend 910C package (Huawei/SiliconFlow,
+"Serving Large Language Models on Huawei CloudMatrix384", arXiv:2506.12708; 384 chips ~ 300 PFLOPS);
+A2 313 TFLOPS FP16/BF16 per Ascend 910B (Atlas 800T A2 datasheet; the first Ascend 910 was 256);
+H100/H200 SXM 989 TFLOPS BF16 dense (NVIDIA datasheets; 1979 is with sparsity).
 """
 from __future__ import annotations
 
