@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 
+from harness.errors import BadInput
 from harness.models import ModelSpec
 from harness.scales import Scale
 
@@ -268,8 +269,10 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
     # vLLM sizes the KV pool after profiling one step of max_num_batched_tokens tokens.
     step_prompts = min(per_rank, max(1, o.max_num_batched_tokens // seq))
     profiled = prefill_activation_bytes(spec, batch=step_prompts, seq=seq, tp=r.tp, chunk=chunk)
-    actor_resident = max(sum(actor_state_bytes(scale, i, "rollout", o).values()) for i in range(scale.plan.train.pp))
-    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - actor_resident - profiled)
+    # Training state that is not offloaded stays under vLLM (worst stage), and vLLM counts it as used.
+    actor = max((actor_state_bytes(scale, i, "rollout", o) for i in range(scale.plan.train.pp)),
+                key=lambda c: sum(c.values()))
+    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - sum(actor.values()) - profiled)
     prefill = prefill_activation_bytes(spec, batch=prompts, seq=seq, tp=r.tp, chunk=chunk)
     how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
            f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
@@ -279,8 +282,6 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
         f"KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB): raise "
         "gpu_memory_utilization or lower max_model_len"]
     decode = min(o.max_num_seqs, per_rank) * spec.hidden_size * FP32 * 4  # a few [tokens, h] buffers per step
-    actor = max((actor_state_bytes(scale, i, "rollout", o) for i in range(scale.plan.train.pp)),
-                key=lambda c: sum(c.values()))
     base = {"weights": weights, "kv_cache": kv_pool, "hccl": hccl, **actor}
     return [_phase(scale, "rollout", None, {**base, "activations": decode}, notes),
             _phase(scale, "prefill", None, {**base, "activations": prefill}, [how, *notes])]
@@ -312,7 +313,7 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
     w = scale.devices
     seq = scale.batch.max_prompt_length + o.max_response_length
     tokens = o.micro_batch * seq
-    dp, expert_dp = t.dp(w), max(1, w // (t.pp * t.ep * t.etp))
+    dp = t.dp(w)
     vocab = vocab_padded(spec, t.tp)
     mini = scale.batch.ppo_mini_batch_size or scale.batch.gbs
     microbatches = max(1, mini * scale.batch.n // (dp * o.micro_batch))
@@ -329,7 +330,8 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
                 c["activations"] = in_flight * sum(
                     layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
         else:
-            # forward only: one layer's activations at a time
+            # forward only (no grad): activations die with their layer; one layer's worth (bounded by
+            # what it would keep for backward) is live at a time
             c["activations"] = max(layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
         if stage == t.pp - 1:
             shards = t.tp * t.cp if o.vocab_parallel_logits else t.cp
@@ -355,6 +357,9 @@ def logits_fix(scale: Scale, o: MemoryOptions) -> str:
 def plan_memory(scale: Scale, options: MemoryOptions | None = None,
                 phases: tuple[str, ...] = PHASES) -> list[PhaseMemory]:
     """Per-phase peak memory of `scale` on its worst device; one PhaseMemory per requested phase."""
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise BadInput(f"phase {unknown[0]!r}: use one of {', '.join(PHASES)}")
     o = (options or MemoryOptions()).resolve(scale)
     out = []
     if {"rollout", "prefill"} & set(phases):

@@ -13,14 +13,16 @@ the model's own); only the attention core differs, registered as a transformers 
 """
 from __future__ import annotations
 
-import torch
-
 import dataclasses
 import math
 from dataclasses import dataclass
 
+import torch
+
+from harness.memory.model import GiB, MemoryOptions, budget_bytes, plan_memory, prefill_shape
 from harness.memory.tracer import Allocation, Trace, fake_mode, rope_inputs, shard_config, trace
 from harness.models import ModelSpec
+from harness.scales import Scale
 
 CHUNKED = "harness_chunked_prefill"
 VANILLA = "eager"  # transformers' own eager attention: matmul, + mask, softmax(fp32), cast, matmul
@@ -109,7 +111,7 @@ class PrefillVerdict:
     peak_gib: float  # static (weights, KV pool, HCCL) + the traced prefill peak
     budget_gib: float
     headroom_gib: float
-    quadratic: tuple[Allocation, ...]  # allocations with >= b*h*s*s elements
+    quadratic: tuple[Allocation, ...]  # among the trace's largest allocations, those with >= b*h*s*s elements
 
     @property
     def fits(self) -> bool:
@@ -139,12 +141,11 @@ def check_prefill(tr: Trace, *, batch: int, heads: int, seq: int, static_bytes: 
                           budget_bytes / 2**30, headroom_gib, quadratic)
 
 
-def prefill_verdict(scale, options=None, *, variant: str | None = None) -> PrefillVerdict:
+def prefill_verdict(scale: Scale, options: MemoryOptions | None = None, *,
+                    variant: str | None = None) -> PrefillVerdict:
     """Trace the rollout prefill of `scale` on one device at the shape the memory model derives (prompts
     per step, prompt length, heads / rollout TP) and judge it against the device with the model's
     weights, KV pool and HCCL memory around it. `variant` defaults to the options' chunked_prefill."""
-    from harness.memory.model import MemoryOptions, GiB, budget_bytes, plan_memory, prefill_shape
-
     o = (options or MemoryOptions()).resolve(scale)
     if variant is not None:
         o = dataclasses.replace(o, chunked_prefill=variant != "vanilla")
