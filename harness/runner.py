@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
@@ -27,6 +29,14 @@ class _Progress:
 
     def pytest_collection_finish(self, session) -> None:
         self.task = self.progress.add_task("tests", total=len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown (and unused) without xdist
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        # Under xdist the controller collects nothing itself; every worker reports the same ids.
+        if self.task is None:
+            self.task = self.progress.add_task("tests", total=len(ids))
+        else:
+            self.progress.update(self.task, total=len(ids))
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed:
@@ -44,7 +54,6 @@ def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: li
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

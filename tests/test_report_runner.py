@@ -67,3 +67,14 @@ def test_a_suite_that_fails_to_import_is_an_error_verdict(tmp_path, monkeypatch,
     assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 1
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [(t["outcome"], "no_such_module_anywhere" in t["reason"]) for t in doc["tests"]] == [("error", True)]
+
+
+def test_run_with_xdist_workers(tmp_path, monkeypatch):
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_xdist_tree.py").write_text(PASSING + FAILING.replace("import pytest\n", ""))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--workers", "2"]) == 1
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in doc["tests"]}
+    assert outcomes == {"test_ok": "passed", "test_broken": "failed"}
+    assert doc["tests"][0]["properties"] or doc["tests"][1]["properties"]  # record_property crossed from the worker
