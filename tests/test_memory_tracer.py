@@ -41,7 +41,11 @@ def test_tracer_counts_known_tensors_exactly():
 def test_tracer_allocates_nothing_at_671b_shapes():
     # One full DSV3 MoE layer shard of the A2 plan (TP8, EP16): 1.4 GiB of expert weights alone, traced
     # on fake tensors; the resident bytes are exactly the model's per-device parameter count in bf16.
+    from harness.memory.probe import used_bytes
+
+    before = used_bytes("cpu")
     tr = trace_decoder_layer(DEEPSEEK_V3, layer=5, tokens=4096, tp=8, ep=16)
+    assert used_bytes("cpu") - before < tr.resident_bytes / 4, "fake tensors allocated real memory"
     dense, experts = mm.layer_params_per_device(DEEPSEEK_V3, 5, tp=8, ep=16)
     hidden = 4096 * DEEPSEEK_V3.hidden_size * 2
     rope_cos_sin = 2 * 4096 * DEEPSEEK_V3.qk_rope_head_dim * 2
