@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.markup import escape
 
 from harness.errors import BadInput
 
@@ -40,7 +41,7 @@ class _Progress:
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed:
-            self.console.print(f"[red]{'FAILED' if report.when == 'call' else 'ERROR'}[/] {report.nodeid}")
+            self.console.print(f"[red]{'FAILED' if report.when == 'call' else 'ERROR'}[/] {escape(report.nodeid)}")
         if report.when == "teardown" and self.task is not None:
             self.progress.update(self.task, advance=1, description=report.nodeid.rsplit("::", 1)[-1][:60])
 
@@ -95,7 +96,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
     for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
-        table.add_row(t.nodeid, f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}", t.reason[:200])
+        # escape: parametrized node ids ("test[vllm-dummy]") would otherwise be read as rich markup and vanish
+        table.add_row(escape(t.nodeid), f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}",
+                      escape(t.reason[:200]))
     console.print(table)
     c = report.counts
     if not report.tests:

@@ -25,6 +25,11 @@ FAILING = textwrap.dedent('''
     @pytest.mark.tiny
     def test_broken():
         assert 1 == 2, "seeded failure"
+
+    @pytest.mark.tiny
+    @pytest.mark.parametrize("x", ["a-1"])
+    def test_param(x):
+        pass
 ''')
 
 
@@ -52,6 +57,7 @@ def test_run_exit_1_names_the_failure(tmp_path, monkeypatch, capsys):
     assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "test_broken" in out and "seeded failure" in out
+    assert "test_param[a-1]" in out  # parametrized ids survive rich markup
     assert "report.html" in out
 
 
@@ -76,5 +82,5 @@ def test_run_with_xdist_workers(tmp_path, monkeypatch):
     assert main(["run", "--scale", "tiny", "--report-dir", "out", "--workers", "2"]) == 1
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in doc["tests"]}
-    assert outcomes == {"test_ok": "passed", "test_broken": "failed"}
+    assert outcomes == {"test_ok": "passed", "test_broken": "failed", "test_param[a-1]": "passed"}
     assert doc["tests"][0]["properties"] or doc["tests"][1]["properties"]  # record_property crossed from the worker

@@ -58,6 +58,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"throughput of {doc['run']} ({doc['devices']} devices = {doc['cards']} "
@@ -81,12 +82,13 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                           if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
         if doc["verdict"]:
             ok = doc["verdict"]["passed"]
-            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: {doc['verdict']['message']}")
+            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: {escape(doc['verdict']['message'])}")
     return 0 if doc["verdict"] is None or doc["verdict"]["passed"] else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from harness.io import write_atomic
     from harness.report.render import (render_html, render_markdown, render_trend_html,
@@ -101,7 +103,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         stem = Path(path).stem if Path(path).stem != "report" else report.name
         write_atomic(out / f"{stem}.html", render_html(report))
         write_atomic(out / f"{stem}.md", render_markdown(report))
-        console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {report.name}: {out / (stem + '.html')}")
+        console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
+                      f"{escape(str(out / (stem + '.html')))}")
     failed = any(not r.passed for r in reports[-1:])
     if len(reports) > 1:
         steps = find_steps(reports, args.tolerance)
@@ -109,7 +112,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_atomic(out / "trend.md", render_trend_markdown(reports, steps))
         for s in steps:
             color = "red" if s.regression else "green"
-            console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {s.metric}: "
+            console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {escape(s.metric)}: "
                           f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {s.report}")
         console.print(f"trend: {out / 'trend.html'}")
         failed = failed or any(s.regression for s in steps)
