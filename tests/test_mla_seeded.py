@@ -1,0 +1,64 @@
+"""Seeded MLA bugs make the MLA suites fail with a message naming the layer or the scale; the reference passes.
+
+Each seeded engine (tests/seeded_engines.py) is plugged in through `--engine` and the real suite files run in a
+throw-away pytest session (pytester, in process), exactly as a user's engine would be.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SYNC_SUITE = ROOT / "suites/functional/test_mla_weight_sync.py"
+SCALE_SUITE = ROOT / "suites/precision/test_mla_softmax_scale.py"
+ALIGN_SUITE = ROOT / "suites/precision/test_mla_forward_alignment.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _preload_heavy_modules():
+    """pytester's in-process runs drop modules first imported inside them; torch and transformers must not be
+    imported twice (torch refuses to re-register its operator libraries), so import them here, once."""
+    import torch.distributed._functional_collectives  # noqa: F401
+    from transformers import AutoModelForCausalLM, DeepseekV3ForCausalLM, GenerationMixin  # noqa: F401
+
+    import harness.engines.reference  # noqa: F401
+    import harness.engines.training  # noqa: F401
+
+
+def run_suite(pytester: pytest.Pytester, suite: Path, engine: str, select: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess(str(suite), "--engine", f"seeded_engines:{engine}", "-m", "tiny",
+                                        "-k", select, "-p", "no:cacheprovider", f"--rootdir={ROOT}", "-q")
+
+
+# (engine, suite, -k selection, failures expected, words the failure output must contain)
+CASES = [
+    ("stale_copy", SYNC_SUITE, "reaches_absorbed", 2, ["layer 0 W_UK_T", "layer 1 W_UV", "decode"]),
+    ("dtype_copy", SYNC_SUITE, "reaches_absorbed", 2, ["layer 0 W_UV", "not re-derived"]),
+    ("rebind", SYNC_SUITE, "reaches_absorbed", 2, ["layer 1 W_UK_T", "decode"]),
+    ("scale_v_head", SCALE_SUITE, "closed_form or right_scale", 4, ["softmax scale 0.1250000", "v_head_dim bug",
+                                                                    "0.1656269"]),
+    ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3, ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
+    ("scale_v_head", ALIGN_SUITE, "match_training", 1, ["log-probs outside", "decode steps"]),
+]
+
+
+@pytest.mark.parametrize("engine, suite, select, n_failed, words", CASES,
+                         ids=[f"{c[0]}-{c[1].stem}" for c in CASES])
+def test_seeded_engine_fails_suite(pytester, engine, suite, select, n_failed, words):
+    result = run_suite(pytester, suite, engine, select)
+    outcomes = result.parseoutcomes()
+    out = result.stdout.str()
+    assert outcomes.get("failed", 0) == n_failed, f"{outcomes}\n{out[-3000:]}"
+    for word in words:
+        assert word in out, f"{word!r} not in the failure output:\n{out[-3000:]}"
+
+
+@pytest.mark.parametrize("suite, select", [(SYNC_SUITE, "reaches_absorbed"),
+                                           (SCALE_SUITE, "closed_form or right_scale"),
+                                           (ALIGN_SUITE, "match_training")],
+                         ids=lambda v: v.stem if isinstance(v, Path) else None)
+def test_reference_engine_passes_suite(pytester, suite, select):
+    result = run_suite(pytester, suite, "correct", select)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) > 0, result.stdout.str()[-3000:]
