@@ -17,7 +17,7 @@ def test_report_page_loads_clean_with_table_and_plots(tmp_path, full_report):
     seen = check_page(page)
     assert seen.errors == (), seen.errors
     assert seen.verdict == "FAIL" and seen.verdict_rows == 3
-    assert seen.images == 4 and seen.broken_images == ()  # TPS per step, two curves, memory
+    assert seen.images == 5 and seen.broken_images == ()  # TPS per step, graph vs eager, two curves, memory
     assert seen.ok
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.plugin import HARDWARE_MARKERS, SCALE_KEY, TIER_MARKERS
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
 
 BENCHMARK_PROPERTY = "benchmark"
@@ -84,8 +85,6 @@ class ReportCollector:
         for name, value in report.user_properties:
             entry["properties"][name] = _jsonable(value)
         keywords = getattr(report, "keywords", {}) or {}
-        from harness.plugin import HARDWARE_MARKERS, TIER_MARKERS
-
         entry["markers"] = tuple(sorted(k for k in keywords if k in TIER_MARKERS or k in HARDWARE_MARKERS
                                         or k == "nightly"))
 
@@ -104,8 +103,6 @@ class ReportCollector:
         self.path = publish(self.build(int(exitstatus)), self.report_dir)
 
     def build(self, exit_status: int) -> RunReport:
-        from harness.plugin import SCALE_KEY
-
         scale = self.config.stash.get(SCALE_KEY, None)
         commit, dirty = git_commit(self.config.rootpath)
         tests = []

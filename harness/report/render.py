@@ -62,6 +62,21 @@ def plot_throughput(doc: dict) -> str:
     return _png(fig)
 
 
+def plot_graph_mode(doc: dict) -> str:
+    """Decode tokens/s of every round, eager vs graph mode (the best round decides the verdict)."""
+    fig, ax = _figure()
+    for x, mode in enumerate(("eager", "graph")):
+        rounds = doc[mode]
+        tps = [rounds["tokens_per_round"] / s for s in rounds["seconds"]]
+        ax.plot([x] * len(tps), tps, "o", alpha=0.6, label=f"{mode}: best {max(tps):.0f} tok/s")
+    ax.set_xticks([0, 1], ["eager", "graph"])
+    ax.set_xlim(-0.5, 1.5)
+    ax.set_ylabel("decode tokens/s per round")
+    ax.set_title(f"speedup {doc['speedup']:.2f}x ({doc.get('platform', '')})", fontsize=9)
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
 def plot_curve(verdict: dict) -> str:
     """One metric per step with the baseline band (low..high) and mean."""
     fig, ax = _figure()
@@ -149,8 +164,9 @@ def _graph_mode_html(report: RunReport) -> list[str]:
             rows.append([html.escape(nodeid), html.escape(str(doc.get("platform", ""))),
                          f"{doc['eager']['best_tps']:.1f} / {doc['eager']['median_tps']:.1f}",
                          f"{doc['graph']['best_tps']:.1f} / {doc['graph']['median_tps']:.1f}", f"{doc['speedup']:.2f}x"])
-    return [_table(["test", "platform", "eager tok/s best / median", "graph tok/s best / median", "speedup"],
-                   rows, "graph-mode")] if rows else []
+            rows[-1].append(_img(plot_graph_mode(doc), f"graph vs eager {nodeid}"))
+    return [_table(["test", "platform", "eager tok/s best / median", "graph tok/s best / median", "speedup",
+                    "rounds"], rows, "graph-mode")] if rows else []
 
 
 def _curves_html(report: RunReport) -> list[str]:

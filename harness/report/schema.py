@@ -112,8 +112,8 @@ def _version(package: str) -> str | None:
 def _cann_version() -> str | None:
     """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
     home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
-    for info in (Path(home) / "version.cfg", Path(home) / "toolkit" / "version.info",
-                 Path(home) / "compiler" / "version.info"):
+    for info in (Path(home) / "compiler" / "version.info", Path(home) / "toolkit" / "version.info",
+                 Path(home) / "version.cfg"):
         if info.is_file():
             for line in info.read_text(errors="replace").splitlines():
                 if "version" in line.lower() and "=" in line:

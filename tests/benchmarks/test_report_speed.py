@@ -1,4 +1,4 @@
-"""pytest-benchmark: rendering the full report page (four matplotlib plots, base64-embedded) and the
+"""pytest-benchmark: rendering the full report page (five matplotlib plots, base64-embedded) and the
 throughput of a 1000-step run. Both sit on the main job's critical path after the suites finish."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from harness.report.render import render_html
 
 def test_render_full_report_page(benchmark, full_report):
     page = benchmark.pedantic(render_html, args=(full_report,), rounds=3, warmup_rounds=1)
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count("data:image/png;base64,") == 5
 
 
 def test_throughput_of_a_long_run(benchmark):
