@@ -62,3 +62,12 @@ def test_no_ray_process_survives(isolated_ray_proof):
             survivors.append(pid)
     assert not survivors, f"{len(survivors)} processes of the proof's Ray session {temp} still run: {survivors[:5]}"
     assert not math.isnan(isolated_ray_proof["times"]["cluster_stop_s"])
+
+
+def test_lost_node_is_its_own_verdict(isolated_ray_proof):
+    """A second node joined the cluster, the job's driver was placed on it, its raylet was SIGKILLed."""
+    assert isolated_ray_proof["times"]["victim_killed"].startswith("raylet pid"), isolated_ray_proof["times"]
+    result = isolated_ray_proof["results"]["victim"]
+    assert result["verdict"] == "node-lost" and not result["ok"], (result["verdict"], result["message"])
+    assert "1 node(s) died" in result["message"]
+    assert (Path(result["run_dir"]) / LOG_FILE).is_file()

@@ -25,6 +25,10 @@ from harness.errors import BadInput
 ISOLATED_ENV = "HARNESS_ISOLATED_NETNS"
 DASHBOARD_PORT = 8265
 LAST_TEMP_DIR: list[str] = []
+LAST_ENV: list[dict] = []
+_INIT_SCRIPT = 'ip link set lo up && "$@"'  # PID 1 of the namespace: brings lo up, runs argv, reaps orphans
+VICTIM_RESOURCE = "victim"
+VICTIM_NODE_MANAGER_PORT = 62111
 
 
 def interfaces() -> list[str]:
@@ -54,7 +58,7 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subproce
     if os.geteuid() != 0:
         raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass --ray-address")
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
-               "sh", "-c", 'ip link set lo up && "$@"', "sh", *argv]
+               "sh", "-c", _INIT_SCRIPT, "sh", *argv]
     env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0"}
     return subprocess.run(command, env=env, timeout=timeout_s, check=False)
 
@@ -70,6 +74,9 @@ def local_cluster(num_cpus: int = 2):
     temp = tempfile.mkdtemp(prefix="rh-ray-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 chars
     LAST_TEMP_DIR[:] = [temp]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # fast node-failure detection (GCS health checks every 1 s, dead after 3 misses) so a lost node shows in seconds
+    env.update(RAY_health_check_initial_delay_ms="1000", RAY_health_check_period_ms="1000",
+               RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
     start = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
              "--dashboard-port", str(DASHBOARD_PORT), "--include-dashboard", "true", "--num-cpus", str(num_cpus),
              "--temp-dir", temp, "--disable-usage-stats"]
@@ -80,10 +87,32 @@ def local_cluster(num_cpus: int = 2):
                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
         url = f"http://127.0.0.1:{DASHBOARD_PORT}"
         _wait_for_job_server(url)
+        LAST_ENV[:] = [env]
         yield url
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, check=False)
+        _kill_namespace_leftovers()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _kill_namespace_leftovers() -> None:
+    """SIGKILL what `ray stop` missed (e.g. the dashboard's multiprocessing forkserver). Safe only here:
+    every process of this private PID namespace was started by us; /proc must be this namespace's own
+    (PID 1 is run_isolated's shell), and we spare ourselves and PID 1."""
+    import signal
+
+    try:
+        init = Path("/proc/1/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if not isolated() or init[:3] != [b"sh", b"-c", _INIT_SCRIPT.encode()]:
+        return
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) not in (1, os.getpid()):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
@@ -109,8 +138,9 @@ HANGING_ENTRYPOINT = "python -c \"import time; print('seeded hang', flush=True);
 
 
 def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> dict:
-    """Inside run_isolated: start the local cluster, launch the tiny DAPO lab job and two seeded bad jobs (a
-    crash, a hang) through the launcher, stop the cluster; write and return `proof.json` in `out_dir`."""
+    """Inside run_isolated: start the local cluster (plus a second, victim node), launch the tiny DAPO lab job
+    and three seeded bad jobs (a crash, a hang, a job whose node is killed) through the launcher, concurrently;
+    stop the cluster; write and return `proof.json` in `out_dir`."""
     import io
     from concurrent.futures import ThreadPoolExecutor
 
@@ -126,7 +156,12 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
     with local_cluster() as url:
         times["cluster_start_s"] = time.monotonic() - t0
         seen = interfaces()
+        add_victim_node()
+        times["victim_join_s"] = time.monotonic() - t0 - times["cluster_start_s"]
+        victim = JobSpec("victim", HANGING_ENTRYPOINT, str(out / "victim"), 1, working_dir=None,
+                         entrypoint_resources={VICTIM_RESOURCE: 1})
         jobs = {"lab": (lab_job(out / "lab", steps=steps), timeout_s),
+                "victim": (victim, timeout_s),
                 "crash": (JobSpec("crash", FAILING_ENTRYPOINT, str(out / "crash"), 1, working_dir=None), 60.0),
                 "hang": (JobSpec("hang", HANGING_ENTRYPOINT, str(out / "hang"), 1, working_dir=None), HANG_TIMEOUT_S)}
 
@@ -135,7 +170,13 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
             # only the lab job draws its progress bar; the seeded jobs run beside it quietly
             console = Console(stderr=True, width=120) if name == "lab" else Console(file=io.StringIO())
             t = time.monotonic()
-            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console)
+            if name == "victim":
+                killer = ThreadPoolExecutor(1)
+                killed = killer.submit(lambda: kill_victim_node(url, _job_id(out / "victim")))
+            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console, node_check_s=2.0)
+            if name == "victim":
+                times["victim_killed"] = killed.result()
+                killer.shutdown()
             times[f"{name}_s"] = time.monotonic() - t
             return {**dataclasses.asdict(result), "ok": result.ok}
 
@@ -147,6 +188,56 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
              "ray_processes_after_stop": _ray_processes()}
     write_json_atomic(out / "proof.json", proof)
     return proof
+
+
+def _job_id(run_dir: Path, timeout_s: float = 60.0) -> str:
+    """The job id the launcher wrote into run_dir/launch.json right after submitting."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return json.loads((run_dir / "launch.json").read_text())["job_id"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+    raise BadInput(f"{run_dir}/launch.json: the launcher wrote no job id in {timeout_s:.0f} s")
+
+
+def add_victim_node() -> None:
+    """Join a second node (1 CPU, custom resource `victim`) to the local cluster: the node the lost-node
+    proof kills. Only inside local_cluster."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    done = subprocess.run([ray, "start", "--address", "127.0.0.1:6379", "--node-ip-address", "127.0.0.1",
+                           "--num-cpus", "1", "--resources", f'{{"{VICTIM_RESOURCE}": 1}}',
+                           "--node-manager-port", str(VICTIM_NODE_MANAGER_PORT), "--disable-usage-stats"],
+                          env=LAST_ENV[0], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BadInput(f"could not join the victim node: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+def kill_victim_node(url: str, job_id: str, timeout_s: float = 60.0) -> str:
+    """Once the job runs, SIGKILL the victim node's raylet (found by its node manager port) as a host crash
+    would; returns what was killed."""
+    import signal
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(url)
+    deadline = time.monotonic() + timeout_s
+    while client.get_job_status(job_id) != JobStatus.RUNNING:
+        if time.monotonic() > deadline or client.get_job_status(job_id).is_terminal():
+            return "the victim job never ran"
+        time.sleep(0.5)
+    time.sleep(2.0)  # let the launcher see the node alive first
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith("raylet") and f"--node_manager_port={VICTIM_NODE_MANAGER_PORT}" in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+            return f"raylet pid {pid}"
+    return "no victim raylet found"
 
 
 def _ray_processes() -> list[str]:

@@ -45,6 +45,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     working_dir: str | None = str(REPO_ROOT)  # uploaded by Ray; None when the cluster image has the harness
     resume: bool = False  # a resubmission that resumes from the run's checkpoints (verl resume_mode=auto)
+    entrypoint_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources the driver needs
 
     @property
     def metrics_path(self) -> Path:
@@ -172,14 +173,39 @@ def _client(address: str):
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
 
 
-def _alive_nodes(url: str) -> set[str] | None:
-    """Node ids Ray reports alive (state API through the dashboard); None if the state API is unavailable."""
-    try:
-        from ray.util.state import list_nodes
+def _alive_nodes(url: str, attempts: int = 3) -> set[str] | None:
+    """Node ids Ray reports alive (state API through the dashboard); None if it does not answer (a busy
+    head can miss one call: retried)."""
+    from ray.util.state import list_nodes
 
-        return {n.node_id for n in list_nodes(address=url, filters=[("state", "=", "ALIVE")], timeout=10)}
+    for attempt in range(attempts):
+        try:
+            # no server-side filter: with a dead node in the table it errors (ray 2.60); filter here instead
+            nodes = list_nodes(address=url, timeout=30, raise_on_missing_output=False)
+            return {n.node_id for n in nodes if n.state == "ALIVE"}
+        except Exception:
+            time.sleep(1.0 + attempt)
+    return None
+
+
+def _job_nodes(client, url: str, job_id: str) -> set[str]:
+    """Nodes the job runs on: its driver's node and the nodes of its actors (verl's workers span them all)."""
+    nodes: set[str] = set()
+    try:
+        info = client.get_job_info(job_id)
     except Exception:
-        return None
+        return nodes
+    if info.driver_node_id:
+        nodes.add(info.driver_node_id)
+    if info.job_id:
+        try:
+            from ray.util.state import list_actors
+
+            actors = list_actors(address=url, timeout=30, limit=100_000, raise_on_missing_output=False)
+            nodes |= {a.node_id for a in actors if a.job_id == info.job_id and a.node_id}
+        except Exception:
+            pass
+    return nodes
 
 
 def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: float = 2.0,
@@ -203,12 +229,14 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
         rotate_log_for_resume(spec.metrics_path)  # verl's FileLogger truncates it on resume
     nodes_before = _alive_nodes(url) or set()
     job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env(),
+                               entrypoint_resources=dict(spec.entrypoint_resources) or None,
                                submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
     write_json_atomic(run_dir / RESULT_FILE, {"job_id": job_id, "address": url, "verdict": "running",
-                                              "spec": dataclasses.asdict(spec)})
+                                              "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     start = time.monotonic()
     last_node_check = start
+    job_nodes: set[str] = set()
     result = None
     progress = Progress(0)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
@@ -225,11 +253,16 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                 bar.update(task, completed=min(progress.steps_done, spec.total_steps), latest=latest)
                 lost: tuple[str, ...] = ()
                 now = time.monotonic()
-                if nodes_before and now - last_node_check >= node_check_s and status in (JobStatus.RUNNING,
-                                                                                        JobStatus.PENDING):
+                due = now - last_node_check >= node_check_s and status in (JobStatus.RUNNING, JobStatus.PENDING)
+                # a failed job is checked too: when its node died, that -- not "failed" -- is the verdict
+                if nodes_before and (due or status == JobStatus.FAILED):
                     last_node_check = now
+                    if status == JobStatus.RUNNING:
+                        job_nodes |= _job_nodes(client, url, job_id)
                     alive = _alive_nodes(url)
-                    lost = tuple(sorted(nodes_before - alive)) if alive is not None else ()
+                    # a node that died matters when the job ran there (before it runs anywhere: any node)
+                    scope = (job_nodes or nodes_before) & nodes_before
+                    lost = tuple(sorted(scope - alive)) if alive is not None else ()
                 timed_out = now - start > timeout_s and not status.is_terminal()
                 message = (client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
@@ -247,7 +280,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     finally:
         _keep_logs(client, job_id, run_dir)
         if result is not None:
-            write_json_atomic(run_dir / RESULT_FILE, {**dataclasses.asdict(result), "spec": dataclasses.asdict(spec)})
+            write_json_atomic(run_dir / RESULT_FILE, {**dataclasses.asdict(result), "nodes_at_submit": len(nodes_before),
+                                                      "spec": dataclasses.asdict(spec)})
     return result
 
 
