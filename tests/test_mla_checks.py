@@ -1,0 +1,136 @@
+"""Self-tests of harness.mla and the reference engine: closed forms, each checker failing on its seeded bug and
+passing on the reference, the aliasing probe telling views from copies, and bad input in one line."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness import mla
+from harness.engines.base import load_factory
+from harness.engines.reference import Fault, ReferenceEngine
+from harness.engines.weights import random_state_dict
+from harness.errors import BadInput
+from harness.models import DEEPSEEK_V3, MOONLIGHT_16B, TINY
+
+SPEC = TINY
+PROMPTS = [[5, 9, 13, 2], [77, 1]]
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_state_dict(SPEC, seed=0), random_state_dict(SPEC, seed=1)
+
+
+def test_closed_form_scales():
+    assert mla.softmax_scale(DEEPSEEK_V3) == pytest.approx(0.1352338, abs=1e-7)
+    assert mla.softmax_scale(MOONLIGHT_16B) == pytest.approx(192 ** -0.5, rel=1e-12)
+    assert mla.softmax_scale(TINY) == pytest.approx(128 ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
+    # MindSpeed's 1/sqrt(128) is 53% below the right DSV3 scale; the tiny model keeps a >= 30% gap.
+    assert mla.softmax_scale(DEEPSEEK_V3) / mla.wrong_scales(DEEPSEEK_V3)["v_head_dim"] == pytest.approx(1.53, abs=0.01)
+    assert mla.softmax_scale(TINY) / mla.wrong_scales(TINY)["v_head_dim"] - 1 >= 0.30
+
+
+def test_check_scale_names_the_bug():
+    bad = mla.check_scale("x", DEEPSEEK_V3, 128 ** -0.5)
+    assert not bad.ok and bad.bug == "v_head_dim" and "0.0883883" in bad.message() and "0.1352338" in bad.message()
+    assert mla.check_scale("x", DEEPSEEK_V3, 0.1352337788608801).ok
+
+
+def test_derived_weights_are_views_with_vllm_layout(weights):
+    kv = weights[0]["model.layers.0.self_attn.kv_b_proj.weight"]
+    w_uk_t, w_uv = mla.derive_absorbed(kv, SPEC)
+    n, p, v, lat = SPEC.num_attention_heads, SPEC.qk_nope_head_dim, SPEC.v_head_dim, SPEC.kv_lora_rank
+    assert w_uk_t.shape == (n, p, lat) and w_uv.shape == (n, lat, v)
+    assert w_uk_t.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
+    # kv_b_proj rows per head are [k_nope (P) | v (V)]: W_UV[h, l, j] = kv[h*(P+V) + P + j, l]
+    assert w_uv[1, 7, 3] == kv[1 * (p + v) + p + 3, 7] and w_uk_t[2, 5, 9] == kv[2 * (p + v) + 5, 9]
+    with pytest.raises(ValueError, match="does not match"):
+        mla.derive_absorbed(torch.empty(0), SPEC)
+
+
+@pytest.mark.parametrize("fault", [None, Fault.STALE_COPY, Fault.DTYPE_COPY, Fault.REBIND])
+def test_freshness_and_behaviour_fail_only_on_stale_engines(weights, fault):
+    old, new = weights
+    fresh = ReferenceEngine(SPEC, new).generate(PROMPTS, 5)
+    engine = ReferenceEngine(SPEC, old, fault=fault)
+    pre = engine.generate(PROMPTS, 5)
+    engine.load_weights(new.items())
+    report = mla.check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
+    behaviour = mla.SyncBehaviour(engine.name, pre, engine.generate(PROMPTS, 5), fresh)
+    if fault is None:
+        assert report.ok and behaviour.ok, (report.message(), behaviour.message())
+        return
+    assert not report.ok and {(d.layer, d.weight) for d in report.stale} == {
+        (i, w) for i in range(SPEC.num_hidden_layers) for w in ("W_UK_T", "W_UV")}
+    assert "layer 0 W_UK_T" in report.message() and "worst |diff|" in report.message()
+    # Stale absorbed weights only corrupt decode: the first generated token comes from prefill.
+    assert not behaviour.ok and "decode" in behaviour.message()
+    assert [t[0] for t in behaviour.post] == [t[0] for t in fresh]
+
+
+def test_behaviour_sensitivity_guard():
+    same = [[1, 2, 3]]
+    finding = mla.SyncBehaviour("e", pre=same, post=same, fresh=same)
+    assert not finding.ok and "changed nothing" in finding.message()
+
+
+def test_aliasing_probe_tells_views_from_copies(weights):
+    views = mla.probe_aliasing(ReferenceEngine(SPEC, weights[0]).mla_layers(), SPEC)
+    copies = mla.probe_aliasing(ReferenceEngine(SPEC, weights[0], fault="stale_copy").mla_layers(), SPEC)
+    assert views and all(a.shares_storage and a.propagates for a in views)
+    assert copies and not any(a.shares_storage or a.propagates for a in copies)
+
+
+def test_freshness_reports_a_dropped_kv_b_proj():
+    # AMX_MLA replaces kv_b_proj.weight by an empty tensor after packing its own copies.
+    from harness.engines.base import MLALayer
+
+    w = torch.zeros(SPEC.num_attention_heads, SPEC.qk_nope_head_dim, SPEC.kv_lora_rank)
+    report = mla.check_freshness("amx", [MLALayer(0, torch.empty(0), w, None)], SPEC, torch.float32)
+    assert not report.ok and "layer 0" in report.message() and "dropped" in report.message()
+
+
+def test_compare_logprobs_locates_worst():
+    a = [torch.zeros(3, 4)]
+    b = [torch.zeros(3, 4)]
+    b[0][2, 1] = 0.5
+    found = mla.compare_logprobs("x", a, b, torch.float32)
+    assert not found.ok and found.count == 1 and found.where == (0, 2, 1) and found.worst == pytest.approx(0.5)
+    assert mla.compare_logprobs("x", a, a, torch.float32).ok
+
+
+def test_sampling_is_seeded_and_reports_logprobs(weights):
+    engine = ReferenceEngine(SPEC, weights[0])
+    a = engine.sample(PROMPTS, 6, temperature=1.0, seed=7)
+    assert a.token_ids == engine.sample(PROMPTS, 6, temperature=1.0, seed=7).token_ids
+    assert all(len(lp) == 6 and all(x <= 0 for x in lp) for lp in a.logprobs)
+    greedy = engine.sample(PROMPTS, 6, full_logprobs=True)
+    for toks, lps, dist in zip(greedy.token_ids, greedy.logprobs, greedy.dist_logprobs):
+        assert toks == dist.argmax(-1).tolist() and lps == pytest.approx(dist.max(-1).values.tolist())
+
+
+def test_sleep_level_2_discards_weights_until_synced(weights):
+    engine = ReferenceEngine(SPEC, weights[0])
+    want = engine.generate(PROMPTS, 4)
+    engine.sleep(level=2)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(PROMPTS, 4)
+    engine.wake_up()
+    engine.load_weights(weights[0].items())
+    assert engine.generate(PROMPTS, 4) == want
+
+
+@pytest.mark.parametrize("target, words", [("nocolon", "MODULE:FACTORY"), ("no_such_mod_xyz:f", "cannot import"),
+                                           ("harness.mla:no_such_factory", "no callable")])
+def test_engine_option_bad_input(target, words):
+    with pytest.raises(BadInput, match=words):
+        load_factory(target)
+
+
+def test_reference_engine_bad_input(weights):
+    with pytest.raises(BadInput, match="lack"):
+        ReferenceEngine(SPEC, {"lm_head.weight": weights[0]["lm_head.weight"]})
+    with pytest.raises(BadInput, match="unknown weight"):
+        ReferenceEngine(SPEC, weights[0]).load_weights([("model.nope.weight", torch.zeros(1))])
