@@ -155,9 +155,11 @@ def test_resumed_run_keeps_the_metrics_of_every_step(tmp_path, monkeypatch):
 @pytest.mark.moonlight
 @pytest.mark.npu
 @requires(hardware="npu", packages=["mbridge", "megatron"])
-def test_mbridge_save_through_verl_checkpoint_manager(tmp_path, scale):
-    """On the NPU: the Moonlight HF save of verl's Megatron checkpoint manager (mbridge) writes every shard of
-    the model's index (seed 001: `rotary_emb.inv_freq` in Moonlight's index blocked the save)."""
+def test_mbridge_hf_save_writes_every_shard(tmp_path, scale):
+    """On the NPU: mbridge's `save_weights`, called the way verl's Megatron checkpoint manager calls it for
+    the HF model (verl/utils/checkpoint/megatron_checkpoint_manager.py, `self.bridge.save_weights(self.model,
+    hf_ckpt_path)`), writes every shard of Moonlight's index (seed 001: `rotary_emb.inv_freq` in the index
+    blocked the save). The preflight check names the blocking keys before the 16-card job is booked."""
     import os
 
     import torch.distributed as dist
