@@ -134,3 +134,34 @@ def test_reference_engine_bad_input(weights):
         ReferenceEngine(SPEC, {"lm_head.weight": weights[0]["lm_head.weight"]})
     with pytest.raises(BadInput, match="unknown weight"):
         ReferenceEngine(SPEC, weights[0]).load_weights([("model.nope.weight", torch.zeros(1))])
+
+
+def _compare_csv(path, rows):
+    import csv
+
+    cols = ["NPU Name", "Max diff", "NPU max", "NPU min", "NPU mean", "Bench max", "Bench min", "Bench mean",
+            "Result", "NPU_Stack_Info"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for name, result, stack in rows:
+            w.writerow({"NPU Name": name, "Result": result, "NPU_Stack_Info": stack, "Max diff": "0.04"})
+    return path
+
+
+def test_first_not_pass_names_op_and_its_stack(tmp_path):
+    from harness import probe
+
+    stack = "['File /x/harness/engines/reference.py, line 235, in _attn_prefill, \\n scores = ...']"
+    bad = _compare_csv(tmp_path / "bad.csv", [("Tensor.pow.0.forward.input.0", "pass", "['File a']"),
+                                              ("Tensor.__mul__.15.forward.input.0", "pass", stack),
+                                              ("Tensor.__mul__.15.forward.input.1", "error", "N/A"),
+                                              ("Functional.linear.9.forward.output.0", "warning", "N/A")])
+    verdict = probe.first_not_pass(bad)
+    assert verdict.name == "Tensor.__mul__.15.forward.input.1" and "_attn_prefill" in verdict.describe()
+    assert probe.first_not_pass(_compare_csv(tmp_path / "ok.csv", [("Tensor.pow.0.forward.input.0", "pass", "")])) is None
+    with pytest.raises(BadInput, match="cannot read"):
+        probe.first_not_pass(tmp_path / "missing.csv")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(BadInput, match="Result"):
+        probe.first_not_pass(tmp_path / "other.csv")
