@@ -29,11 +29,25 @@ def _accel(device_type: str):
     raise BadInput(f"device type {device_type!r}: use cpu, cuda or npu")
 
 
+def _malloc_trim() -> None:
+    """Return glibc's freed-but-cached heap to the OS, so RSS follows live allocations instead of
+    drifting down later when memory freed long ago is finally trimmed (no-op without glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
 def used_bytes(device_type: str = "cpu") -> int:
     """Memory in use now: device total - free (npu, cuda; all processes on the device), or this
     process's resident set (cpu)."""
     gc.collect()
     if device_type == "cpu":
+        _malloc_trim()
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     accel = _accel(device_type)
