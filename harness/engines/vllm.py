@@ -205,6 +205,9 @@ class VLLMEngine(Engine):
 
 
 def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype = torch.float32,
-                     seed: int = 0, **kwargs) -> VLLMEngine:
-    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`)."""
+                     seed: int = 0, fault: str | None = None, **kwargs) -> VLLMEngine:
+    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). `fault` exists for
+    signature parity with the reference engine; real vLLM has no fault injection."""
+    if fault is not None:
+        raise BadInput(f"fault {fault!r}: the vLLM engine injects no faults; use harness.engines.reference")
     return VLLMEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, **kwargs)
