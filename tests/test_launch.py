@@ -52,6 +52,8 @@ def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):
     assert "trainer.total_training_steps=5" in words and "trainer.resume_mode=disable" in words
     assert f"trainer.rollout_data_dir={(tmp_path / 'run' / 'rollouts').resolve()}" in words
     assert spec.runtime_env()["env_vars"].items() >= dict(recipe.env).items() and recipe.env
+    resumed = job_for_scale(scale, tmp_path / "run", steps=5, resume=True)
+    assert resumed.resume and "trainer.resume_mode=auto" in shlex.split(resumed.entrypoint)
 
 
 def test_progress_of_a_growing_log(tmp_path):
