@@ -3,7 +3,8 @@
 Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
 with a rich progress bar (pytest's own terminal output goes to DIR/pytest.log), then reads the report
 the collector wrote (JSON + HTML + Markdown), prints a verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason
-are allowed: a CPU machine has no NPU), 1 otherwise, 2 on bad input.
+are allowed: a CPU machine has no NPU) and, with --history, no regression shows across the stored
+reports; 1 otherwise, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -109,7 +110,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"in {report.duration_s:.1f} s")
     console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {(report_dir / 'report.json').resolve()}, "
                   f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
-    return 0 if report.passed else 1
+    regressed = []
+    if args.history:  # nightly: keep this report in the trend store and look for steps across it
+        from harness.report.trend import expand, store, write_trend
+
+        store(report, args.history)
+        steps = write_trend([load_report(p) for p in expand([args.history])], report_dir)
+        regressed = [s for s in steps if s.regression]
+        for s in regressed:
+            console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
+                          f"from {escape(s.report)}")
+        console.print(f"trend over {args.history}: {(report_dir / 'trend.html').resolve()}")
+    return 0 if report.passed and not regressed else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -117,5 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", default="tiny", help="scale to run (default tiny; see `scales`)")
     p.add_argument("--report-dir", default="reports", help="where report.json/.html/.md go (default reports/)")
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (default 1)")
+    p.add_argument("--history", metavar="DIR", help="trend store: add this report to DIR and write trend.html "
+                                                    "(exit 1 on a regression across the stored reports)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
     p.set_defaults(func=cmd_run)

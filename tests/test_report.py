@@ -151,5 +151,7 @@ def test_report_cli_renders_and_exits_1_on_regression(tmp_path, capsys, report_f
     assert "regression" in capsys.readouterr().out
     assert (tmp_path / "out" / "trend.html").is_file() and (tmp_path / "out" / "night-4.html").is_file()
     assert "night-4" in (tmp_path / "out" / "trend.md").read_text()
+    assert "night-4" in (tmp_path / "out" / "night-4.html").read_text()  # each page renders its own report
     assert main(["report", *paths[:4], "-o", str(tmp_path / "ok")]) == 0
+    assert main(["report", str(tmp_path / "in"), "-o", str(tmp_path / "store")]) == 1  # a trend-store directory
     assert main(["report", str(tmp_path / "nope.json"), "-o", str(tmp_path / "x")]) == 2

@@ -84,3 +84,13 @@ def test_run_with_xdist_workers(tmp_path, monkeypatch):
     outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in doc["tests"]}
     assert outcomes == {"test_ok": "passed", "test_broken": "failed", "test_param[a-1]": "passed"}
     assert doc["tests"][0]["properties"] or doc["tests"][1]["properties"]  # record_property crossed from the worker
+
+
+def test_run_history_stores_reports_and_writes_the_trend(tmp_path, monkeypatch):
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_history_tree.py").write_text(PASSING)
+    monkeypatch.chdir(tmp_path)
+    for night in ("n1", "n2"):
+        assert main(["run", "--scale", "tiny", "--report-dir", night, "--history", "store"]) == 0
+    assert len(list((tmp_path / "store").glob("*.json"))) >= 1  # names carry a timestamp (1 s resolution)
+    assert (tmp_path / "n2" / "trend.html").is_file() and "no regression" in (tmp_path / "n2" / "trend.md").read_text()

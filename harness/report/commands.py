@@ -91,29 +91,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from harness.io import write_atomic
-    from harness.report.render import (render_html, render_markdown, render_trend_html,
-                                       render_trend_markdown)
+    from harness.report.render import render_html, render_markdown
     from harness.report.schema import load_report
-    from harness.report.trend import find_steps
+    from harness.report.trend import expand, write_trend
 
-    reports = sorted((load_report(p) for p in args.results), key=lambda r: r.created)
+    paths = expand(args.results)
+    if not paths:
+        raise BadInput(f"{' '.join(args.results)}: no report JSON there; pass report.json files or a trend-store directory")
+    loaded = sorted(((p, load_report(p)) for p in paths), key=lambda pr: pr[1].created)
     out = Path(args.output)
     console = Console()
-    for path, report in zip(args.results, reports):
-        stem = Path(path).stem if Path(path).stem != "report" else report.name
+    for path, report in loaded:
+        stem = path.stem if path.stem != "report" else report.name
         write_atomic(out / f"{stem}.html", render_html(report))
         write_atomic(out / f"{stem}.md", render_markdown(report))
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")
-    failed = any(not r.passed for r in reports[-1:])
-    if len(reports) > 1:
-        steps = find_steps(reports, args.tolerance)
-        write_atomic(out / "trend.html", render_trend_html(reports, steps))
-        write_atomic(out / "trend.md", render_trend_markdown(reports, steps))
+    failed = not loaded[-1][1].passed  # the newest run decides, with any regression across the trend
+    if len(loaded) > 1:
+        steps = write_trend([r for _, r in loaded], out, args.tolerance)
         for s in steps:
             color = "red" if s.regression else "green"
             console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {escape(s.metric)}: "
-                          f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {s.report}")
+                          f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {escape(s.report)}")
         console.print(f"trend: {out / 'trend.html'}")
         failed = failed or any(s.regression for s in steps)
     return 1 if failed else 0
@@ -131,7 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_throughput)
     p = sub.add_parser("report", help="render report JSON(s) to HTML + Markdown; several: trend + regressions")
-    p.add_argument("results", nargs="+", metavar="RESULT_JSON")
+    p.add_argument("results", nargs="+", metavar="RESULT_JSON",
+                   help="report JSON files, or trend-store directories (their *.json)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--tolerance", type=float, default=0.05, help="relative change that counts as a step")
     p.set_defaults(func=cmd_report)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.report.schema import RunReport
 
@@ -92,3 +93,30 @@ def find_steps(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -
 
 def regressions(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:
     return [s for s in find_steps(reports, tolerance) if s.regression]
+
+
+def expand(paths) -> list[Path]:
+    """Report files from files and trend-store directories (every *.json inside)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob("*.json")) if p.is_dir() else [p])
+    return out
+
+
+def store(report: RunReport, history_dir: str | Path) -> Path:
+    """Add a report to the trend store (a directory of report JSONs, one per nightly), atomically."""
+    from harness.report.schema import write_report
+
+    return write_report(report, Path(history_dir) / f"{report.name}.json")
+
+
+def write_trend(reports: list[RunReport], out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:
+    """trend.html + trend.md over `reports` (any order; sorted by creation) into out_dir; returns the steps."""
+    from harness.io import write_atomic
+    from harness.report.render import render_trend_html, render_trend_markdown
+
+    ordered = sorted(reports, key=lambda r: r.created)
+    steps = find_steps(ordered, tolerance)
+    write_atomic(Path(out_dir) / "trend.html", render_trend_html(ordered, steps))
+    write_atomic(Path(out_dir) / "trend.md", render_trend_markdown(ordered, steps))
+    return steps
