@@ -112,3 +112,22 @@ def test_repeat_action_picks_the_step_verl_picks(tmp_path, tiny_dapo_verl_config
             assert replay.resolve(step) == verl_skip._find_latest_step(step), f"step {step}"
     finally:
         SkipManager.skip_instances = {}
+
+
+def test_v1_trainer_skip_shares_the_directory_not_the_files(tmp_path, tiny_dapo_verl_config_factory):
+    """harness.dapo's recipe runs verl's V1 trainer, whose skip group is `rollout_tq`: same directory per
+    step as RolloutSkip, but TransferQueue files (tq_batch.pt), so seed 003's gen_batch.dp dumps need the
+    harness replay (or `trainer.use_v1=false`) -- the module docstring of harness.launch.replay says why."""
+    from verl.utils.skip import SkipManager
+
+    config = tiny_dapo_verl_config_factory(verl_skip_overrides(tmp_path, [1], group="rollout_tq"))
+    assert config.trainer.use_v1, "the recipe no longer runs the V1 trainer; revisit the replay notes"
+    SkipManager.init(config)
+    try:
+        tq = SkipManager.skip_instances["rollout_tq"]
+        assert tq.is_enabled() and not SkipManager.skip_instances["rollout"].is_enabled()
+        replay = RolloutReplay(tmp_path, ReplayKey.from_verl_config(config))
+        assert tq._get_step_dump_dir(1) == replay.step_dir(1)
+        assert tq.tq_batch_name == "tq_batch.pt" != "gen_batch.dp"
+    finally:
+        SkipManager.skip_instances = {}
