@@ -75,7 +75,6 @@ class VLLMEngine(Engine):
         if load_format == "real" and weights is None:
             raise BadInput("VLLMEngine(load_format='real') needs weights (a state dict or a model directory)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: the model must be reachable
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would take a large share of RAM
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
         self._tmp: str | None = None
         self._threads = torch.get_num_threads()  # vLLM CPU lowers torch threads for serving; restored on close
@@ -106,6 +105,10 @@ class VLLMEngine(Engine):
                       enable_prefix_caching=False)
         if backend:
             kwargs["attention_config"] = {"backend": backend}
+        if current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            # The CPU default takes a large share of RAM and zeroes it at every start; 64 MiB holds ~14k tokens
+            # of the tiny model's latent cache (576 values per token and layer).
+            kwargs["kv_cache_memory_bytes"] = 64 << 20
         if not current_platform.is_cpu():
             # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)

@@ -13,11 +13,16 @@ from harness import mla
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("model", sorted(SCALE_MODELS))
-def test_engine_scale_is_closed_form(engine_kind, model, record_property):
-    """DSV3 and Moonlight are built as attention twins (their attention dims and rope scaling, tiny elsewhere)."""
-    with engine_kind.make(SCALE_MODELS[model], weights=None, load_format="dummy", dtype=torch.float32,
-                          seed=0) as engine:
-        finding = mla.check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
+def test_engine_scale_is_closed_form(engine_kind, model, request, record_property):
+    """DSV3 and Moonlight are built as attention twins (their attention dims and rope scaling, tiny elsewhere);
+    tiny reads the session's fresh engine instead of starting another."""
+    if model == "tiny":
+        fresh = request.getfixturevalue("fresh_run")
+        finding = mla.check_scale(fresh.engine, SCALE_SPECS[model], fresh.softmax_scale)
+    else:
+        with engine_kind.make(SCALE_MODELS[model], weights=None, load_format="dummy", dtype=torch.float32,
+                              seed=0) as engine:
+            finding = mla.check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
     record_property("mla.softmax_scale", {"engine": finding.engine, "model": model, "expected": finding.expected,
                                           "actual": finding.actual, "rel_error": finding.rel_error})
     assert finding.ok, finding.message()
