@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "harness.report.commands",  # throughput, report
     "harness.runner",  # run (the main job)
     "harness.memory.cli",  # memory
+    "harness.metrics.cli",  # compare, baseline record
 )
 
 
