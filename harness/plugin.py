@@ -73,9 +73,17 @@ class Need:
         if self.cluster and not cluster.get("address"):
             out.append("a Ray cluster (--ray-address)")
         for pkg in sorted(self.packages):
-            if importlib.util.find_spec(pkg) is None:
+            if not _package_present(pkg):
                 out.append(f"package {pkg} (pip install it; see requirements/)")
         return out
+
+
+def _package_present(name: str) -> bool:
+    # find_spec("megatron.core") raises ModuleNotFoundError when the parent package is missing.
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def tier_need(scale: Scale) -> Need:
