@@ -153,7 +153,8 @@ class FreshnessReport:
                 "(vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj was rebound to new storage.")
 
 
-def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Deviation | None:
+def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor,
+               tol: Tolerance) -> Deviation | None:
     a, e = actual.detach().double(), expected.detach().double()
     diff = (a - e).abs()
     bad = diff > tol.atol + tol.rtol * e.abs()

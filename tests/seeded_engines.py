@@ -1,4 +1,5 @@
-"""Engines that reproduce the real MLA failures, for `--engine seeded_engines:<name>` (tests/ is on sys.path under pytest) (self-tests only).
+"""Engines that reproduce the real MLA failures, for `--engine seeded_engines:<name>` (self-tests only; tests/ is
+on sys.path under pytest).
 
 Each is the reference engine with one `harness.engines.reference.Fault`; `correct` is the reference itself.
 """

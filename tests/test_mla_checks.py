@@ -159,7 +159,8 @@ def test_first_not_pass_names_op_and_its_stack(tmp_path):
                                               ("Functional.linear.9.forward.output.0", "warning", "N/A")])
     verdict = probe.first_not_pass(bad)
     assert verdict.name == "Tensor.__mul__.15.forward.input.1" and "_attn_prefill" in verdict.describe()
-    assert probe.first_not_pass(_compare_csv(tmp_path / "ok.csv", [("Tensor.pow.0.forward.input.0", "pass", "")])) is None
+    ok = _compare_csv(tmp_path / "ok.csv", [("Tensor.pow.0.forward.input.0", "pass", "")])
+    assert probe.first_not_pass(ok) is None
     with pytest.raises(BadInput, match="cannot read"):
         probe.first_not_pass(tmp_path / "missing.csv")
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")

@@ -38,7 +38,8 @@ CASES = [
     ("rebind", SYNC_SUITE, "reaches_absorbed", 2, ["layer 1 W_UK_T", "decode"]),
     ("scale_v_head", SCALE_SUITE, "closed_form or right_scale", 4, ["softmax scale 0.1250000", "v_head_dim bug",
                                                                     "0.1656269"]),
-    ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3, ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
+    ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3,
+     ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
     ("scale_v_head", ALIGN_SUITE, "match_training", 1, ["log-probs outside", "decode steps"]),
 ]
 

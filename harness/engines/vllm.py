@@ -123,16 +123,15 @@ class VLLMEngine(Engine):
             return
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        self.llm.llm_engine.engine_core.shutdown() if hasattr(self.llm.llm_engine, "engine_core") else None
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
         self.llm = None
         gc.collect()
         cleanup_dist_env_and_memory()
         torch.set_num_threads(self._threads)
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def _model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     def _apply(self, fn):
         return self.llm.apply_model(fn)[0]

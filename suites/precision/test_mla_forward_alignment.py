@@ -23,9 +23,16 @@ def test_rollout_logprobs_match_training_forward(engine_kind, fresh_rollout, hf_
     prefill = mla.compare_logprobs(f"{engine_kind.name} prefill step vs transformers",
                                    [d[:1] for d in fresh_rollout.dist_logprobs], [t[:1] for t in training],
                                    torch.float32)
+    # The sampled tokens' log-probs are what verl compares (training/rollout_probs_diff_mean).
+    chosen_train = [t.gather(1, torch.tensor(toks)[:, None]) for t, toks in zip(training, fresh_rollout.token_ids)]
+    chosen_rollout = [torch.tensor(lp)[:, None] for lp in fresh_rollout.logprobs]
+    chosen = mla.compare_logprobs(f"{engine_kind.name} sampled-token log-probs vs transformers", chosen_rollout,
+                                  chosen_train, torch.float32)
+    probs_diff_mean = float(torch.cat([(r.exp() - t.exp()).abs() for r, t in zip(chosen_rollout, chosen_train)]).mean())
     record_property("mla.forward_alignment", {"engine": engine_kind.name, "worst_decode": decode.worst,
-                                              "worst_prefill": prefill.worst, "tol": dataclasses.asdict(decode.tol)})
-    failures = [a.message() for a in (prefill, decode) if not a.ok]
+                                              "worst_prefill": prefill.worst, "rollout_probs_diff_mean": probs_diff_mean,
+                                              "tol": dataclasses.asdict(decode.tol)})
+    failures = [a.message() for a in (prefill, decode, chosen) if not a.ok]
     assert not failures, "\n".join(failures)
 
 
