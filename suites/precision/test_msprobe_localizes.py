@@ -7,11 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness import probe
+from harness.plugin import requires
 
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.requires(packages=["msprobe"])
+@requires(packages=["msprobe"])
 def test_msprobe_names_first_divergent_op(tmp_path, record_property):
     if shutil.which("msprobe") is None:
         pytest.skip("the `msprobe` command is not on PATH (pip install mindstudio-probe)")
