@@ -77,7 +77,7 @@ def test_collector_writes_every_verdict_with_reasons_and_measurements(collected)
     assert outcomes["test_measures"].markers == ("tiny",)
     bench = outcomes["test_bench"].benchmark
     assert bench["stats"]["rounds"] == 5 and bench["stats"]["median"] > 0
-    assert report.scale == "tiny" and report.plan["model"] == "tiny-dsv3" and report.exit_status == 1
+    assert report.scale == "tiny" and report.plan["model"]["name"] == "tiny-dsv3" and report.exit_status == 1
     assert not report.passed and report.counts["failed"] == 1 and report.counts["error"] == 1
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema_version"] == SCHEMA_VERSION and doc["summary"]["total"] == 6

@@ -121,13 +121,12 @@ class ReportCollector:
 
 
 def _plan_doc(scale) -> dict | None:
+    """The scale's plan as `ascend-rl-harness plan --json` prints it (one source: model, plan, DAPO overrides)."""
     if scale is None:
         return None
-    from dataclasses import asdict
+    from harness.commands import plan_document
 
-    return {"model": scale.model.name, "hardware": scale.hardware.name, "devices": scale.devices,
-            "cards": scale.cards, "nodes": scale.nodes, "plan": asdict(scale.plan), "batch": asdict(scale.batch),
-            "targets": asdict(scale.targets), "graph_mode": scale.graph_mode}
+    return plan_document(scale)
 
 
 def publish(report: RunReport, report_dir: str | Path) -> Path:
