@@ -1,0 +1,326 @@
+"""A DAPO loop on CPU that produces real reward curves and reproduces the real rollout faults.
+
+Policy: transformers' DeepseekV3ForCausalLM (the training side, like verl's FSDP actor) built from a
+tiny ModelSpec with random weights. Rollout: an Engine (`harness.engines.reference` by default) that
+gets the actor's weights through `load_weights` before every step, as verl's weight sync does.
+Algorithm: verl's own pieces, imported, not reimplemented: DAPORewardManager (math_dapo score +
+overlong penalty), `compute_grpo_outcome_advantage`, the vanilla decoupled-clip policy loss
+(clip 0.2 / 0.28, token-mean), `compute_data_metrics`, `calculate_debug_metrics`
+(training/rollout_probs_diff_mean) and the FileLogger. Dynamic sampling drops groups whose rewards
+have no variance and samples more groups until the batch is full (DAPO).
+
+Faults (seed 001) map onto the engine's fault options:
+  stale-absorbed     W_UK_T / W_UV copied at init, never re-derived after sync (vllm-ascend; verl PR #4130)
+  dummy-no-rederive  load_format=dummy and the same stale copies: decode runs on the dummy weights forever
+  wrong-scale        MindSpeed's MLA softmax scale 1/sqrt(v_head_dim) instead of 1/sqrt(192) * mscale^2
+  no-sync            the rollout never receives the actor's weights (a broken weight sync)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness.errors import BadInput
+from harness.io import write_json_atomic
+from harness.models import TINY, ModelSpec
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """How a fault flag configures the rollout side."""
+
+    load_format: str = "real"
+    engine_fault: str | None = None  # harness.engines.reference.Fault value
+    sync: bool = True
+
+
+FAULTS: dict[str, Fault] = {
+    "none": Fault(),
+    "stale-absorbed": Fault(engine_fault="stale_copy"),
+    "dummy-no-rederive": Fault(load_format="dummy", engine_fault="stale_copy"),
+    "wrong-scale": Fault(engine_fault="scale_v_head"),
+    "no-sync": Fault(sync=False),
+}
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """One lab run. Defaults: 8 prompts x 8 samples per step, responses up to 4 tokens."""
+
+    steps: int = 30
+    seed: int = 0
+    fault: str = "none"
+    gbs: int = 8  # prompts per step (data.train_batch_size)
+    n: int = 8  # samples per prompt (rollout.n)
+    ppo_mini_batch_size: int = 4  # prompts per optimizer step: 2 updates per step, so clipping is live
+    max_response_length: int = 4
+    overlong_buffer_len: int = 2  # DAPO overlong buffer: responses longer than 4 - 2 tokens are penalised
+    overlong_penalty_factor: float = 1.0
+    max_num_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
+    temperature: float = 1.0
+    lr: float = 1e-3
+    head_scale: float = 0.1  # lm_head init x this: near-uniform first rollouts, so groups have reward variance
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    grad_clip: float = 1.0
+    layers: int = 2
+
+    def __post_init__(self):
+        if self.fault not in FAULTS:
+            raise BadInput(f"--fault {self.fault!r}: use one of {', '.join(FAULTS)}")
+        if self.steps < 1 or self.gbs < 1 or self.n < 2:
+            raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
+
+    def spec(self) -> ModelSpec:
+        from harness.lab.task import VOCAB
+
+        return dataclasses.replace(TINY.with_layers(self.layers), vocab_size=len(VOCAB), name="tiny-dsv3-lab")
+
+
+# ---------------------------------------------------------------- weights: checkpoint names <-> HF modules
+def hf_state_dict(checkpoint: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> transformers 5's DeepseekV3 state dict (routed experts fused per layer:
+    experts.gate_up_proj [E, 2I, H] = cat(gate, up), experts.down_proj [E, H, I])."""
+    out = {}
+    for name, t in checkpoint.items():
+        if ".mlp.experts." not in name:
+            out[name] = t
+    for i in range(spec.first_k_dense_replace, spec.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        e = range(spec.n_routed_experts)
+        out[p + "gate_up_proj"] = torch.stack(
+            [torch.cat([checkpoint[f"{p}{j}.gate_proj.weight"], checkpoint[f"{p}{j}.up_proj.weight"]]) for j in e])
+        out[p + "down_proj"] = torch.stack([checkpoint[f"{p}{j}.down_proj.weight"] for j in e])
+    return out
+
+
+def checkpoint_weights(model: torch.nn.Module, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    """The actor's weights by HF checkpoint name (what verl's weight sync hands the rollout); fused experts
+    are split into per-expert views, no copies."""
+    inter = spec.moe_intermediate_size
+    for name, t in model.state_dict().items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            p = name.removesuffix("gate_up_proj")
+            for j in range(t.shape[0]):
+                yield f"{p}{j}.gate_proj.weight", t[j, :inter]
+                yield f"{p}{j}.up_proj.weight", t[j, inter:]
+        elif name.endswith("mlp.experts.down_proj"):
+            p = name.removesuffix("down_proj")
+            for j in range(t.shape[0]):
+                yield f"{p}{j}.down_proj.weight", t[j]
+        else:
+            yield name, t
+
+
+def build_actor(spec: ModelSpec, seed: int, head_scale: float = 1.0):
+    """transformers DeepseekV3ForCausalLM with `random_state_dict(spec, seed)` weights (fp32, eager attention),
+    lm_head scaled by `head_scale`. Returns the model and its weights by checkpoint name."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from harness.engines.weights import random_state_dict
+
+    config = spec.to_hf_config(attn_implementation="eager")
+    with torch.device("cpu"):
+        model = DeepseekV3ForCausalLM(config)
+    checkpoint = random_state_dict(spec, seed)
+    # random_state_dict makes peaked next-token distributions (good for MLA forward checks); RL needs exploration.
+    checkpoint["lm_head.weight"] = checkpoint["lm_head.weight"] * head_scale
+    missing, unexpected = model.load_state_dict(hf_state_dict(checkpoint, spec), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"tiny actor weights do not match transformers' DeepseekV3: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    return model, checkpoint
+
+
+@contextmanager
+def _file_logger(path: Path):
+    """verl's FileLogger writing to `path` (it reads VERL_FILE_LOGGER_PATH when constructed)."""
+    from verl.utils.tracking import FileLogger
+
+    previous = os.environ.get("VERL_FILE_LOGGER_PATH")
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
+    try:
+        logger = FileLogger("ascend-rl-harness-lab", path.parent.name)
+    finally:
+        if previous is None:
+            os.environ.pop("VERL_FILE_LOGGER_PATH")
+        else:
+            os.environ["VERL_FILE_LOGGER_PATH"] = previous
+    try:
+        yield logger
+    finally:
+        logger.finish()
+
+
+def _response_logprobs(model, input_ids: torch.Tensor, prompt_len: int, responses: torch.Tensor) -> torch.Tensor:
+    """Actor log-probs of the response tokens [B, R] (causal: the padding after EOS cannot leak back)."""
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    logits = model(input_ids=input_ids).logits[:, prompt_len - 1:-1]
+    return logprobs_from_logits(logits, responses)
+
+
+def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | None = None,
+            progress: Callable[[int, dict], None] | None = None) -> Path:
+    """Run the DAPO loop; writes `metrics.jsonl` (verl FileLogger) and `meta.json` into `out_dir`.
+
+    make_engine(spec, *, weights, load_format, dtype, seed, fault) -> Engine; default the reference engine.
+    progress(step, metrics) is called after every step. Returns `out_dir`.
+    """
+    if make_engine is None:
+        from harness.engines.reference import make_reference_engine as make_engine
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fault = FAULTS[config.fault]
+    spec = config.spec()
+    threads = torch.get_num_threads()
+    # The lab's tensors are tiny: intra-op threads only add spin/sync overhead, which on a shared 2-core CI
+    # machine made steps 30x slower (measured 40-70 s/step with 2 threads under load vs ~1 s with one).
+    torch.set_num_threads(1)
+    try:
+        return _run(config, out, fault, spec, make_engine, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engine: Callable,
+         progress: Callable[[int, dict], None] | None) -> Path:
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+    from verl.utils.debug.metrics import calculate_debug_metrics
+    from verl.workers.config import ActorConfig
+    from verl.workers.reward_manager.dapo import DAPORewardManager
+
+    from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
+    from harness.metrics.ingest import package_versions
+
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
+    engine = make_engine(spec, weights=checkpoint, load_format=fault.load_format, dtype=torch.float32,
+                         seed=config.seed, fault=fault.engine_fault)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=config.lr, weight_decay=0.0)
+    actor_cfg = ActorConfig(strategy="fsdp", clip_ratio_low=config.clip_ratio_low,
+                            clip_ratio_high=config.clip_ratio_high, loss_agg_mode="token-mean",
+                            ppo_mini_batch_size=config.ppo_mini_batch_size, ppo_micro_batch_size_per_gpu=1,
+                            use_dynamic_bsz=False, rollout_n=config.n)
+    policy_loss = get_policy_loss_fn("vanilla")
+    overlong = dataclasses.make_dataclass("Overlong", ["enable", "len", "penalty_factor", "log"])(
+        True, config.overlong_buffer_len, config.overlong_penalty_factor, False)
+    reward_fn = DAPORewardManager(CharTokenizer(), num_examine=0, compute_score=compute_score,
+                                  max_resp_len=config.max_response_length, overlong_buffer_cfg=overlong)
+    R = config.max_response_length
+    meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
+            "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine")}
+    write_json_atomic(out / "meta.json", meta)
+
+    with _file_logger(out / METRICS_FILE) as logger:
+        for step in range(1, config.steps + 1):
+            t_step = time.perf_counter()
+            if fault.sync:  # verl syncs actor -> rollout weights in place before every generation
+                engine.load_weights(checkpoint_weights(actor, spec))
+            rounds, kept, t_gen, generated = [], [], 0.0, 0
+            for round_index in range(config.max_num_gen_batches):
+                prompts = make_prompts(rng, config.gbs)
+                t0 = time.perf_counter()
+                rollout = engine.sample([list(p.token_ids) for p in prompts for _ in range(config.n)], R,
+                                        temperature=config.temperature, eos_token_id=EOS_ID,
+                                        seed=config.seed * 1_000_003 + step * 101 + round_index)
+                t_gen += time.perf_counter() - t0
+                batch = _batch(prompts, rollout, config, DataProto)
+                generated += int(batch.batch["response_mask"].sum())
+                reward = reward_fn(batch, return_dict=True)["reward_tensor"]
+                batch.batch["token_level_scores"] = reward
+                batch.batch["token_level_rewards"] = reward
+                adv, ret = compute_grpo_outcome_advantage(reward, batch.batch["response_mask"],
+                                                          batch.non_tensor_batch["uid"])
+                batch.batch["advantages"], batch.batch["returns"] = adv, ret
+                rounds.append(batch)
+                scores = reward.sum(-1).view(config.gbs, config.n)
+                kept.extend((len(rounds) - 1, g) for g in range(config.gbs) if scores[g].std() > 0)
+                if len(kept) >= config.gbs:
+                    break
+            # The reward curve is the policy's: all groups of the first round, before the DAPO filter
+            # (the filtered batch holds mixed groups only, so its mean says little about the policy).
+            metrics = compute_data_metrics(rounds[0], use_critic=False)
+            everything = DataProto.concat(rounds)
+            with torch.no_grad():
+                everything.batch["old_log_probs"] = _response_logprobs(
+                    actor, everything.batch["input_ids"], everything.batch["prompts"].shape[1],
+                    everything.batch["responses"])
+            metrics.update(calculate_debug_metrics(everything))
+            metrics.update(_update(actor, optimizer, everything, kept, config, actor_cfg, policy_loss))
+            metrics["train/num_gen_batches"] = len(rounds)
+            metrics["train/kept_groups"] = min(len(kept), config.gbs)
+            metrics["timing_s/gen"] = t_gen
+            metrics["timing_s/step"] = time.perf_counter() - t_step
+            metrics["perf/throughput"] = generated / max(metrics["timing_s/step"], 1e-9)
+            logger.log(metrics, step)
+            if progress is not None:
+                progress(step, metrics)
+    if hasattr(engine, "close"):
+        engine.close()
+    return out
+
+
+def _batch(prompts, rollout, config: LabConfig, DataProto):
+    """A verl DataProto of one generation round: prompts, responses padded with EOS, masks, rollout log-probs."""
+    from harness.lab.task import EOS_ID
+
+    R, n = config.max_response_length, config.n
+    prompt_ids = torch.tensor([p.token_ids for p in prompts for _ in range(n)])
+    responses = torch.full((len(prompt_ids), R), EOS_ID, dtype=torch.long)
+    mask = torch.zeros(len(prompt_ids), R, dtype=torch.long)
+    rollout_logp = torch.zeros(len(prompt_ids), R, dtype=torch.float32)
+    for i, (ids, logps) in enumerate(zip(rollout.token_ids, rollout.logprobs)):
+        responses[i, :len(ids)] = torch.tensor(ids)
+        mask[i, :len(ids)] = 1
+        rollout_logp[i, :len(ids)] = torch.tensor(logps)
+    attention = torch.cat([torch.ones_like(prompt_ids), mask], dim=1)
+    uid = np.array([f"{i // n}-{prompts[i // n].token_ids}" for i in range(len(prompt_ids))], dtype=object)
+    return DataProto.from_dict(
+        tensors={"prompts": prompt_ids, "responses": responses, "input_ids": torch.cat([prompt_ids, responses], 1),
+                 "attention_mask": attention, "response_mask": mask, "rollout_log_probs": rollout_logp},
+        non_tensors={"uid": uid, "data_source": np.array(["lab"] * len(prompt_ids), dtype=object),
+                     "reward_model": np.array([{"ground_truth": p.ground_truth} for p in prompts for _ in range(n)],
+                                              dtype=object)})
+
+
+def _update(actor, optimizer, everything, kept, config: LabConfig, actor_cfg, policy_loss) -> dict:
+    """PPO update on the kept groups, in mini-batches of `ppo_mini_batch_size` prompts."""
+    if not kept:
+        return {}  # no group with reward variance: DAPO skips the update (nothing is logged for the actor)
+    round_size = config.gbs * config.n
+    groups = kept[:config.gbs]
+    rows = torch.tensor([r * round_size + g * config.n + k for r, g in groups for k in range(config.n)])
+    batch = everything.batch
+    per_group = config.n
+    sums: dict[str, float] = {}
+    chunks = [rows[i:i + config.ppo_mini_batch_size * per_group]
+              for i in range(0, len(rows), config.ppo_mini_batch_size * per_group)]
+    for chunk in chunks:
+        mask = batch["response_mask"][chunk]
+        logp = _response_logprobs(actor, batch["input_ids"][chunk], batch["prompts"].shape[1], batch["responses"][chunk])
+        loss, pg_metrics = policy_loss(batch["old_log_probs"][chunk], logp, batch["advantages"][chunk], mask,
+                                       loss_agg_mode="token-mean", config=actor_cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), config.grad_clip)
+        optimizer.step()
+        for key, value in {"actor/pg_loss": float(loss.detach()), "actor/grad_norm": float(grad_norm),
+                           **pg_metrics}.items():
+            sums[key] = sums.get(key, 0.0) + value
+    out = {k: v / len(chunks) for k, v in sums.items()}
+    out["actor/lr"] = config.lr
+    return out
