@@ -105,11 +105,10 @@ def derive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> tuple[torch.T
     """(W_UK_T [N,P,L], W_UV [N,L,V]) as VIEWS of kv_b_proj.weight [N*(P+V), L], exactly as upstream vLLM's
     `split_kv_b_proj` + `process_weights_after_loading` (`.T.view(L, N, P+V).split`, no copy)."""
     n, p, v, lat = spec.num_attention_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
-    w = kv_b_weight.T
-    if tuple(w.shape) != (lat, n * (p + v)):
+    if tuple(kv_b_weight.shape) != (n * (p + v), lat):
         raise ValueError(f"kv_b_proj weight {tuple(kv_b_weight.shape)} does not match {spec.name}: "
                          f"expected {(n * (p + v), lat)}")
-    w_uk, w_uv = w.view(lat, n, p + v).split([p, v], dim=-1)
+    w_uk, w_uv = kv_b_weight.T.view(lat, n, p + v).split([p, v], dim=-1)
     return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
 
 
