@@ -17,10 +17,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import operator
 import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+import orjson
 
 from harness.errors import BadInput
 from harness.metrics.run import Run, RunMeta, Series
@@ -94,7 +97,10 @@ def read_filelogger(path: Path, issues: _Issues) -> list[Record]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            try:
+                obj = orjson.loads(line)  # 3-5x faster than json; the FileLogger itself writes with orjson
+            except orjson.JSONDecodeError:
+                obj = json.loads(line)  # json.dumps-written logs may hold NaN/Infinity tokens orjson rejects
             step, data = obj["step"], obj["data"]
             if not isinstance(step, int) or not isinstance(data, dict):
                 raise ValueError("step must be an int and data an object")
@@ -104,11 +110,18 @@ def read_filelogger(path: Path, issues: _Issues) -> list[Record]:
             else:
                 issues.fatal(where, f"corrupt line, not a FileLogger record ({exc})")
             continue
-        values = {}
-        for key, raw in data.items():
-            value = _number(raw, where, key, issues)
-            if value is not None:
-                values[key] = value
+        try:  # the common case in one C-level pass: a NaN/inf anywhere makes the sum non-finite
+            fast = math.isfinite(sum(data.values()))  # (None or a string raises TypeError)
+        except TypeError:
+            fast = False
+        if fast:
+            values = data
+        else:
+            values = {}
+            for key, raw in data.items():
+                value = _number(raw, where, key, issues)
+                if value is not None:
+                    values[key] = value
         records.append(Record(step, values, where))
     return records
 
@@ -376,15 +389,19 @@ def load_run(*paths: str | Path, name: str | None = None, strict: bool = True) -
         raise BadInput(f"{', '.join(map(str, sources))}: no metric records (no `step` lines); is this a verl log?")
     merged = _assemble([p for p, _ in read], [r for _, r in read], issues)
     steps = sorted(merged)
-    columns: dict[str, tuple[list[int], list[float]]] = {}
-    for step in steps:
-        for key, value in merged[step].values.items():
-            column = columns.get(key)
-            if column is None:
-                column = columns[key] = ([], [])
-            column[0].append(step)
-            column[1].append(value)
-    series = {key: Series(tuple(s), tuple(v)) for key, (s, v) in columns.items()}
+    records = [merged[s].values for s in steps]
+    if records[0] and all(r.keys() == records[0].keys() for r in records):  # same keys every step: column-wise
+        all_steps, keys = tuple(steps), list(records[0])
+        rows = map(operator.itemgetter(*keys), records) if len(keys) > 1 else ((r[keys[0]],) for r in records)
+        series = {key: Series(all_steps, column) for key, column in zip(keys, zip(*rows))}
+    else:
+        columns: dict[str, tuple[list[int], list[float]]] = {}
+        for step, values in zip(steps, records):
+            for key, value in values.items():
+                column = columns.setdefault(key, ([], []))
+                column[0].append(step)
+                column[1].append(value)
+        series = {key: Series(tuple(s), tuple(v)) for key, (s, v) in columns.items()}
     default_name = resolved[0].name if resolved[0].is_dir() else resolved[0].stem
     meta = _meta(resolved, sources, issues.warnings)
     return Run(name or meta.extra.pop("name", None) or default_name, series, meta)
