@@ -21,7 +21,7 @@ SUITE = textwrap.dedent('''
     @pytest.mark.tiny
     def test_measures(record_property):
         record_property("throughput", {"tps_per_card": 123.2, "tps_per_device": 61.6})
-        record_property("memory.phases", [{"scale": "tiny", "phase": "update", "peak": 1.5, "budget": 2.0, "fits": True}])
+        record_property("memory.phases", [{"scale": "tiny", "phase": "update", "components_gib": {"weights": 1.5}, "peak_gib": 1.5, "budget_gib": 2.0, "fits": True}])
 
     @pytest.mark.tiny
     def test_fails():

@@ -77,18 +77,17 @@ def plot_graph_mode(doc: dict) -> str:
     return _png(fig)
 
 
-def plot_curve(verdict: dict) -> str:
-    """One metric per step with the baseline band (low..high) and mean."""
+def plot_curve(metric: str, series: dict) -> str:
+    """One metric per step: the baseline band (lo..hi) and center, and this run (harness.curves.band_series)."""
     fig, ax = _figure()
-    base = verdict.get("baseline") or {}
-    if base.get("steps") and base.get("low") and base.get("high"):
-        ax.fill_between(base["steps"], base["low"], base["high"], color="tab:blue", alpha=0.2, label="baseline band")
-    if base.get("steps") and base.get("mean"):
-        ax.plot(base["steps"], base["mean"], color="tab:blue", lw=1, label="baseline mean")
-    ax.plot(verdict["steps"], verdict["values"], "o-", color="tab:orange" if verdict.get("passed") else "tab:red",
-            ms=3, label="this run")
+    if series.get("steps") and series.get("lo") and series.get("hi"):
+        ax.fill_between(series["steps"], series["lo"], series["hi"], color="tab:blue", alpha=0.2, label="baseline band")
+    if series.get("steps") and series.get("center"):
+        ax.plot(series["steps"], series["center"], color="tab:blue", lw=1, label="baseline center")
+    values = [float("nan") if v is None else v for v in series.get("candidate", [])]
+    ax.plot(series.get("candidate_steps", []), values, "o-", color="tab:orange", ms=3, label="this run")
     ax.set_xlabel("step")
-    ax.set_ylabel(verdict.get("metric", "value"))
+    ax.set_ylabel(metric)
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
@@ -98,18 +97,18 @@ def plot_memory(phases: list[dict]) -> str:
     fig, ax = _figure()
     labels = [f"{p.get('scale', '')}\n{p.get('phase', '?')}" for p in phases]
     xs = range(len(phases))
-    components = sorted({c for p in phases for c in (p.get("components") or {})})
+    components = sorted({c for p in phases for c in (p.get("components_gib") or {})})
     if components:
         bottom = [0.0] * len(phases)
         for comp in components:
-            vals = [float((p.get("components") or {}).get(comp, 0.0)) for p in phases]
+            vals = [float((p.get("components_gib") or {}).get(comp, 0.0)) for p in phases]
             ax.bar(xs, vals, bottom=bottom, label=comp)
             bottom = [b + v for b, v in zip(bottom, vals)]
     else:
-        ax.bar(xs, [float(p.get("peak", 0.0)) for p in phases], label="peak")
+        ax.bar(xs, [float(p.get("peak_gib", 0.0)) for p in phases], label="peak")
     for x, p in zip(xs, phases):
-        if p.get("budget") is not None:
-            ax.hlines(float(p["budget"]), x - 0.4, x + 0.4, colors="tab:red", linestyles="--")
+        if p.get("budget_gib") is not None:
+            ax.hlines(float(p["budget_gib"]), x - 0.4, x + 0.4, colors="tab:red", linestyles="--")
     ax.plot([], [], "r--", label="budget")
     ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("GiB per device")
@@ -172,13 +171,18 @@ def _graph_mode_html(report: RunReport) -> list[str]:
 def _curves_html(report: RunReport) -> list[str]:
     out = []
     for nodeid, verdicts in report.properties("curves.verdicts"):
-        for v in verdicts if isinstance(verdicts, list) else [verdicts]:
-            title = f"{v.get('metric', '?')}: {'pass' if v.get('passed') else 'FAIL'}"
-            out.append(f"<h3>{html.escape(title)} <small>{html.escape(nodeid)}</small></h3>")
-            if v.get("message"):
-                out.append(f"<p>{html.escape(str(v['message']))}</p>")
-            if v.get("steps") and v.get("values"):
-                out.append(_img(plot_curve(v), title))
+        rows = [[html.escape(str(v.get("metric", ""))), html.escape(str(v.get("statistic", ""))),
+                 {True: '<span class="passed">ok</span>', False: '<span class="failed">FAIL</span>'}.get(
+                     v.get("passed"), '<span class="skipped">not evaluated</span>'),
+                 html.escape(str(v.get("where", ""))), html.escape(str(v.get("detail", "")))]
+                for v in (verdicts if isinstance(verdicts, list) else [verdicts]) if isinstance(v, dict)]
+        if rows:
+            out += [f"<h3>{html.escape(nodeid)}</h3>",
+                    _table(["metric", "statistic", "verdict", "where", "detail"], rows)]
+    for nodeid, series in report.properties("curves.series"):
+        for metric, data in (series.items() if isinstance(series, dict) else ()):
+            if isinstance(data, dict) and data.get("candidate_steps"):
+                out.append(_img(plot_curve(metric, data), f"{metric} {nodeid}"))
     return out
 
 
@@ -186,8 +190,8 @@ def _memory_html(report: RunReport) -> list[str]:
     phases = [p for _, value in report.properties("memory.phases") for p in (value if isinstance(value, list) else [value])]
     if not phases:
         return []
-    rows = [[html.escape(str(p.get("scale", ""))), html.escape(str(p.get("phase", ""))), _fmt(p.get("peak", "")),
-             _fmt(p.get("budget", "")), '<span class="passed">fits</span>' if p.get("fits") else
+    rows = [[html.escape(str(p.get("scale", ""))), html.escape(str(p.get("phase", ""))), _fmt(p.get("peak_gib", "")),
+             _fmt(p.get("budget_gib", "")), '<span class="passed">fits</span>' if p.get("fits") else
              '<span class="failed">exceeds</span>'] for p in phases]
     return [_table(["scale", "phase", "peak GiB", "budget GiB", "verdict"], rows), _img(plot_memory(phases), "memory per phase")]
 
@@ -227,7 +231,7 @@ def render_html(report: RunReport) -> str:
     if bench:
         parts += ["<h2>Benchmarks</h2>", _table(["benchmark", "median ms", "mean ms", "stddev ms", "rounds", "ops/s"],
                                                  bench, "benchmarks")]
-    known = {"throughput", "throughput.graph_mode", "curves.verdicts", "memory.phases"}
+    known = {"throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases"}
     other = [[html.escape(t.nodeid), html.escape(k), f"<pre>{html.escape(json.dumps(v, indent=1)[:4000])}</pre>"]
              for t in report.tests for k, v in t.properties.items() if k not in known]
     if other:

@@ -3,10 +3,12 @@ machine and commit), written atomically; loaders refuse versions they do not kno
 
 Suites attach measurements with pytest's `record_property(name, value)`; the report keeps them per test
 (`TestVerdict.properties`) and the renderer draws the ones it knows by name:
-  "throughput"     Throughput.to_dict() (+ optional "target", "roofline": Roofline.to_dict())
-  "memory.phases"  [{"scale", "phase", "peak" (GiB), "budget" (GiB), "fits", "components": {name: GiB}}]
-  "curves.verdicts" [{"metric", "passed", "steps", "values", optional "baseline": {"steps", "low", "high"
-                     [, "mean"]}, optional "message"}]
+  "throughput"            Throughput.to_dict() (+ "target", "roofline": Roofline.to_dict())
+  "throughput.graph_mode" {"platform", "eager", "graph": DecodeSpeed.to_dict(), "speedup", "tolerance"}
+  "memory.phases"         [harness.memory PhaseMemory.to_json(): scale, phase, components_gib, peak_gib,
+                           budget_gib, fits, ...]
+  "curves.verdicts"       [harness.curves Verdict.to_json(): metric, statistic, passed, where, detail, ...]
+  "curves.series"         harness.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps, candidate}}
 and lists every other property as JSON.
 """
 from __future__ import annotations
