@@ -12,6 +12,7 @@ import json
 import pytest
 
 from harness.cli import main
+from harness.errors import BadInput
 from harness.hardware import PROFILES
 from harness.metrics.ingest import load_run
 from harness.metrics.throughput import check_regression, check_target, throughput
@@ -193,3 +194,16 @@ def test_graph_not_slower_check_fails_when_graph_mode_is_slower():
     assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.525, 0.53)), tol).passed
     verdict = check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.625, 0.64, 0.70)), tol)
     assert not verdict.passed and "speedup 0.80x" in verdict.message
+
+
+def test_a_perf_throughput_not_computed_as_verl_does_is_refused(tmp_path):
+    # Seeded bug: a log whose perf/throughput counts generated tokens only, per step, not per device
+    # (total tokens / (step time x devices)); every per-card figure derived from it would be wrong.
+    steps = []
+    for step_time in (10.0, 11.0):
+        steps.append({"timing_s/step": step_time, "prompt_length/mean": 21.3, "response_length/mean": 4.2,
+                      "perf/throughput": 64 * 4.2 / step_time})
+    path = tmp_path / "lab.jsonl"
+    _log_with_verl(path, steps)
+    with pytest.raises(BadInput, match=r"perf/throughput is not tokens / \(step time x devices\).*implies 6.07 devices"):
+        throughput(load_run(path), PROFILES["cpu"], devices=1, sequences=64)

@@ -109,11 +109,17 @@ def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], device
     implied = [tokens[s] / (times[s] * logged[s]) for s in logged if s in tokens and s in times and logged[s] > 0]
     if not implied:
         return devices if devices is not None else _no_overlap(run)
-    verl_devices = round(statistics.median(implied))
+    estimate = statistics.median(implied)
+    verl_devices = round(estimate)
+    unit = "dies" if profile.dies_per_card > 1 else "devices"
+    if verl_devices < 1 or abs(estimate - verl_devices) > DEVICE_COUNT_RTOL * max(verl_devices, 1):
+        # not an integer device count: the tokens counted here are not the ones the log's perf/throughput used
+        raise BadInput(f"run {run.name!r}: its {VERL_THROUGHPUT} is not tokens / (step time x devices) for the tokens "
+                       f"counted here (it implies {estimate:.3g} devices); check --sequences (GBS x n) or log "
+                       f"{TOKENS} as verl's compute_throughout_metrics does")
     if devices is None:
         return verl_devices
     if abs(devices - verl_devices) > DEVICE_COUNT_RTOL * verl_devices:
-        unit = "dies" if profile.dies_per_card > 1 else "devices"
         raise BadInput(f"--devices {devices} disagrees with the run's {VERL_THROUGHPUT}, which verl computed with "
                        f"{verl_devices} devices; pass the torch device count ({unit} on {profile.name}: "
                        f"{profile.dies_per_card} per card)")
