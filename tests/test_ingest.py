@@ -174,6 +174,10 @@ def test_meta_json_beside_logs(tmp_path, monkeypatch):
     write_filelogger(tmp_path / "m.jsonl", range(1, 3), monkeypatch)
     (tmp_path / "meta.json").write_text('{"name": "lab-s0", "scale": "tiny", "hardware": "cpu", '
                                         '"versions": {"verl": "0.9.1"}, "seed": 0}')
+    # not metrics: verl's trainer.rollout_data_dir generation dumps and config files
+    (tmp_path / "rollout_data").mkdir()
+    (tmp_path / "rollout_data" / "1.jsonl").write_text('{"input": "1+1=", "output": "2", "score": 1.0, "step": 1}\n')
+    (tmp_path / "config.json").write_text('{"trainer": {}}')
     run = load_run(tmp_path)
     assert (run.name, run.meta.scale, run.meta.versions["verl"], run.meta.extra["seed"]) == ("lab-s0", "tiny",
                                                                                              "0.9.1", 0)

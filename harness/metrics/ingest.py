@@ -290,13 +290,13 @@ _PREFERENCE = ("filelogger", "tensorboard", "wandb", "console")  # one run logge
 
 def _run_files(directory: Path, issues: _Issues) -> list[Path]:
     found: dict[str, list[Path]] = {}
-    for path in sorted(directory.rglob("*")):
-        if not path.is_file() or path.name == META_FILE or path.name.startswith("."):
-            continue
-        kind = _kind(path)
-        if kind == "console" and path.suffix not in (".log", ".txt", ".out"):
-            continue
-        found.setdefault(kind, []).append(path)
+    # Logs sit at the top of a run directory; only TensorBoard nests (tensorboard_log/<project>/<exp>/).
+    # Deeper *.jsonl are not metrics (verl's trainer.rollout_data_dir dumps generations as <step>.jsonl),
+    # nor are other *.json files (configs, reports).
+    top = [p for p in directory.iterdir() if p.suffix in (".jsonl", ".csv", ".log", ".txt", ".out")]
+    for path in sorted({*top, *directory.rglob("*tfevents*")}):
+        if path.is_file() and not path.name.startswith("."):
+            found.setdefault(_kind(path), []).append(path)
     for kind in _PREFERENCE:
         if kind in found:
             others = [p for k, ps in found.items() if k != kind for p in ps]
