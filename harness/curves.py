@@ -79,8 +79,10 @@ def band(metric: str, cand: Series, ref: MetricBaseline) -> Verdict:
     worst = max(rows, key=lambda r: (abs(r[1] - r[2]) - r[3]) if math.isfinite(r[1]) else math.inf)
     s, c, r, h = worst
     passed = len(outside) <= allowed and not nonfinite
+    excess = abs(c - r) - h
+    margin = f"{excess:.3g} beyond the band" if not excess <= 0 else f"inside the band by {-excess:.3g}"
     detail = (f"{len(outside)} of {len(rows)} steps outside the band (allowed {allowed}); worst step {s}: "
-              f"{c:.4g} vs {r:.4g} +- {h:.3g} (off by {abs(c - r) - h:+.3g} beyond the band)")
+              f"{c:.4g} vs {r:.4g} +- {h:.3g} ({margin})")
     if nonfinite:
         detail += f"; non-finite at steps {nonfinite[:5]}"
     return Verdict(metric, "band", passed, abs(c - r), r, h, f"step {s}", detail)
