@@ -97,6 +97,7 @@ def _dump_main(args: argparse.Namespace) -> None:
     from harness.models import TINY
 
     seed_all(seed=1234, mode=True)
+    torch.set_num_threads(1)  # tiny shapes: see harness.engines.base.torch_threads
     engine = ReferenceEngine(TINY, random_state_dict(TINY, args.seed), fault=args.fault)
     debugger = PrecisionDebugger(task="statistics", dump_path=args.out, level="L1")
     debugger.start()

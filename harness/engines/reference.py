@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import mla
-from harness.engines.base import Engine, MLALayer, Rollout
+from harness.engines.base import Engine, MLALayer, Rollout, torch_threads
 from harness.engines.weights import checkpoint_shapes, read_model_dir
 from harness.errors import BadInput
 from harness.models import ModelSpec
@@ -93,6 +93,7 @@ class ReferenceEngine(Engine):
     """
 
     supports_sleep = True
+    num_threads = 1  # torch threads while sampling: tiny shapes are fastest, and load-proof, on one (torch_threads)
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
@@ -277,10 +278,13 @@ class ReferenceEngine(Engine):
 
         return self._layers(x, attn), latents
 
-    @torch.no_grad()
     def sample(self, prompt_token_ids: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
                seed: int | None = None, full_logprobs: bool = False,
                eos_token_id: int | None = None) -> Rollout:
+        with torch.no_grad(), torch_threads(self.num_threads):
+            return self._sample(prompt_token_ids, max_tokens, temperature, seed, full_logprobs, eos_token_id)
+
+    def _sample(self, prompt_token_ids, max_tokens, temperature, seed, full_logprobs, eos_token_id) -> Rollout:
         if self._asleep:
             raise RuntimeError(f"{self.name} is asleep: call wake_up() (and load_weights after sleep level 2)")
         if not prompt_token_ids or any(len(p) == 0 for p in prompt_token_ids):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from harness.engines.base import torch_threads
 from harness.engines.weights import write_model_dir
 from harness.models import ModelSpec
 
@@ -54,7 +55,8 @@ class HFTrainingModel:
         """log-softmax [len(response), vocab] at the positions that predict each response token — what the actor
         computes for the rollout's tokens (teacher forcing)."""
         ids = torch.tensor([prompt + response])
-        logits = self.model(ids).logits[0].float()
+        with torch_threads(1):  # tiny shapes (see harness.engines.base.torch_threads)
+            logits = self.model(ids).logits[0].float()
         return logits[len(prompt) - 1: len(prompt) - 1 + len(response)].log_softmax(-1)
 
 
