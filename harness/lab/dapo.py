@@ -174,7 +174,8 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
             progress: Callable[[int, dict], None] | None = None) -> Path:
     """Run the DAPO loop; writes `metrics.jsonl` (verl FileLogger) and `meta.json` into `out_dir`.
 
-    make_engine(spec, *, weights, load_format, dtype, seed, fault) -> Engine; default the reference engine.
+    make_engine(spec, *, weights, load_format, dtype, seed[, fault]) -> Engine (the `--engine` factory signature);
+    default the reference engine, which also takes the injected `fault`.
     progress(step, metrics) is called after every step. Returns `out_dir`.
     """
     if make_engine is None:
@@ -208,8 +209,10 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
+    # `fault` only for an injected fault: other engines (--engine) take the plain factory signature.
+    injected = {"fault": fault.engine_fault} if fault.engine_fault else {}
     engine = make_engine(spec, weights=checkpoint, load_format=fault.load_format, dtype=torch.float32,
-                         seed=config.seed, fault=fault.engine_fault)
+                         seed=config.seed, **injected)
     optimizer = torch.optim.AdamW(actor.parameters(), lr=config.lr, weight_decay=0.0)
     actor_cfg = ActorConfig(strategy="fsdp", clip_ratio_low=config.clip_ratio_low,
                             clip_ratio_high=config.clip_ratio_high, loss_agg_mode="token-mean",
