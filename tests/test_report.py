@@ -3,6 +3,7 @@ HTML/Markdown renderers, the trend's regression detection and the `report` CLI."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -56,9 +57,11 @@ def collected(tmp_path_factory):
     root = tmp_path_factory.mktemp("collect")
     (root / "test_suite.py").write_text(SUITE)
     out = root / "report"
+    # without the outer session's PYTEST_XDIST_WORKER etc.: pytest-benchmark would switch itself off
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny",
                            "--report-dir", str(out), "test_suite.py"], cwd=root, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
     return proc, out
 
 
