@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.io import read_json
 from harness.metrics.run import Run
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -74,12 +74,8 @@ class SaveCheck:
 def read_weight_map(index_path: str | os.PathLike) -> dict[str, str]:
     """`weight_map` (key -> shard file name) of a safetensors index; BadInput naming the file if unusable."""
     path = Path(index_path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such index; point at the model directory's {INDEX_FILE}") from None
-    except ValueError as exc:
-        raise BadInput(f"{path}: not JSON ({exc}); the index is truncated or corrupt, copy it again") from None
+    doc = read_json(path, missing=f"no such index; point at the model directory's {INDEX_FILE}",
+                    corrupt="the index is truncated or corrupt, copy it again")
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise BadInput(f"{path}: no `weight_map` object; is this a safetensors index?")

@@ -11,11 +11,17 @@ from harness.plans import PlanError
 from harness.scales import SCALES, Scale, get_scale
 
 
-def _scale_arg(name: str) -> Scale:
+def scale_arg(name: str) -> Scale:
+    """`--scale NAME` of every subcommand: the registered scale, its plan validated (BadInput naming the rule)."""
     try:
-        return get_scale(name)
+        scale = get_scale(name)
     except KeyError as exc:
         raise BadInput(f"--scale: {exc.args[0]}") from None
+    try:
+        scale.validate()
+    except PlanError as exc:
+        raise BadInput(f"--scale {scale.name}: {exc}") from None
+    return scale
 
 
 def cmd_scales(args: argparse.Namespace) -> int:
@@ -67,11 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from harness import dapo
 
-    scale = _scale_arg(args.scale)
-    try:
-        scale.validate()
-    except PlanError as exc:
-        raise BadInput(f"scale {scale.name}: {exc}") from None
+    scale = scale_arg(args.scale)
     doc = plan_document(scale, model_path=args.model_path, data_dir=args.data_dir)
     recipe = dapo.recipe(scale, model_path=args.model_path, data_dir=args.data_dir)
     if args.validate:

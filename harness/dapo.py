@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from harness.errors import BadInput
-from harness.hardware import DETERMINISTIC_ENV
+from harness.hardware import DETERMINISTIC_ENV, module_exists
 from harness.plans import TrainParallel
 from harness.scales import Scale
 
@@ -247,14 +247,6 @@ def check_verl_version() -> str:
         raise BadInput(f"verl {installed} is installed but the DAPO recipe targets verl {VERL_VERSION} "
                        f"(its config keys differ between releases): pip install --no-deps verl=={VERL_VERSION}")
     return installed
-
-
-def module_exists(module: str) -> bool:
-    """Is `module` importable (found without importing it)? A missing parent package counts as missing."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def _verl_config_dir() -> str:

@@ -86,9 +86,18 @@ def profile_for_device_name(kind: str, device_name: str) -> HardwareProfile:
     return PROFILES["cpu"]
 
 
+def module_exists(name: str) -> bool:
+    """Is `name` importable, found without importing it? A missing parent package counts as missing
+    (find_spec("megatron.core") raises ModuleNotFoundError when `megatron` is absent)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def npu_available() -> bool:
     """True when torch_npu imports and sees a device. Never imports torch_npu if it is absent."""
-    if importlib.util.find_spec("torch_npu") is None:
+    if not module_exists("torch_npu"):
         return False
     try:
         torch_npu = importlib.import_module("torch_npu")

@@ -1,4 +1,4 @@
-"""Atomic file writes: results are written to a temporary file beside the target and renamed into place,
+"""Reading user-supplied JSON with one-line errors, and atomic file writes: results are written to a temporary file beside the target and renamed into place,
 so a crash or a full disk never leaves a half-written report, baseline or run file."""
 from __future__ import annotations
 
@@ -6,6 +6,20 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+
+def read_json(path: str | os.PathLike, *, missing: str, corrupt: str = "truncated or corrupt; write it again"):
+    """Parse a JSON file the user pointed at; BadInput names the file and what to do when it is absent
+    (`missing`) or not JSON (`corrupt`)."""
+    from harness.errors import BadInput
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, IsADirectoryError):
+        raise BadInput(f"{path}: {missing}") from None
+    except ValueError as exc:
+        raise BadInput(f"{path}: not JSON ({exc}); {corrupt}") from None
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:

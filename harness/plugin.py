@@ -7,7 +7,6 @@ naming what is missing, so a nightly run can never go green by skipping.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 
@@ -73,17 +72,9 @@ class Need:
         if self.cluster and not cluster.get("address"):
             out.append("a Ray cluster (--ray-address)")
         for pkg in sorted(self.packages):
-            if not _package_present(pkg):
+            if not hw.module_exists(pkg):
                 out.append(f"package {pkg} (pip install it; see requirements/)")
         return out
-
-
-def _package_present(name: str) -> bool:
-    # find_spec("megatron.core") raises ModuleNotFoundError when the parent package is missing.
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def tier_need(scale: Scale) -> Need:

@@ -12,6 +12,7 @@ import pytest
 
 from harness import dapo
 from harness.cli import main
+from harness.hardware import module_exists
 from harness.models import DEEPSEEK_V3
 from harness.scales import SCALES, get_scale
 
@@ -65,7 +66,7 @@ def test_verl_cli_is_a_runnable_command_line(capsys, fake_python, scale):
     # the shell hands verl exactly the overrides (quoting of `|`, `*`, `[...]` survives) and the env
     assert seen["argv"] == ["-m", recipe.entrypoint, *recipe.overrides]
     assert {k: seen["env"].get(k) for k in recipe.env} == dict(recipe.env)
-    assert dapo.module_exists(seen["argv"][1]), "the entrypoint module is not in the installed verl"
+    assert module_exists(seen["argv"][1]), "the entrypoint module is not in the installed verl"
 
 
 def test_plan_text_ends_with_a_verdict(capsys):

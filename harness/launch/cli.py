@@ -14,9 +14,9 @@ from harness.errors import BadInput
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from harness.commands import _scale_arg
+    from harness.commands import scale_arg
 
-    scale = _scale_arg(args.scale)
+    scale = scale_arg(args.scale)
     if args.k8s:
         from harness.launch.k8s import manifest_yaml
 

@@ -14,14 +14,9 @@ from harness.memory.model import PHASES, MemoryOptions, PhaseMemory, plan_memory
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from harness.commands import _scale_arg
-    from harness.plans import PlanError
+    from harness.commands import scale_arg
 
-    scale = _scale_arg(args.scale)
-    try:
-        scale.validate()
-    except PlanError as exc:
-        raise BadInput(f"--scale {scale.name}: {exc}") from None
+    scale = scale_arg(args.scale)
     if args.gbs is not None:
         if args.gbs < 1:
             raise BadInput(f"--gbs {args.gbs}: must be a positive number of prompts per step")

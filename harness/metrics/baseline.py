@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import write_json_atomic
+from harness.io import read_json, write_json_atomic
 from harness.metrics.run import Run, Series
 
 SCHEMA = "ascend-rl-harness/baseline"
@@ -207,12 +206,8 @@ def is_baseline_file(path: str | Path) -> bool:
 def load_baseline(path: str | Path) -> Baseline:
     """Load a golden file; refuses unknown schema versions with a clear message."""
     path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"{path}: no such baseline; record one with `ascend-rl-harness baseline record RUN... --out {path}`")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise BadInput(f"{path}: not JSON ({exc})") from None
+    doc = read_json(path, missing=f"no such baseline; record one with `ascend-rl-harness baseline record RUN... --out {path}`",
+                    corrupt="re-record it with `ascend-rl-harness baseline record`")
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadInput(f"{path}: not an ascend-rl-harness baseline (schema {SCHEMA!r} missing)")
     if doc.get("schema_version") != SCHEMA_VERSION:

@@ -83,14 +83,20 @@ def _number(raw, where: str, key: str, issues: _Issues) -> float | None:
     return None
 
 
-# ---------------------------------------------------------------- verl FileLogger jsonl
-def read_filelogger(path: Path, issues: _Issues) -> list[Record]:
-    """verl FileLogger lines: {"step": N, "data": {"critic/rewards/mean": ..., ...}}."""
+def _read_lines(path: Path) -> tuple[list[str], bool]:
+    """The file's lines, and whether its last line was complete (a crash mid-write leaves it without "\\n")."""
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     complete = text.endswith("\n")
     if complete:
         lines.pop()
+    return lines, complete
+
+
+# ---------------------------------------------------------------- verl FileLogger jsonl
+def read_filelogger(path: Path, issues: _Issues) -> list[Record]:
+    """verl FileLogger lines: {"step": N, "data": {"critic/rewards/mean": ..., ...}}."""
+    lines, complete = _read_lines(path)
     records = []
     for number, line in enumerate(lines, 1):
         where = f"{path}:{number}"
@@ -134,11 +140,7 @@ _WRAPPED = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor)\((.*)\)$")
 
 def read_console(path: Path, issues: _Issues) -> list[Record]:
     """verl console metrics (`step:N - key:val - ...`, verl.utils.logger.aggregate_logger); other lines ignored."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    complete = text.endswith("\n")
-    if complete:
-        lines.pop()
+    lines, complete = _read_lines(path)
     records = []
     for number, line in enumerate(lines, 1):
         match = _CONSOLE.search(line.rstrip("\r"))

@@ -14,7 +14,6 @@ and lists every other property as JSON.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import socket
@@ -24,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import write_json_atomic
+from harness.io import read_json, write_json_atomic
 
 SCHEMA = "ascend-rl-harness/report"
 SCHEMA_VERSION = 1
@@ -195,10 +194,6 @@ def report_from_dict(doc: dict, source: str = "<dict>") -> RunReport:
 def load_report(path: str | os.PathLike) -> RunReport:
     """Read a report JSON; BadInput (one line naming the file) if missing, not JSON, or of an unknown version."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such report; pass the report.json a run wrote (--report-dir)") from None
-    except ValueError as exc:
-        raise BadInput(f"{path}: not JSON ({exc}); was the run interrupted while writing it?") from None
+    doc = read_json(path, missing="no such report; pass the report.json a run wrote (--report-dir)",
+                    corrupt="was the run interrupted while writing it?")
     return report_from_dict(doc, str(path))
