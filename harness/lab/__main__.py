@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         with Progress() as bar:
             task = bar.add_task(f"DAPO lab seed {args.seed} fault {args.fault}", total=config.steps)
             run_lab(config, args.out, make_engine=make_engine, progress=lambda step, m: bar.update(
-                task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f}"))
+                task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f} "
+                                                  f"{m['perf/throughput']:.0f} TPS/device"))
     except BadInput as exc:
         print(f"python -m harness.lab: error: {exc}", file=sys.stderr)
         return 2

@@ -6,8 +6,10 @@ gets the actor's weights through `load_weights` before every step, as verl's wei
 Algorithm: verl's own pieces, imported, not reimplemented: DAPORewardManager (math_dapo score +
 overlong penalty), `compute_grpo_outcome_advantage`, the vanilla decoupled-clip policy loss
 (clip 0.2 / 0.28, token-mean), `compute_data_metrics`, `calculate_debug_metrics`
-(training/rollout_probs_diff_mean) and the FileLogger. Dynamic sampling drops groups whose rewards
-have no variance and samples more groups until the batch is full (DAPO).
+(training/rollout_probs_diff_mean), `compute_timing_metrics` / `compute_throughout_metrics` (timing_s/*,
+perf/total_num_tokens, perf/throughput over phases timed with verl's `marked_timer`, n_gpus = 1) and the
+FileLogger. Dynamic sampling drops groups whose rewards have no variance and samples more groups until the
+batch is full (DAPO).
 
 Faults (seed 001) map onto the engine's fault options:
   stale-absorbed     W_UK_T / W_UV copied at init, never re-derived after sync (vllm-ascend; verl PR #4130)
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from harness.io import write_json_atomic
 from harness.models import TINY, ModelSpec
 
 METRICS_FILE = "metrics.jsonl"
+# verl's n_gpus for compute_throughout_metrics: the lab trains and rolls out in one CPU process (meta.json
+# records the same count as "devices").
+N_DEVICES = 1
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,8 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
          progress: Callable[[int, dict], None] | None) -> Path:
     from verl import DataProto
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
-    from verl.trainer.ppo.metric_utils import compute_data_metrics
+    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+    from verl.utils.debug import marked_timer
     from verl.utils.debug.metrics import calculate_debug_metrics
     from verl.workers.config import ActorConfig
     from verl.workers.reward_manager.dapo import DAPORewardManager
@@ -224,51 +229,61 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
     reward_fn = DAPORewardManager(CharTokenizer(), num_examine=0, compute_score=compute_score,
                                   max_resp_len=config.max_response_length, overlong_buffer_cfg=overlong)
     R = config.max_response_length
-    meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
+    meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": N_DEVICES, "versions": package_versions(),
             "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine")}
     write_json_atomic(out / "meta.json", meta)
 
     with _file_logger(out / METRICS_FILE) as logger:
         for step in range(1, config.steps + 1):
-            t_step = time.perf_counter()
-            if fault.sync:  # verl syncs actor -> rollout weights in place before every generation
-                engine.load_weights(checkpoint_weights(actor, spec))
-            rounds, kept, t_gen, generated = [], [], 0.0, 0
-            for round_index in range(config.max_num_gen_batches):
-                prompts = make_prompts(rng, config.gbs)
-                t0 = time.perf_counter()
-                rollout = engine.sample([list(p.token_ids) for p in prompts for _ in range(config.n)], R,
-                                        temperature=config.temperature, eos_token_id=EOS_ID,
-                                        seed=config.seed * 1_000_003 + step * 101 + round_index)
-                t_gen += time.perf_counter() - t0
-                batch = _batch(prompts, rollout, config, DataProto)
-                generated += int(batch.batch["response_mask"].sum())
-                reward = reward_fn(batch, return_dict=True)["reward_tensor"]
-                batch.batch["token_level_scores"] = reward
-                batch.batch["token_level_rewards"] = reward
-                adv, ret = compute_grpo_outcome_advantage(reward, batch.batch["response_mask"],
-                                                          batch.non_tensor_batch["uid"])
-                batch.batch["advantages"], batch.batch["returns"] = adv, ret
-                rounds.append(batch)
-                scores = reward.sum(-1).view(config.gbs, config.n)
-                kept.extend((len(rounds) - 1, g) for g in range(config.gbs) if scores[g].std() > 0)
-                if len(kept) >= config.gbs:
-                    break
-            # The reward curve is the policy's: all groups of the first round, before the DAPO filter
-            # (the filtered batch holds mixed groups only, so its mean says little about the policy).
-            metrics = compute_data_metrics(rounds[0], use_critic=False)
-            everything = DataProto.concat(rounds)
-            with torch.no_grad():
-                everything.batch["old_log_probs"] = _response_logprobs(
-                    actor, everything.batch["input_ids"], everything.batch["prompts"].shape[1],
-                    everything.batch["responses"])
-            metrics.update(calculate_debug_metrics(everything))
-            metrics.update(_update(actor, optimizer, everything, kept, config, actor_cfg, policy_loss))
+            # Phases timed with verl's marked_timer under ray_trainer's names (accumulated over DAPO's
+            # generation rounds, as its `gen` is), so `throughput` reads a lab run like a cluster run.
+            timing_raw: dict[str, float] = {}
+            with marked_timer("step", timing_raw):
+                if fault.sync:  # verl syncs actor -> rollout weights in place before every generation
+                    with marked_timer("update_weights", timing_raw):
+                        engine.load_weights(checkpoint_weights(actor, spec))
+                rounds, kept = [], []
+                for round_index in range(config.max_num_gen_batches):
+                    prompts = make_prompts(rng, config.gbs)
+                    with marked_timer("gen", timing_raw):
+                        rollout = engine.sample([list(p.token_ids) for p in prompts for _ in range(config.n)], R,
+                                                temperature=config.temperature, eos_token_id=EOS_ID,
+                                                seed=config.seed * 1_000_003 + step * 101 + round_index)
+                    batch = _batch(prompts, rollout, config, DataProto)
+                    with marked_timer("reward", timing_raw):
+                        reward = reward_fn(batch, return_dict=True)["reward_tensor"]
+                    batch.batch["token_level_scores"] = reward
+                    batch.batch["token_level_rewards"] = reward
+                    with marked_timer("adv", timing_raw):
+                        adv, ret = compute_grpo_outcome_advantage(reward, batch.batch["response_mask"],
+                                                                  batch.non_tensor_batch["uid"])
+                    batch.batch["advantages"], batch.batch["returns"] = adv, ret
+                    rounds.append(batch)
+                    scores = reward.sum(-1).view(config.gbs, config.n)
+                    kept.extend((len(rounds) - 1, g) for g in range(config.gbs) if scores[g].std() > 0)
+                    if len(kept) >= config.gbs:
+                        break
+                # The reward curve is the policy's: all groups of the first round, before the DAPO filter
+                # (the filtered batch holds mixed groups only, so its mean says little about the policy).
+                metrics = compute_data_metrics(rounds[0], use_critic=False)
+                everything = DataProto.concat(rounds)
+                with marked_timer("old_log_prob", timing_raw), torch.no_grad():
+                    everything.batch["old_log_probs"] = _response_logprobs(
+                        actor, everything.batch["input_ids"], everything.batch["prompts"].shape[1],
+                        everything.batch["responses"])
+                metrics.update(calculate_debug_metrics(everything))
+                rows = _kept_rows(kept, config)
+                with marked_timer("update_actor", timing_raw):
+                    metrics.update(_update(actor, optimizer, everything, rows, config, actor_cfg, policy_loss))
             metrics["train/num_gen_batches"] = len(rounds)
             metrics["train/kept_groups"] = min(len(kept), config.gbs)
-            metrics["timing_s/gen"] = t_gen
-            metrics["timing_s/step"] = time.perf_counter() - t_step
-            metrics["perf/throughput"] = generated / max(metrics["timing_s/step"], 1e-9)
+            # verl's perf metrics on the batch it trains on (DAPO: the kept groups, GBS x n sequences), with
+            # its own token count (ray_trainer sets global_token_num = attention_mask sums): perf/throughput
+            # = prompt + response tokens / (step s x devices), not generated tokens / step s.
+            trained = everything[rows]
+            trained.meta_info["global_token_num"] = torch.sum(trained.batch["attention_mask"], dim=-1).tolist()
+            metrics.update(compute_timing_metrics(trained, timing_raw))
+            metrics.update(compute_throughout_metrics(trained, timing_raw, n_gpus=N_DEVICES))
             logger.log(metrics, step)
             if progress is not None:
                 progress(step, metrics)
@@ -300,13 +315,17 @@ def _batch(prompts, rollout, config: LabConfig, DataProto):
                                               dtype=object)})
 
 
-def _update(actor, optimizer, everything, kept, config: LabConfig, actor_cfg, policy_loss) -> dict:
-    """PPO update on the kept groups, in mini-batches of `ppo_mini_batch_size` prompts."""
-    if not kept:
-        return {}  # no group with reward variance: DAPO skips the update (nothing is logged for the actor)
+def _kept_rows(kept: list[tuple[int, int]], config: LabConfig) -> torch.Tensor:
+    """Row indices (into the concatenated rounds) of the first GBS kept groups: the batch DAPO trains on."""
     round_size = config.gbs * config.n
-    groups = kept[:config.gbs]
-    rows = torch.tensor([r * round_size + g * config.n + k for r, g in groups for k in range(config.n)])
+    return torch.tensor([r * round_size + g * config.n + k for r, g in kept[:config.gbs] for k in range(config.n)],
+                        dtype=torch.long)
+
+
+def _update(actor, optimizer, everything, rows: torch.Tensor, config: LabConfig, actor_cfg, policy_loss) -> dict:
+    """PPO update on the kept rows, in mini-batches of `ppo_mini_batch_size` prompts."""
+    if not len(rows):
+        return {}  # no group with reward variance: DAPO skips the update (nothing is logged for the actor)
     batch = everything.batch
     per_group = config.n
     sums: dict[str, float] = {}

@@ -5,12 +5,17 @@ nightly allows).
 The run comes from `--run-dir` (the nightly job's verl logs, ingested by harness.metrics.ingest); the
 baseline from `--baseline` (a golden run of the same scale and plan). Per card, not per device: verl's
 perf/throughput divides by dies on A3, which would read half the target (harness.metrics.throughput).
+At tiny scale the run is the CPU DAPO lab (`dapo_run`), which logs verl's own perf/timing metrics: the
+checker must reproduce its perf/throughput exactly, so a run measured here is measured as verl measures it.
 """
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
-from harness.metrics.throughput import check_regression, check_target, graph_mode, throughput
+from harness.metrics.throughput import (PHASE_ORDER, STEP_TIME, TIMING_PREFIX, VERL_THROUGHPUT, check_regression,
+                                       check_target, graph_mode, throughput)
 from harness.plugin import skip_or_fail
 from harness.roofline import roofline
 
@@ -24,10 +29,53 @@ def _run(pytestconfig, option: str):
     return load_run(path)
 
 
-def _record(record_property, tp, scale, target=None, baseline=None) -> None:
+def _record(record_property, tp, scale, target=None, baseline=None, **extra) -> None:
     roof = roofline(scale)
     record_property("throughput", {**tp.to_dict(), "scale": scale.name, "target": target,
-                                   "baseline_tps_per_card": baseline, "roofline": roof.to_dict()})
+                                   "baseline_tps_per_card": baseline, "roofline": roof.to_dict(), **extra})
+
+
+# Float tolerance between the checker's TPS and the logged perf/throughput: the same division of the same
+# logged floats, so only the JSON round trip separates them.
+VERL_FORMULA_RTOL = 1e-9
+# The timed phases must account for most of the step: a phase the lab forgot to time (or timed outside
+# `step`) shows as a low share. Measured here: ~0.98; untimed are batch assembly and metric computation.
+MIN_PHASE_COVERAGE = 0.5
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
+    """The checker's TPS/device on the tiny lab run equals the run's own perf/throughput (verl's
+    compute_throughout_metrics: prompt + response tokens / (step s x devices)), per card on the cpu profile
+    (1 die per card), and the timed phases fit inside each step."""
+    tp = throughput(dapo_run, scale.hardware, devices=dapo_run.meta.devices)
+    logged = dapo_run[VERL_THROUGHPUT].as_dict()
+    off = [(p.step, p.tps_per_device, logged.get(p.step)) for p in tp.per_step
+           if logged.get(p.step) is None or p.tps_per_device != pytest.approx(logged[p.step], rel=VERL_FORMULA_RTOL)]
+    assert not off, (f"{len(off)} of {len(tp.per_step)} steps: TPS/device differs from the run's {VERL_THROUGHPUT}; "
+                     f"first (step, ours, logged): {off[0]}")
+    steady = statistics.median(logged[s] for s in tp.window)
+    assert tp.tps_per_device == pytest.approx(steady, rel=VERL_FORMULA_RTOL), (
+        f"median TPS/device {tp.tps_per_device:.6g} over steps {tp.window[0]}-{tp.window[-1]} vs logged {steady:.6g}")
+    assert (tp.hardware, tp.dies_per_card, tp.devices, tp.cards) == ("cpu", 1, 1, 1), tp.to_dict()
+    assert tp.tps_per_card == tp.tps_per_device  # 1 die per card: per card is per device
+    # verl's sequential RL-step phases only: other timing_s/* (testing, save_checkpoint, ...) may nest or
+    # run outside `step`.
+    phases = {name: dapo_run[TIMING_PREFIX + name].as_dict() for name in PHASE_ORDER if TIMING_PREFIX + name in dapo_run}
+    assert "gen" in phases, f"run {dapo_run.name} logs no {TIMING_PREFIX}gen; phases: {sorted(phases)}"
+    step_time = dapo_run[STEP_TIME].as_dict()
+    coverage = {s: sum(v.get(s, 0.0) for v in phases.values()) / t for s, t in step_time.items()}
+    over = [(s, c) for s, c in coverage.items() if c > 1.0]
+    assert not over, (f"{len(over)} steps whose phases sum past the step time (phase timed outside `step`?); "
+                      f"worst step {max(over, key=lambda x: x[1])[0]}: {max(c for _, c in over):.3f} x step time")
+    no_gen = [s for s in step_time if phases["gen"].get(s, 0.0) <= 0.0]
+    assert not no_gen, f"{len(no_gen)} steps with no generation time, first step {no_gen[0]}"
+    worst = min(coverage, key=coverage.get)
+    assert coverage[worst] >= MIN_PHASE_COVERAGE, (
+        f"phases cover only {coverage[worst]:.1%} of step {worst}'s time (at least {MIN_PHASE_COVERAGE:.0%} expected)")
+    _record(record_property, tp, scale, logged_tps_per_device=steady,
+            phase_coverage=statistics.median(coverage[s] for s in tp.window))
 
 
 @pytest.mark.full
