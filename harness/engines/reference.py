@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,6 +39,8 @@ class Fault(str, enum.Enum):
     SCALE_V_HEAD    MindSpeed MLA: softmax scale 1/sqrt(v_head_dim) (kv_channels 128) instead of
                     1/sqrt(qk_nope + qk_rope) * mscale^2 (seed 001 精度问题2).
     SCALE_NO_MSCALE softmax scale 1/sqrt(qk_head_dim) without the yarn mscale^2 factor.
+    Across sleep the copies behave as in vLLM's sleep pool: level 1 restores them (still the initial weights),
+    level 2 discards them and wakes them zeroed, and no sync re-derives them, so they stay stale either way.
     """
 
     STALE_COPY = "stale_copy"
@@ -67,6 +70,31 @@ def yarn_inv_freq(spec: ModelSpec) -> torch.Tensor:
     return freq / rope.factor * (1 - extrapolation) + freq * extrapolation
 
 
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of `storage`'s bytes (no copy)."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+_CHUNK = 8 * 2**20
+
+
+def _transfer(storage: torch.UntypedStorage, file, *, write: bool) -> None:
+    """Copy `storage`'s bytes to (write) or from `file` through a bounce buffer: `Tensor.numpy()` on the
+    storage itself would mark it non-resizable for good, and sleep must resize it."""
+    data = _bytes_of(storage)
+    bounce = torch.empty(min(_CHUNK, len(data)), dtype=torch.uint8)
+    buf = bounce.numpy()
+    for start in range(0, len(data), _CHUNK):
+        n = min(_CHUNK, len(data) - start)
+        if write:
+            bounce[:n].copy_(data[start:start + n])
+            file.write(buf[:n])
+        elif file.readinto(buf[:n]) != n:
+            raise RuntimeError("reference engine: sleep offload file truncated")
+        else:
+            data[start:start + n].copy_(bounce[:n])
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -88,8 +116,9 @@ class ReferenceEngine(Engine):
                    loader, to be overwritten by `load_weights` (the verl flow with load_format=dummy).
       fault        None, or a `Fault` (or its string value) reproducing a real bug, for seeded self-tests and the
                    tiny DAPO lab's fault injection.
-    Supports sleep(level=1|2) / wake_up(); level 2 discards weight contents (NaN, storage kept, like vLLM's
-    CuMemAllocator remapping at the same address), so a rollout without a sync after wake-up is visibly broken.
+    Supports sleep(level=1|2) / wake_up() for real (see `sleep`): the weights' storage is freed while asleep and
+    reallocated in place on wake-up, so views into it (W_UK_T / W_UV) stay valid, as vLLM's CuMemAllocator /
+    vllm-ascend's CaMemAllocator remap the pool at the same virtual addresses.
     """
 
     supports_sleep = True
@@ -102,6 +131,9 @@ class ReferenceEngine(Engine):
         self.fault = Fault(fault) if fault is not None else None
         self.name = "reference" + (f"[{self.fault.value}]" if self.fault else "")
         self._asleep = False
+        self._pool: list[torch.UntypedStorage] = []  # storages released while asleep (see sleep)...
+        self._pool_nbytes: list[int] = []  # ...and their sizes, to reallocate on wake-up
+        self._offload = None  # level 1: the unlinked file holding the pool's bytes
         self.params: dict[str, torch.nn.Parameter] = {}
         gen = torch.Generator().manual_seed(seed)
         for pname, shape in checkpoint_shapes(spec).items():
@@ -151,6 +183,7 @@ class ReferenceEngine(Engine):
                     param.copy_(tensor)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._check_awake("load_weights")
         self._copy_in(weights, rebind=self.fault is Fault.REBIND)
 
     def mla_layers(self) -> list[MLALayer]:
@@ -162,20 +195,72 @@ class ReferenceEngine(Engine):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The engine's current weights by checkpoint name (live tensors, do not modify)."""
+        self._check_awake("state_dict")
         return {k: p.data for k, p in self.params.items()}
 
     # ------------------------------------------------------------ sleep mode
+    def _weight_storages(self) -> list[torch.UntypedStorage]:
+        """Every distinct storage the weights live in: the parameters', plus W_UK_T / W_UV's where they are not
+        views of kv_b_proj (the STALE_COPY / DTYPE_COPY copies, or REBIND's orphaned old kv_b_proj storage):
+        vLLM allocates those in the same sleep pool, so they are released and restored with the weights."""
+        tensors = [*self.params.values(), *(w for pair in self._absorbed for w in pair)]
+        unique: dict[int, torch.UntypedStorage] = {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                unique.setdefault(storage.data_ptr(), storage)
+        return list(unique.values())
+
     def sleep(self, level: int = 1) -> None:
+        """Free the weights' memory until `wake_up`, as vLLM's sleep mode does (seed 001).
+
+        level 1 offloads: the weight bytes go to host storage and the engine's copy is freed. On this CPU-only
+          engine the engine's memory already is host RAM, so a host copy would keep the same bytes resident;
+          the offload target is an unlinked temporary file instead (the page cache, outside the process's
+          resident set, standing for pinned host RAM outside device memory).
+        level 2 discards the weights: their storage is freed; `wake_up` reallocates it zeroed, and the next
+          weight sync (`load_weights`) refills it, the verl flow.
+        Storage is freed with `untyped_storage().resize_(0)`, so every tensor (and view) keeps its storage
+        object and sees the reallocated bytes after wake-up. The KV cache lives only inside one `sample` call
+        here (allocated per rollout and freed on return), so there is none to drop at either level.
+        """
         if level not in (1, 2):
             raise ValueError(f"sleep level {level}: use 1 (offload) or 2 (discard weights)")
-        if level == 2:
-            with torch.no_grad():
-                for p in self.params.values():
-                    p.fill_(float("nan"))
+        self._check_awake("sleep")
+        self._pool = self._weight_storages()
+        if level == 1:
+            # open until wake_up reads it back (or the engine is collected): unlinked, so never left on disk
+            self._offload = tempfile.TemporaryFile(prefix="reference-engine-offload-")  # noqa: SIM115
+            for storage in self._pool:
+                _transfer(storage, self._offload, write=True)
+            self._offload.flush()
+        self._pool_nbytes = [storage.nbytes() for storage in self._pool]
+        for storage in self._pool:
+            storage.resize_(0)
         self._asleep = True
 
     def wake_up(self) -> None:
+        """Reallocate the weights in place: restored from the offload file after level 1, zeroed after level 2
+        (sync them with `load_weights`)."""
+        if not self._asleep:
+            return
+        if self._offload is not None:
+            self._offload.seek(0)
+        for storage, nbytes in zip(self._pool, self._pool_nbytes):
+            storage.resize_(nbytes)
+            if self._offload is None:
+                _bytes_of(storage).zero_()
+            else:
+                _transfer(storage, self._offload, write=False)
+        if self._offload is not None:
+            self._offload.close()
+        self._pool, self._pool_nbytes, self._offload = [], [], None
         self._asleep = False
+
+    def _check_awake(self, what: str) -> None:
+        if self._asleep:
+            raise RuntimeError(f"{self.name} is asleep: call wake_up() before {what} "
+                               "(and load_weights after sleep level 2)")
 
     # ------------------------------------------------------------ model
     def _p(self, name: str) -> torch.Tensor:
@@ -285,8 +370,7 @@ class ReferenceEngine(Engine):
             return self._sample(prompt_token_ids, max_tokens, temperature, seed, full_logprobs, eos_token_id)
 
     def _sample(self, prompt_token_ids, max_tokens, temperature, seed, full_logprobs, eos_token_id) -> Rollout:
-        if self._asleep:
-            raise RuntimeError(f"{self.name} is asleep: call wake_up() (and load_weights after sleep level 2)")
+        self._check_awake("sample")
         if not prompt_token_ids or any(len(p) == 0 for p in prompt_token_ids):
             raise ValueError("sample: every prompt needs at least one token")
         s, b = self.spec, len(prompt_token_ids)

@@ -6,26 +6,21 @@ measurement is device-level (mem_get_info) on NPU/GPU, and the process's residen
 
 Runs over the engines under test (`engine_kind`: reference, vllm, or `--engine`). vLLM CPU 0.32 has no
 sleep mode (its CPU worker logs "sleep mode is not supported on CPU" and keeps everything), so on CPU
-the vLLM case skips and the reference engine is measured.
+the vLLM cases skip and the reference engine is measured: it frees its weights' storage for real (level 1
+offloads them to a temporary file, level 2 discards them; harness/engines/reference.py `sleep`).
+A sleep that releases memory must also wake up right: level 1 restores the weights, level 2 needs the
+next weight sync, after which generation must match what it was before sleep.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
-from fixtures.engines import MLA_SPEC
+from fixtures.engines import MAX_TOKENS, MLA_SPEC, PROMPTS
 from harness.memory.probe import check_sleep_release, torch_allocated_bytes, used_bytes
 
-# 16 dense layers of the tiny model: ~60 MiB of fp32 weights, well above RSS noise on CPU.
-SLEEP_SPEC = dataclasses.replace(MLA_SPEC, num_hidden_layers=16, first_k_dense_replace=16, name="tiny-dsv3-16l")
-
-# harness/engines/reference.py: "level 2 discards weight contents (NaN, storage kept ...)": the reference
-# engine emulates what sleep does to the numbers, not to memory, so on it this check must fail. Strict: the
-# day it releases its storage this turns XPASS and fails, and the mark must go.
-REFERENCE_KEEPS_STORAGE = pytest.mark.xfail(
-    strict=True, reason="reference engine's sleep keeps its weight storage (emulates numbers, not memory)")
+# 24 dense layers of the tiny model: ~69 MiB of fp32 weights, well above RSS noise (16 MiB atol) on CPU.
+SLEEP_SPEC = MLA_SPEC.with_layers(24, first_k_dense_replace=24, name="tiny-dsv3-24l")
 
 
 @pytest.fixture
@@ -36,10 +31,8 @@ def sleep_device(detected_hardware) -> str:
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("level", [1, 2])
-def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level, request, record_property):
-    if engine_kind.name == "reference":
-        request.applymarker(REFERENCE_KEEPS_STORAGE)
-    if engine_kind.name == "vllm" and sleep_device == "cpu":
+def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level, record_property):
+    if engine_kind.name.startswith("vllm") and sleep_device == "cpu":
         # harness.engines.vllm enables sleep mode only on GPU/NPU; skip before a 30 s engine start.
         pytest.skip("vLLM CPU 0.32 has no sleep mode (cpu_worker.sleep: 'sleep mode is not supported on CPU')")
     baseline = used_bytes(sleep_device)
@@ -57,3 +50,27 @@ def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level,
             "torch_allocated_asleep": torch_asleep, "released": verdict.ok})
         engine.wake_up()
     assert verdict.ok, verdict.message()
+
+
+@pytest.mark.tiny
+@pytest.mark.parametrize("level", [1, 2])
+def test_wake_up_generates_as_before_sleep(engine_kind, sleep_device, level, mla_spec, mla_weights, mla_model_dirs):
+    # verl's rollout loop: sleep after rollout, wake_up before the next one; after level 2 the weights come
+    # back only through the weight sync (load_weights). A wake path that loses or garbles weights (or
+    # absorbed W_UK_T / W_UV copies discarded with the pool and never re-derived) changes the tokens.
+    if engine_kind.name.startswith("vllm") and sleep_device == "cpu":
+        pytest.skip("vLLM CPU 0.32 has no sleep mode (cpu_worker.sleep: 'sleep mode is not supported on CPU')")
+    with engine_kind.make(mla_spec, weights=mla_model_dirs[0], load_format="real", dtype=torch.float32,
+                          seed=0) as engine:
+        if not engine.supports_sleep:
+            pytest.skip(f"{engine.name} has no sleep mode on {sleep_device}")
+        before = engine.generate(PROMPTS, MAX_TOKENS)
+        engine.sleep(level=level)
+        engine.wake_up()
+        if level == 2:
+            engine.load_weights(mla_weights[0].items())
+        after = engine.generate(PROMPTS, MAX_TOKENS)
+    diff = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert not diff, (f"{engine.name}: after sleep(level={level}) -> wake_up{' -> load_weights' * (level == 2)}, "
+                      f"{len(diff)}/{len(before)} prompts generate differently, first prompt {diff[0]}: "
+                      f"{before[diff[0]]} -> {after[diff[0]]}")
