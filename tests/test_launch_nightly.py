@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.launch.nightly import failures, main
+from harness.launch.nightly import main
 from harness.scales import TIERS, get_scale
 
 ROOT = Path(__file__).resolve().parents[1]
