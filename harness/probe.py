@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+
+def msprobe_command() -> str | None:
+    """The `msprobe` console script of this interpreter's environment (a venv's bin/ is often not on PATH,
+    e.g. under `make test`), else the one on PATH."""
+    beside = Path(sys.executable).with_name("msprobe")
+    return str(beside) if beside.is_file() else shutil.which("msprobe")
+
 
 # One short prompt through the prefill path: every MLA op of every layer runs once.
 PROMPT = (5, 9, 13, 2)
@@ -53,7 +61,10 @@ def compare_steps(target_step: str | Path, golden_step: str | Path, out_dir: str
                   timeout: float = 300) -> Path:
     """`msprobe compare -tp TARGET/step0 -gp GOLDEN/step0 -o OUT`; returns the result CSV."""
     out_dir = Path(out_dir)
-    done = subprocess.run(["msprobe", "compare", "-tp", str(target_step), "-gp", str(golden_step), "-o", str(out_dir)],
+    command = msprobe_command()
+    if command is None:
+        raise BadInput("the `msprobe` command is missing: pip install mindstudio-probe (see requirements/cpu.txt)")
+    done = subprocess.run([command, "compare", "-tp", str(target_step), "-gp", str(golden_step), "-o", str(out_dir)],
                           capture_output=True, text=True, timeout=timeout)
     results = sorted(out_dir.glob("compare_result_*.csv"))
     if done.returncode != 0 or not results:

@@ -1,7 +1,6 @@
 """msprobe dumps of the reference and of the MindSpeed wrong-scale engine, `msprobe compare` on the step
 directories, and the harness names the first op that is not `pass`: it must be the softmax-scale multiply in
 the attention (seed 001 精度问题2 was found by this kind of op-by-op dump comparison)."""
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,8 +13,8 @@ from harness.plugin import requires
 @pytest.mark.cpu
 @requires(packages=["msprobe"])
 def test_msprobe_names_first_divergent_op(tmp_path, record_property):
-    if shutil.which("msprobe") is None:
-        pytest.skip("the `msprobe` command is not on PATH (pip install mindstudio-probe)")
+    if probe.msprobe_command() is None:
+        pytest.skip("the `msprobe` command is missing beside this Python and on PATH (pip install mindstudio-probe)")
     with ThreadPoolExecutor(2) as pool:  # two child processes, one per core
         golden, target = pool.map(lambda a: probe.dump_step(tmp_path / a[0], fault=a[1]),
                                   [("golden", None), ("target", "scale_v_head")])
