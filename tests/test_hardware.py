@@ -55,20 +55,6 @@ def test_resolve_rejects_absent_or_unknown_hardware():
             hw.resolve("npu")
 
 
-@pytest.fixture
-def broken_torch_npu(tmp_path, monkeypatch):
-    """A torch_npu that fails like one installed without CANN (its native libs cannot load)."""
-    site = tmp_path / "site"
-    (site / "torch_npu").mkdir(parents=True)
-    (site / "torch_npu" / "__init__.py").write_text(
-        "raise ImportError('libhccl.so: cannot open shared object file: No such file or directory')\n")
-    monkeypatch.syspath_prepend(str(site))
-    hw.detect.cache_clear()
-    yield site
-    sys.modules.pop("torch_npu", None)
-    hw.detect.cache_clear()
-
-
 def test_broken_torch_npu_is_one_line_hardware_error(broken_torch_npu):
     with pytest.raises(hw.HardwareError) as err:
         hw.detect()

@@ -209,7 +209,7 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
     from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
-    from harness.metrics.ingest import package_versions
+    from harness.hardware import package_versions
 
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)

@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass, field, replace
 
 from harness.errors import BadInput
+from harness.hardware import GiB
 from harness.models import ModelSpec
 from harness.scales import Scale
 
-GiB = 1024**3
 MiB = 1024**2
 BF16, FP32 = 2, 4
 PHASES = ("rollout", "prefill", "old_log_prob", "ref_log_prob", "update")

