@@ -1,5 +1,5 @@
 # The two commands of the README. Each sets up its own environment (scripts/bootstrap, idempotent).
-.PHONY: job test bootstrap
+.PHONY: job test lint bootstrap
 VENV ?= .venv
 
 bootstrap:
@@ -12,3 +12,8 @@ job: bootstrap
 # The tests: harness self-tests plus every suite (scales and hardware not present skip with the reason).
 test: bootstrap
 	$(VENV)/bin/python -m pytest -n 2 -p xdist
+
+# Lint (run by .ci/run before the tests): ruff (pyflakes, pycodestyle, isort, bugbear) and the import layers.
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 HARDWARE="${HARDWARE:-a3}"
 case "$HARDWARE" in
-  # Only A2 has reduced and moonlight scales registered (harness/scales.py); A3 runs tiny, layer, full.
+  # Only A2 has reduced and moonlight scales registered (harness/config/scales.py); A3 runs tiny, layer, full.
   a2) DEFAULT_SCALES="tiny layer reduced-a2 moonlight-a2 full-a2-gbs128" ;;
   a3) DEFAULT_SCALES="tiny layer full-a3" ;;
   *) echo "ci/nightly.sh: error: HARDWARE=$HARDWARE: use a2 or a3" >&2; exit 2 ;;
@@ -50,7 +50,7 @@ for scale in $SCALES; do
   if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     run mkdir -p "$TREND_STORE/$scale"
     run cp "$out/report.json" "$TREND_STORE/$scale/$NIGHT.json"
-    run "$PYTHON" -m harness.launch.nightly "$out/report.json" || true  # FAIL <scale> <suite>::<test> metric .. step ..
+    run "$PYTHON" -m harness.report.nightly "$out/report.json" || true  # FAIL <scale> <suite>::<test> metric .. step ..
   fi
   if [ "$tier_status" -ne 0 ]; then
     echo "ci/nightly.sh: tier of scale $scale failed (exit $tier_status); later tiers not run" >&2

@@ -1,51 +1,30 @@
-"""pytest plugin (entry point `pytest11`): options, markers, `requires(...)`, scale and hardware fixtures.
+"""pytest plugin (entry point `pytest11`): options, marker registration, the skip-or-fail decision for every
+test's needs, scale and hardware fixtures, and the report collector under `--report-dir`.
 
-Markers are registered here and only here. A test states what it needs with a tier marker
-(`tiny` ... `full`), hardware markers (`npu`, `a3`, ...) or `@requires(...)`; when the need is not
-met the test is skipped with the reason, and `--strict-hardware` turns that skip into a failure
-naming what is missing, so a nightly run can never go green by skipping.
+The vocabulary (marker tables, stash keys, `requires(...)`, `skip_or_fail`) lives in harness.markers, which
+suites and fixtures import; nothing in the library imports this module.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
-from harness import hardware as hw
-from harness.scales import SCALES, TIERS, Scale, default_scale, get_scale
-
-HARDWARE_MARKERS = {
-    "cpu": "runs on the CPU",
-    "gpu": "needs a CUDA GPU",
-    "npu": "needs an Ascend NPU (torch_npu + CANN)",
-    "a2": "needs Atlas A2 (Ascend 910B)",
-    "a3": "needs Atlas A3 (Ascend 910_93, 2 dies per card)",
-}
-TIER_MARKERS = {
-    "tiny": "tiny random-init DeepSeek-V3 on CPU or one card; every suite, seconds",
-    "layer": "one full-size DSV3 decoder layer; one card, or CPU with fake tensors",
-    "reduced": "DSV3 dims with reduced layers on one node (A2 8 cards / A3 16 dies)",
-    "moonlight": "Moonlight-16B-A3B on 1-2 nodes",
-    "full": "DeepSeek-V3 671B, 61 layers: A2 256 cards or A3 128 cards",
-}
-OTHER_MARKERS = {
-    "nightly": "part of the nightly NPU cluster run",
-    "requires(hardware=None, cards=None, devices=None, packages=()): skip (or fail with --strict-hardware) "
-    "unless the hardware, card count and packages are present": None,
-}
-
-SCALE_KEY = pytest.StashKey["Scale | None"]()
-DETECTED_KEY = pytest.StashKey["hw.Detected"]()
-CLUSTER_KEY = pytest.StashKey["dict"]()
-
-
-def requires(hardware: str | None = None, *, cards: int | None = None, devices: int | None = None,
-             packages: tuple[str, ...] | list[str] = ()) -> pytest.MarkDecorator:
-    """One decorator per hardware need: `@requires(hardware="a3", cards=128, packages=["vllm_ascend"])`."""
-    if hardware is not None and hardware not in HARDWARE_MARKERS:
-        raise ValueError(f"requires(hardware={hardware!r}): use one of {', '.join(HARDWARE_MARKERS)}")
-    return pytest.mark.requires(hardware=hardware, cards=cards, devices=devices, packages=tuple(packages))
+from harness.config import hardware as hw
+from harness.config.scales import SCALES, TIERS, Scale, default_scale, get_scale
+from harness.errors import HardwareError
+from harness.findings import CheckResult
+from harness.markers import (
+    CLUSTER_KEY,
+    DETECTED_KEY,
+    HARDWARE_MARKERS,
+    OTHER_MARKERS,
+    SCALE_KEY,
+    TIER_MARKERS,
+    skip_or_fail,
+)
 
 
 @dataclass
@@ -97,17 +76,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--run-dir", default=None, help="an existing run directory (verl logs) to assert on")
     g.addoption("--engine", default=None, metavar="MODULE:FACTORY",
                 help="the system under test: a factory returning a harness Engine (default: built-in engines)")
-    g.addoption("--ray-address", default=None, help="address of an existing Ray cluster (ray://host:10001 or host:6379)")
+    g.addoption("--ray-address", default=None,
+                help="address of an existing Ray cluster (ray://host:10001 or host:6379)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name, text in {**TIER_MARKERS, **HARDWARE_MARKERS}.items():
+    for name, text in {**TIER_MARKERS, **HARDWARE_MARKERS, **OTHER_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    for name in OTHER_MARKERS:
-        config.addinivalue_line("markers", name if ":" in name else f"{name}: {OTHER_MARKERS[name]}")
     try:
         config.stash[DETECTED_KEY] = hw.resolve(config.getoption("hardware"))
-    except hw.HardwareError as exc:
+    except HardwareError as exc:
         raise pytest.UsageError(str(exc)) from None
     scale_name = config.getoption("scale")
     config.stash[SCALE_KEY] = get_scale(scale_name) if scale_name else None
@@ -180,15 +158,6 @@ def _cluster(config: pytest.Config) -> dict:
     return info
 
 
-def skip_or_fail(config: pytest.Config, reason: str) -> None:
-    """Skip with the reason; under --strict-hardware fail with it instead."""
-    if config.getoption("strict_hardware"):
-        pytest.fail(f"--strict-hardware: missing {reason}", pytrace=False)
-    # Report the skip at the test's location (as pytest's own skip marks do), not at this line, so
-    # `-rs` says which test lacks what.
-    raise pytest.skip.Exception(f"missing {reason}", _use_item_location=True)
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     need = item_need(item)
     if not (need.hardware or need.cards or need.devices or need.packages or need.cluster):
@@ -226,6 +195,22 @@ def scale(request: pytest.FixtureRequest) -> Scale:
     if chosen is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses the `scale` fixture but has no tier marker and no --scale")
     return chosen
+
+
+@pytest.fixture
+def expect(record_property):
+    """`expect(*results, notes=())`: assert checker results (harness.findings.CheckResult). The findings of the
+    failing ones (metric, where) are recorded on the test as the "findings" property, for the report and the
+    nightly verdict lines, and the test fails with their messages (plus `notes`, e.g. log warnings)."""
+
+    def check(*results: CheckResult, notes: Sequence[str] = ()) -> None:
+        failing = [r for r in results if not r.ok]
+        if not failing:
+            return
+        record_property("findings", [f.to_json() for r in failing for f in r.findings()])
+        pytest.fail("\n".join([*(r.message() for r in failing), *notes]), pytrace=False)
+
+    return check
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from harness import hardware as hw
+from harness.config import hardware as hw
 
 pytest_plugins = ["pytester"]
 

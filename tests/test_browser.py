@@ -7,7 +7,6 @@ import pytest
 from harness.report.browser import check_page, find_chromium
 from harness.report.render import render_html
 
-
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="missing chromium (apt-get install chromium)")
 
 

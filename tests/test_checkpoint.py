@@ -1,4 +1,4 @@
-"""Self-tests of harness.checkpoint: each check fails on a seeded reproduction of its seed-001 bug
+"""Self-tests of harness.artifacts.checkpoint: each check fails on a seeded reproduction of its seed-001 bug
 (an index key training never yields, a resume that loses the optimizer state, a FileLogger truncated
 on resume) and passes on the correct save / resume."""
 from __future__ import annotations
@@ -9,8 +9,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness.checkpoint import (INDEX_FILE, check_keys_against_index, check_saved_dir, describe_differences,
-                                describe_gaps, missing_steps, rotate_log_for_resume, state_differences)
+from harness.artifacts.checkpoint import (
+    INDEX_FILE,
+    check_keys_against_index,
+    check_saved_dir,
+    describe_differences,
+    describe_gaps,
+    missing_steps,
+    rotate_log_for_resume,
+    state_differences,
+)
 from harness.errors import BadInput
 
 INV_FREQ = "model.layers.0.self_attn.rotary_emb.inv_freq"

@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
-from harness import dapo
 from harness.cli import main
-from harness.hardware import module_exists
-from harness.models import DEEPSEEK_V3
-from harness.scales import SCALES, get_scale
+from harness.config import recipe as recipe_module
+from harness.config.hardware import module_exists
+from harness.config.models import DEEPSEEK_V3
+from harness.config.recipe import HCCL_BUFFSIZE_MB, VERL_VERSION, Recipe, dapo_recipe, validate_recipe
+from harness.config.scales import SCALES, get_scale
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -32,12 +33,12 @@ def test_plan_full_a3_json(capsys):
         (DEEPSEEK_V3.hidden_size, 61, 512, 256)
     assert (doc["devices"], doc["cards"], doc["nodes"]) == (256, 128, 16)
     assert doc["plan"]["train"]["stage_layers"] == [7, 7, 8, 8, 8, 8, 8, 7]
-    assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == dapo.VERL_VERSION
+    assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == VERL_VERSION
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in doc["overrides"]
-    assert doc["env"]["HCCL_BUFFSIZE"] == str(dapo.HCCL_BUFFSIZE_MB)
-    # the printed list composes in verl's config (the done-criterion), not just the one dapo.recipe built
-    printed = dapo.Recipe(scale="full-a3", entrypoint=doc["entrypoint"], overrides=tuple(doc["overrides"]))
-    cfg = dapo.validate_recipe(printed)
+    assert doc["env"]["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
+    # the printed list composes in verl's config (the done-criterion), not just the one recipe built
+    printed = Recipe(scale="full-a3", entrypoint=doc["entrypoint"], overrides=tuple(doc["overrides"]))
+    cfg = validate_recipe(printed)
     assert cfg.actor_rollout_ref.rollout.expert_parallel_size == 128
 
 
@@ -62,7 +63,7 @@ def test_verl_cli_is_a_runnable_command_line(capsys, fake_python, scale):
                           env={**os.environ, "PATH": f"{fake_python}{os.pathsep}{os.environ['PATH']}"})
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
-    recipe = dapo.recipe(get_scale(scale))
+    recipe = dapo_recipe(get_scale(scale))
     # the shell hands verl exactly the overrides (quoting of `|`, `*`, `[...]` survives) and the env
     assert seen["argv"] == ["-m", recipe.entrypoint, *recipe.overrides]
     assert {k: seen["env"].get(k) for k in recipe.env} == dict(recipe.env)
@@ -73,18 +74,18 @@ def test_plan_text_ends_with_a_verdict(capsys):
     code, out, _ = _run(capsys, "plan", "--scale", "full-a2-gbs128")
     assert code == 0
     assert "TP8 PP16 EP16 ETP1" in out and "rollout TP8 DP8 EP64" in out
-    assert out.strip().splitlines()[-1] == f"plan valid; verl {dapo.VERL_VERSION} accepts the overrides"
+    assert out.strip().splitlines()[-1] == f"plan valid; verl {VERL_VERSION} accepts the overrides"
 
 
 def test_plan_rejected_override_is_exit_2_naming_the_key(capsys, monkeypatch):
-    real = dapo.recipe
+    real = dapo_recipe
 
     def misspelled(scale, **kw):  # seeded bug: the recipe misspells a verl key
         r = real(scale, **kw)
-        return dapo.Recipe(r.scale, r.entrypoint,
-                           tuple(o.replace("clip_ratio_high", "clip_ratio_hi") for o in r.overrides), r.env)
+        return Recipe(scale=r.scale, entrypoint=r.entrypoint, env=r.env,
+                      overrides=tuple(o.replace("clip_ratio_high", "clip_ratio_hi") for o in r.overrides))
 
-    monkeypatch.setattr(dapo, "recipe", misspelled)
+    monkeypatch.setattr(recipe_module, "dapo_recipe", misspelled)
     code, out, err = _run(capsys, "plan", "--scale", "full-a3", "--json")
     assert code == 2 and out == ""
     lines = [ln for ln in err.splitlines() if ln.startswith("ascend-rl-harness plan: error:")]

@@ -1,4 +1,4 @@
-"""Self-tests of harness.curves and harness.metrics.baseline: each statistic fails on the shape it exists for
+"""Self-tests of harness.metrics.curves and harness.metrics.baseline: each statistic fails on the shape it exists for
 (seed 001's -0.8 vs -0.6, a windowed offset, spikes, NaN, a run that stops early) and passes on a run drawn
 like the references; baselines round-trip, refuse overwrite and unknown schema versions; the CLI exits 0/1/2."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from harness import curves
 from harness.cli import main as cli_main
 from harness.errors import BadInput
+from harness.metrics import curves
 from harness.metrics.baseline import SCHEMA_VERSION, Baseline, load_baseline
 from harness.metrics.run import Run, RunMeta, Series
 

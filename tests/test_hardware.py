@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from harness import hardware as hw
+from harness.config import hardware as hw
 
 
 def test_detects_this_machine_without_touching_torch_npu():
@@ -68,7 +68,7 @@ def test_broken_torch_npu_leaves_import_torch_working(broken_torch_npu):
     # In a fresh interpreter: `import torch` succeeds, detection fails with the one-line HardwareError.
     code = textwrap.dedent("""
         import torch
-        from harness import hardware
+        from harness.config import hardware
         try:
             hardware.detect()
         except hardware.HardwareError as exc:

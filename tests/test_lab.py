@@ -13,11 +13,12 @@ import json
 
 import pytest
 
-from harness import curves
-from harness.lab import FAULTS, METRICS_FILE, LabConfig, run_lab
+from harness.lab import FAULTS, LabConfig, run_lab
 from harness.lab.__main__ import main as lab_main
+from harness.metrics import curves
 from harness.metrics.baseline import load_baseline
 from harness.metrics.ingest import load_run
+from harness.metrics.keys import METRICS_FILE
 
 FAULT_STEPS = 4
 FP_STEPS = 4

@@ -8,11 +8,11 @@ import shlex
 import pytest
 import yaml
 
-from harness import dapo
 from harness.cli import main
+from harness.config.recipe import dapo_recipe
+from harness.config.scales import SCALES, get_scale
 from harness.launch.k8s import NPU_RESOURCE, manifest_yaml
 from harness.launch.ray_job import JobSpec, job_for_scale, read_progress, verdict
-from harness.scales import SCALES, get_scale
 
 
 @pytest.mark.parametrize("status, kw, expected", [
@@ -45,7 +45,7 @@ def test_tiny_job_is_the_lab(tmp_path):
 def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):
     scale = get_scale("reduced-a2")
     spec = job_for_scale(scale, tmp_path / "run", steps=5)
-    recipe = dapo.recipe(scale)
+    recipe = dapo_recipe(scale)
     words = shlex.split(spec.entrypoint)
     assert words[:3] == ["python3", "-m", recipe.entrypoint]
     assert set(recipe.overrides) <= set(words)
@@ -82,13 +82,14 @@ def test_k8s_manifest(name):
     tasks = {t["name"]: t for t in job["spec"]["tasks"]}
     assert sum(t["replicas"] for t in tasks.values()) == scale.nodes == job["spec"]["minAvailable"]
     assert tasks["head"]["replicas"] == 1 and set(tasks) == ({"head", "worker"} if scale.nodes > 1 else {"head"})
-    recipe = dapo.recipe(scale)
+    recipe = dapo_recipe(scale)
     for task in tasks.values():
         pod = task["template"]["spec"]
         (container,) = pod["containers"]
         assert container["image"] == "img:1" and pod["hostNetwork"] is True
         want = str(scale.devices_per_node)
-        assert container["resources"]["requests"][NPU_RESOURCE] == want == container["resources"]["limits"][NPU_RESOURCE]
+        resources = container["resources"]
+        assert resources["requests"][NPU_RESOURCE] == want == resources["limits"][NPU_RESOURCE]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env.items() >= dict(recipe.env).items()
         assert env["VERL_FILE_LOGGER_PATH"].endswith("/metrics.jsonl")

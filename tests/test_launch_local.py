@@ -3,13 +3,13 @@ lab, a real collected run -- with no traffic able to leave the machine (the clus
 namespace whose only interface is `lo`). Seeded bad jobs show the verdicts are not always "succeeded"."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 from harness.launch.local import HANG_TIMEOUT_S
-from harness.launch.ray_job import LOG_FILE, METRICS_FILE, RESULT_FILE
+from harness.launch.ray_job import read_launch
+from harness.metrics.keys import JOB_LOG_FILE, METRICS_FILE
 
 
 def test_cluster_had_only_loopback(isolated_ray_proof):
@@ -27,9 +27,9 @@ def test_lab_job_succeeds_and_its_run_is_collected(isolated_ray_proof, record_pr
     assert run.steps == tuple(range(1, result["total_steps"] + 1)), run.steps
     for key in ("critic/rewards/mean", "actor/pg_loss", "perf/throughput"):
         assert key in run and run[key].finite, f"{key}: {run[key].values if key in run else 'missing'}"
-    log = (run_dir / LOG_FILE).read_text()
+    log = (run_dir / JOB_LOG_FILE).read_text()
     assert "harness.lab" in log and "lab run written to" in log, log[-500:]
-    assert json.loads((run_dir / RESULT_FILE).read_text())["verdict"] == "succeeded"
+    assert read_launch(run_dir)["verdict"] == "succeeded"
     record_property("launch.local_ray", {**isolated_ray_proof["times"], "steps": len(run.steps),
                                          "reward": run["critic/rewards/mean"].values[-1]})
 
@@ -38,14 +38,15 @@ def test_crashed_job_fails_and_keeps_its_logs(isolated_ray_proof):
     result = isolated_ray_proof["results"]["crash"]
     assert result["verdict"] == "failed" and not result["ok"]
     assert result["message"].startswith("exit code 3"), result["message"]
-    assert "seeded failure: the trainer crashed" in (Path(result["run_dir"]) / LOG_FILE).read_text()
+    assert "seeded failure: the trainer crashed" in (Path(result["run_dir"]) / JOB_LOG_FILE).read_text()
 
 
 def test_hung_job_times_out_and_is_stopped(isolated_ray_proof):
     result = isolated_ray_proof["results"]["hang"]
     assert result["verdict"] == "timeout" and not result["ok"]
-    assert result["elapsed_s"] < HANG_TIMEOUT_S + 20, f"the {HANG_TIMEOUT_S:.0f} s timeout took {result['elapsed_s']:.0f} s"
-    log = Path(result["run_dir"]) / LOG_FILE
+    assert result["elapsed_s"] < HANG_TIMEOUT_S + 20, (f"the {HANG_TIMEOUT_S:.0f} s timeout took "
+                                                       f"{result['elapsed_s']:.0f} s")
+    log = Path(result["run_dir"]) / JOB_LOG_FILE
     assert log.is_file(), f"{log}: the logs of a timed-out job must be kept"
 
 
@@ -70,4 +71,4 @@ def test_lost_node_is_its_own_verdict(isolated_ray_proof):
     result = isolated_ray_proof["results"]["victim"]
     assert result["verdict"] == "node-lost" and not result["ok"], (result["verdict"], result["message"])
     assert "1 node(s) died" in result["message"]
-    assert (Path(result["run_dir"]) / LOG_FILE).is_file()
+    assert (Path(result["run_dir"]) / JOB_LOG_FILE).is_file()

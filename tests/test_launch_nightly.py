@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.launch.nightly import main
-from harness.scales import TIERS, get_scale
+from harness.config.scales import TIERS, get_scale
+from harness.report.nightly import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "nightly.sh"
@@ -73,24 +73,34 @@ def test_unknown_hardware_is_bad_input(tmp_path):
 def _report(tmp_path, tests, exit_status=1):
     from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, machine_info, write_report
 
-    report = RunReport(SCHEMA, SCHEMA_VERSION, "2026-11-29T00:00:00Z", "nightly", None, None, "reduced-a2",
-                       None, (), machine_info(), tuple(TestVerdict(*t) for t in tests), 1.0, exit_status)
+    report = RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, created="2026-11-29T00:00:00Z", name="nightly",
+                       commit=None, dirty=None, scale="reduced-a2", plan=None, command=(), machine=machine_info(),
+                       tests=tuple(TestVerdict(*t) for t in tests), duration_s=1.0, exit_status=exit_status)
     return write_report(report, tmp_path / "report.json")
 
 
 def test_failure_lines_name_suite_metric_and_step(tmp_path, capsys):
+    # the metric and place come from the findings the `expect` fixture recorded, never from the message text
+    band = {"check": "curves.band", "metric": "critic/rewards/mean", "where": "step 12",
+            "message": "3 of 10 steps outside the band; worst step 12: -0.8 vs -0.6"}
+    stale = {"check": "mla.freshness", "metric": "W_UV", "where": "layer 1",
+             "message": "layer 1 W_UV: 4/4 elements off"}
     path = _report(tmp_path, [
         ("suites/precision/test_curves.py::test_reward_curve", "failed", 1.0,
-         "AssertionError: critic/rewards/mean left the band at 3 of 10 steps, worst step 12 (|d| 0.21 > 0.05)"),
+         "AssertionError: the message text may name anything, e.g. perf/throughput at step 99", (),
+         {"findings": [band]}),
         ("suites/perf/test_throughput.py::test_tps", "passed", 1.0, ""),
+        ("suites/functional/test_sync.py::test_sync", "failed", 1.0, "W_UV stale", (), {"findings": [stale]}),
         ("suites/memory/test_phases.py::test_fit", "error", 1.0, "BadInput: baselines/a2: no such file"),
     ])
     assert main([str(path)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("FAIL reduced-a2 suites/precision/test_curves.py::test_reward_curve "
-                               "metric critic/rewards/mean step 12:")
-    assert lines[1].startswith("FAIL reduced-a2 suites/memory/test_phases.py::test_fit metric - step -")
-    assert len(lines) == 2
+    assert lines[0] == ("FAIL reduced-a2 suites/precision/test_curves.py::test_reward_curve metric critic/rewards/mean "
+                        "step 12: 3 of 10 steps outside the band; worst step 12: -0.8 vs -0.6")
+    assert lines[1].startswith("FAIL reduced-a2 suites/functional/test_sync.py::test_sync metric W_UV layer 1:")
+    assert lines[2] == ("FAIL reduced-a2 suites/memory/test_phases.py::test_fit metric - -: "
+                        "BadInput: baselines/a2: no such file")
+    assert len(lines) == 3
 
 
 def test_passing_report_is_one_pass_line(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Self-test of the sleep-release check (harness.memory.probe) on real process memory: a sleep that
+"""Self-test of the sleep-release check (harness.memory.device) on real process memory: a sleep that
 frees its weights passes; the seeded bug, a sleep that "offloads" but keeps a reference to the
 weights (seed 001's question: is the framework leaving memory behind?), is flagged with its numbers.
 The same holds for the reference engine the memory suite measures: its real sleep passes, and the two
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.config.models import TINY
 from harness.engines.reference import ReferenceEngine
-from harness.memory.probe import check_sleep_release, used_bytes
-from harness.models import TINY
+from harness.memory.device import check_sleep_release, used_bytes
 
 WEIGHTS = 64 * 2**20
 

@@ -9,13 +9,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.memory import model as mm
-from harness.memory.prefill import (CHUNKED, check_prefill, chunked_prefill_attention, padding_mask,
-                                    register_attention, run_prefill, trace_prefill)
+from harness.config.models import DEEPSEEK_V3, TINY
+from harness.memory import phases as mm
+from harness.memory.prefill import (
+    CHUNKED,
+    check_prefill,
+    chunked_prefill_attention,
+    padding_mask,
+    register_attention,
+    run_prefill,
+    trace_prefill,
+)
 from harness.memory.tracer import fake_mode, rope_inputs, shard_config, trace, trace_decoder_layer
-from harness.models import DEEPSEEK_V3, TINY
 
-# Where the closed forms of harness.memory.model and the traced peaks of real HF code both apply,
+# Where the closed forms of harness.memory.phases and the traced peaks of real HF code both apply,
 # they must agree within this relative tolerance (measured: prefill within 6%, weights exact).
 TRACER_MODEL_RTOL = 0.10
 
@@ -41,7 +48,7 @@ def test_tracer_counts_known_tensors_exactly():
 def test_tracer_allocates_nothing_at_671b_shapes():
     # One full DSV3 MoE layer shard of the A2 plan (TP8, EP16): 1.4 GiB of expert weights alone, traced
     # on fake tensors; the resident bytes are exactly the model's per-device parameter count in bf16.
-    from harness.memory.probe import used_bytes
+    from harness.memory.device import used_bytes
 
     before = used_bytes("cpu")
     tr = trace_decoder_layer(DEEPSEEK_V3, layer=5, tokens=4096, tp=8, ep=16)

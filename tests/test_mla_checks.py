@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
-from harness import mla
+from harness.config.models import DEEPSEEK_V3, MOONLIGHT_16B, TINY
 from harness.engines.base import load_factory
-from harness.engines.reference import Fault, ReferenceEngine
+from harness.engines.reference import EngineFault, ReferenceEngine
 from harness.engines.weights import random_state_dict
 from harness.errors import BadInput
-from harness.models import DEEPSEEK_V3, MOONLIGHT_16B, TINY
+from harness.mla.checks import SyncBehaviour, check_freshness, check_scale, compare_logprobs, probe_aliasing
+from harness.mla.derive import derive_absorbed, softmax_scale, wrong_scales
 
 SPEC = TINY
 PROMPTS = [[5, 9, 13, 2], [77, 1]]
@@ -24,41 +25,41 @@ def weights():
 
 
 def test_closed_form_scales():
-    assert mla.softmax_scale(DEEPSEEK_V3) == pytest.approx(0.1352338, abs=1e-7)
-    assert mla.softmax_scale(MOONLIGHT_16B) == pytest.approx(192 ** -0.5, rel=1e-12)
-    assert mla.softmax_scale(TINY) == pytest.approx(128 ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
+    assert softmax_scale(DEEPSEEK_V3) == pytest.approx(0.1352338, abs=1e-7)
+    assert softmax_scale(MOONLIGHT_16B) == pytest.approx(192 ** -0.5, rel=1e-12)
+    assert softmax_scale(TINY) == pytest.approx(128 ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
     # MindSpeed's 1/sqrt(128) is 53% below the right DSV3 scale; the tiny model keeps a >= 30% gap.
-    assert mla.softmax_scale(DEEPSEEK_V3) / mla.wrong_scales(DEEPSEEK_V3)["v_head_dim"] == pytest.approx(1.53, abs=0.01)
-    assert mla.softmax_scale(TINY) / mla.wrong_scales(TINY)["v_head_dim"] - 1 >= 0.30
+    assert softmax_scale(DEEPSEEK_V3) / wrong_scales(DEEPSEEK_V3)["v_head_dim"] == pytest.approx(1.53, abs=0.01)
+    assert softmax_scale(TINY) / wrong_scales(TINY)["v_head_dim"] - 1 >= 0.30
 
 
 def test_check_scale_names_the_bug():
-    bad = mla.check_scale("x", DEEPSEEK_V3, 128 ** -0.5)
+    bad = check_scale("x", DEEPSEEK_V3, 128 ** -0.5)
     assert not bad.ok and bad.bug == "v_head_dim" and "0.0883883" in bad.message() and "0.1352338" in bad.message()
-    assert mla.check_scale("x", DEEPSEEK_V3, 0.1352337788608801).ok
+    assert check_scale("x", DEEPSEEK_V3, 0.1352337788608801).ok
 
 
 def test_derived_weights_are_views_with_vllm_layout(weights):
     kv = weights[0]["model.layers.0.self_attn.kv_b_proj.weight"]
-    w_uk_t, w_uv = mla.derive_absorbed(kv, SPEC)
+    w_uk_t, w_uv = derive_absorbed(kv, SPEC)
     n, p, v, lat = SPEC.num_attention_heads, SPEC.qk_nope_head_dim, SPEC.v_head_dim, SPEC.kv_lora_rank
     assert w_uk_t.shape == (n, p, lat) and w_uv.shape == (n, lat, v)
     assert w_uk_t.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
     # kv_b_proj rows per head are [k_nope (P) | v (V)]: W_UV[h, l, j] = kv[h*(P+V) + P + j, l]
     assert w_uv[1, 7, 3] == kv[1 * (p + v) + p + 3, 7] and w_uk_t[2, 5, 9] == kv[2 * (p + v) + 5, 9]
     with pytest.raises(ValueError, match="does not match"):
-        mla.derive_absorbed(torch.empty(0), SPEC)
+        derive_absorbed(torch.empty(0), SPEC)
 
 
-@pytest.mark.parametrize("fault", [None, Fault.STALE_COPY, Fault.DTYPE_COPY, Fault.REBIND])
+@pytest.mark.parametrize("fault", [None, EngineFault.STALE_COPY, EngineFault.DTYPE_COPY, EngineFault.REBIND])
 def test_freshness_and_behaviour_fail_only_on_stale_engines(weights, fault):
     old, new = weights
     fresh = ReferenceEngine(SPEC, new).generate(PROMPTS, 5)
     engine = ReferenceEngine(SPEC, old, fault=fault)
     pre = engine.generate(PROMPTS, 5)
     engine.load_weights(new.items())
-    report = mla.check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
-    behaviour = mla.SyncBehaviour(engine.name, pre, engine.generate(PROMPTS, 5), fresh)
+    report = check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
+    behaviour = SyncBehaviour(engine.name, pre, engine.generate(PROMPTS, 5), fresh)
     if fault is None:
         assert report.ok and behaviour.ok, (report.message(), behaviour.message())
         return
@@ -72,13 +73,13 @@ def test_freshness_and_behaviour_fail_only_on_stale_engines(weights, fault):
 
 def test_behaviour_sensitivity_guard():
     same = [[1, 2, 3]]
-    finding = mla.SyncBehaviour("e", pre=same, post=same, fresh=same)
+    finding = SyncBehaviour("e", pre=same, post=same, fresh=same)
     assert not finding.ok and "changed nothing" in finding.message()
 
 
 def test_aliasing_probe_tells_views_from_copies(weights):
-    views = mla.probe_aliasing(ReferenceEngine(SPEC, weights[0]).mla_layers(), SPEC)
-    copies = mla.probe_aliasing(ReferenceEngine(SPEC, weights[0], fault="stale_copy").mla_layers(), SPEC)
+    views = probe_aliasing(ReferenceEngine(SPEC, weights[0]).mla_layers(), SPEC)
+    copies = probe_aliasing(ReferenceEngine(SPEC, weights[0], fault="stale_copy").mla_layers(), SPEC)
     assert views and all(a.shares_storage and a.propagates for a in views)
     assert copies and not any(a.shares_storage or a.propagates for a in copies)
 
@@ -88,7 +89,7 @@ def test_freshness_reports_a_dropped_kv_b_proj():
     from harness.engines.base import MLALayer
 
     w = torch.zeros(SPEC.num_attention_heads, SPEC.qk_nope_head_dim, SPEC.kv_lora_rank)
-    report = mla.check_freshness("amx", [MLALayer(0, torch.empty(0), w, None)], SPEC, torch.float32)
+    report = check_freshness("amx", [MLALayer(0, torch.empty(0), w, None)], SPEC, torch.float32)
     assert not report.ok and "layer 0" in report.message() and "dropped" in report.message()
 
 
@@ -96,9 +97,9 @@ def test_compare_logprobs_locates_worst():
     a = [torch.zeros(3, 4)]
     b = [torch.zeros(3, 4)]
     b[0][2, 1] = 0.5
-    found = mla.compare_logprobs("x", a, b, torch.float32)
+    found = compare_logprobs("x", a, b, torch.float32)
     assert not found.ok and found.count == 1 and found.where == (0, 2, 1) and found.worst == pytest.approx(0.5)
-    assert mla.compare_logprobs("x", a, a, torch.float32).ok
+    assert compare_logprobs("x", a, a, torch.float32).ok
 
 
 def test_sampling_is_seeded_and_reports_logprobs(weights):
@@ -107,7 +108,7 @@ def test_sampling_is_seeded_and_reports_logprobs(weights):
     assert a.token_ids == engine.sample(PROMPTS, 6, temperature=1.0, seed=7).token_ids
     assert all(len(lp) == 6 and all(x <= 0 for x in lp) for lp in a.logprobs)
     greedy = engine.sample(PROMPTS, 6, full_logprobs=True)
-    for toks, lps, dist in zip(greedy.token_ids, greedy.logprobs, greedy.dist_logprobs):
+    for toks, lps, dist in zip(greedy.token_ids, greedy.logprobs, greedy.dist_logprobs, strict=True):
         assert toks == dist.argmax(-1).tolist() and lps == pytest.approx(dist.max(-1).values.tolist())
 
 
@@ -150,19 +151,19 @@ def _compare_csv(path, rows):
 
 
 def test_first_not_pass_names_op_and_its_stack(tmp_path):
-    from harness import probe
+    from harness.mla import localize
 
     stack = "['File /x/harness/engines/reference.py, line 235, in _attn_prefill, \\n scores = ...']"
     bad = _compare_csv(tmp_path / "bad.csv", [("Tensor.pow.0.forward.input.0", "pass", "['File a']"),
                                               ("Tensor.__mul__.15.forward.input.0", "pass", stack),
                                               ("Tensor.__mul__.15.forward.input.1", "error", "N/A"),
                                               ("Functional.linear.9.forward.output.0", "warning", "N/A")])
-    verdict = probe.first_not_pass(bad)
+    verdict = localize.first_not_pass(bad)
     assert verdict.name == "Tensor.__mul__.15.forward.input.1" and "_attn_prefill" in verdict.describe()
     ok = _compare_csv(tmp_path / "ok.csv", [("Tensor.pow.0.forward.input.0", "pass", "")])
-    assert probe.first_not_pass(ok) is None
+    assert localize.first_not_pass(ok) is None
     with pytest.raises(BadInput, match="cannot read"):
-        probe.first_not_pass(tmp_path / "missing.csv")
+        localize.first_not_pass(tmp_path / "missing.csv")
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(BadInput, match="Result"):
-        probe.first_not_pass(tmp_path / "other.csv")
+        localize.first_not_pass(tmp_path / "other.csv")

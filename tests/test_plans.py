@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.models import DEEPSEEK_V3, MODELS, MOONLIGHT_16B, TINY, ModelSpec
-from harness.plans import ParallelPlan, PlanError, RolloutParallel, TrainParallel, validate_plan
-from harness.scales import SCALES
+from harness.config.models import DEEPSEEK_V3, MODELS, MOONLIGHT_16B, TINY, ModelSpec
+from harness.config.plans import ParallelPlan, PlanError, RolloutParallel, TrainParallel, validate_plan
+from harness.config.scales import SCALES
 
 # The `ci` profile (derandomize, no deadline) is registered by the plugin in pytest_configure.
 CI = settings(settings.get_profile("ci"), max_examples=60)
@@ -40,7 +41,7 @@ def stage_layers(draw, num_layers: int, pp: int) -> tuple[int, ...]:
         return ()
     cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
     bounds = [0, *cuts, num_layers]
-    return tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
 
 
 @st.composite
@@ -71,11 +72,13 @@ def test_valid_by_construction(case):
 
 
 def _train(case: Case, **changes) -> Case:
-    return dataclasses.replace(case, plan=dataclasses.replace(case.plan, train=dataclasses.replace(case.plan.train, **changes)))
+    train = dataclasses.replace(case.plan.train, **changes)
+    return dataclasses.replace(case, plan=dataclasses.replace(case.plan, train=train))
 
 
 def _rollout(case: Case, **changes) -> Case:
-    return dataclasses.replace(case, plan=dataclasses.replace(case.plan, rollout=dataclasses.replace(case.plan.rollout, **changes)))
+    rollout = dataclasses.replace(case.plan.rollout, **changes)
+    return dataclasses.replace(case, plan=dataclasses.replace(case.plan, rollout=rollout))
 
 
 def _non_divisor(n: int) -> int:
@@ -147,7 +150,8 @@ def test_a3_stage_layers_sum_to_61():
     plan = SCALES["full-a3"].plan
     validate_plan(plan, DEEPSEEK_V3, 256)
     with pytest.raises(PlanError, match=r"^rule stage-layers-sum: .*sum to 62, model deepseek-v3 has 61"):
-        validate_plan(_train(Case(DEEPSEEK_V3, plan, 256), stage_layers=(7, 7, 8, 8, 8, 8, 8, 8)).plan, DEEPSEEK_V3, 256)
+        bad = _train(Case(DEEPSEEK_V3, plan, 256), stage_layers=(7, 7, 8, 8, 8, 8, 8, 8))
+        validate_plan(bad.plan, DEEPSEEK_V3, 256)
 
 
 def test_uniform_middle_helper():

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from harness import hardware as hw
-from harness.plugin import HARDWARE_MARKERS, TIER_MARKERS, requires
+from harness.config import hardware as hw
+from harness.config.scales import TIERS
+from harness.markers import HARDWARE_MARKERS, TIER_MARKERS, requires
 
 # These sessions assert what is skipped on a CPU-only machine (the CI tier).
 pytestmark = pytest.mark.skipif(hw.detect().kind != "cpu", reason="asserts the skips of a CPU-only machine")
 
 SUITE = """
 import pytest
-from harness.plugin import requires
+from harness.markers import requires
 
 @pytest.mark.tiny
 def test_tiny(scale):
@@ -54,6 +55,10 @@ def _skip_reasons(result: pytest.RunResult) -> str:
 
 
 
+def test_tier_markers_are_the_scale_tiers():
+    assert tuple(TIER_MARKERS) == TIERS  # one vocabulary: the markers a suite uses are the tiers scales have
+
+
 def test_markers_are_listed(pytester: pytest.Pytester):
     result = pytester.runpytest("--markers")
     text = result.stdout.str()
@@ -78,7 +83,8 @@ def test_markers_are_strict(pytester: pytest.Pytester):
 def test_missing_hardware_skips_with_reason(suite):
     reprec = suite.inline_run()
     reprec.assertoutcome(passed=3, skipped=4)
-    reasons = {r.nodeid.split("::")[-1]: r.longrepr[2] for r in reprec.getreports("pytest_runtest_logreport") if r.skipped}
+    reasons = {r.nodeid.split("::")[-1]: r.longrepr[2]
+               for r in reprec.getreports("pytest_runtest_logreport") if r.skipped}
     expected = {
         "test_full": ["missing hardware a3", "256 devices; found 0", "a Ray cluster (--ray-address)"],
         "test_npu_marker": ["missing hardware npu", "found cpu"],

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import mla
-from harness.engines.reference import Fault, ReferenceEngine
+from harness.config.models import TINY
+from harness.engines.reference import EngineFault, ReferenceEngine
 from harness.engines.weights import random_state_dict
-from harness.models import TINY
+from harness.mla.checks import check_freshness, probe_aliasing
 
 SPEC = TINY.with_layers(2, first_k_dense_replace=2, name="tiny-dsv3-2l-dense")
 PROMPTS = [[5, 9, 13, 2], [77, 1]]
@@ -45,9 +45,9 @@ def test_wake_up_keeps_absorbed_views_of_kv_b_proj(weights, level):
     engine.sleep(level=level)
     engine.wake_up()
     engine.load_weights(weights[1].items())
-    report = mla.check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
+    report = check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
     assert report.ok, report.message()
-    assert all(a.shares_storage and a.propagates for a in mla.probe_aliasing(engine.mla_layers(), SPEC))
+    assert all(a.shares_storage and a.propagates for a in probe_aliasing(engine.mla_layers(), SPEC))
 
 
 def test_level_1_restores_weights_bit_for_bit(weights):
@@ -71,7 +71,7 @@ def test_level_2_wakes_empty_until_synced(weights):
     assert engine.generate(PROMPTS, 6) == want
 
 
-@pytest.mark.parametrize("fault", [Fault.STALE_COPY, Fault.DTYPE_COPY, Fault.REBIND])
+@pytest.mark.parametrize("fault", [EngineFault.STALE_COPY, EngineFault.DTYPE_COPY, EngineFault.REBIND])
 @pytest.mark.parametrize("level", [1, 2])
 def test_fault_engines_stay_stale_across_sleep(weights, fault, level):
     # Level 1 offloads the stale copies with the weights (still the initial values); level 2 discards them
@@ -82,10 +82,10 @@ def test_fault_engines_stay_stale_across_sleep(weights, fault, level):
     engine.sleep(level=level)
     engine.wake_up()
     engine.load_weights(weights[1].items())
-    report = mla.check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
+    report = check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32)
     assert not report.ok, f"{fault.value} after sleep({level}): the seeded staleness disappeared"
     expected = initial if level == 1 else [torch.zeros_like(w) for w in initial]
-    assert all(torch.equal(w, e) for w, e in zip(_absorbed(engine), expected))
+    assert all(torch.equal(w, e) for w, e in zip(_absorbed(engine), expected, strict=True))
 
 
 def test_asleep_engine_refuses_use(weights):

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from harness.models import DEEPSEEK_V3, MODELS, MOONLIGHT_16B, TINY, get_model, yarn_mscale
-from harness.scales import SCALES, TIERS, default_scale, get_scale
+from harness.config.models import DEEPSEEK_V3, MODELS, MOONLIGHT_16B, TINY, get_model, yarn_mscale
+from harness.config.scales import SCALES, TIERS, default_scale, get_scale
+from harness.errors import BadInput
 
 # deepseek-ai/DeepSeek-V3 config.json, as listed in DESIGN.md. A wrong value here silently skews the
 # memory model, the softmax-scale check (MindSpeed used 128 for 192) and every reduced/full scale.
@@ -29,7 +30,8 @@ OFFICIAL_MOONLIGHT = {
 
 
 def _mismatches(spec, expected: dict) -> list[str]:
-    return [f"{k}: registry {getattr(spec, k)!r} != official {v!r}" for k, v in expected.items() if getattr(spec, k) != v]
+    return [f"{k}: registry {getattr(spec, k)!r} != official {v!r}"
+            for k, v in expected.items() if getattr(spec, k) != v]
 
 
 def test_deepseek_v3_matches_official_config():
@@ -98,9 +100,9 @@ def test_reduced_variant_keeps_real_dims():
 
 
 def test_unknown_names_are_one_line_errors():
-    with pytest.raises(KeyError, match="known: .*deepseek-v3"):
+    with pytest.raises(BadInput, match="known: .*deepseek-v3"):
         get_model("deepseek-v4")
-    with pytest.raises(KeyError, match="known: .*full-a3"):
+    with pytest.raises(BadInput, match="known: .*full-a3"):
         get_scale("full-a4")
 
 

@@ -1,4 +1,4 @@
-"""Self-tests of the rollout replay checker (harness.launch.replay): it fails on replays that reproduce
+"""Self-tests of the rollout replay checker (harness.artifacts.replay): it fails on replays that reproduce
 real ways a seed-003 "打桩" run goes wrong, and passes on the correct replay."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.artifacts.replay import ReplayKey, RolloutReplay, batch_differences, verl_skip_overrides
 from harness.errors import BadInput
-from harness.launch.replay import RolloutReplay, ReplayKey, batch_differences, verl_skip_overrides
 
 KEY = ReplayKey("exp", "proj", gbs=2, n=2, max_prompt_length=4, max_response_length=3)
 

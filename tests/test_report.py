@@ -22,7 +22,8 @@ SUITE = textwrap.dedent('''
     @pytest.mark.tiny
     def test_measures(record_property):
         record_property("throughput", {"tps_per_card": 123.2, "tps_per_device": 61.6})
-        record_property("memory.phases", [{"scale": "tiny", "phase": "update", "components_gib": {"weights": 1.5}, "peak_gib": 1.5, "budget_gib": 2.0, "fits": True}])
+        record_property("memory.phases", [{"scale": "tiny", "phase": "update", "components_gib": {"weights": 1.5},
+                                           "peak_gib": 1.5, "budget_gib": 2.0, "fits": True}])
 
     @pytest.mark.tiny
     def test_fails():
@@ -107,7 +108,8 @@ def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
 
 
 def test_markdown_names_failures_and_figures(report_factory):
-    md = render_markdown(report_factory("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01, failing=True))
+    md = render_markdown(report_factory("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01,
+                                        failing=True))
     assert "FAIL" in md and "peak 70.1 GiB > budget 62" in md and "123.2 TPS/card" in md
     assert "| suites/perf/test_graph_mode.py::test_decode | 10.000 |" in md
     assert "✅ PASS" in render_markdown(report_factory("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from harness.cli import main
+from harness.config.hardware import PROFILES
 from harness.errors import BadInput
-from harness.hardware import PROFILES
 from harness.metrics.ingest import load_run
 from harness.metrics.throughput import check_regression, check_target, throughput
 
@@ -30,7 +30,7 @@ def _verl_batch(prompt_lengths, response_lengths, max_prompt=8, max_response=12)
     b = len(prompt_lengths)
     prompt_mask = torch.zeros(b, max_prompt, dtype=torch.long)
     response_mask = torch.zeros(b, max_response, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths, strict=True)):
         prompt_mask[i, max_prompt - p:] = 1
         response_mask[i, :r] = 1
     scores = torch.randn(b, max_response) * response_mask
@@ -126,20 +126,20 @@ def test_target_check_fails_on_the_dies_vs_cards_bug(seed_run):
     run = load_run(seed_run)
     a3 = PROFILES["a3"]
     good = throughput(run, a3, devices=A3_DIES)
-    assert check_target(good, 120.0).passed
+    assert check_target(good, 120.0).ok
     # Seeded bug: treating each die as a card (verl's perf/throughput taken as per-card) halves the figure.
     buggy = throughput(run, dataclasses.replace(a3, dies_per_card=1), devices=A3_DIES)
     verdict = check_target(buggy, 120.0)
-    assert not verdict.passed and "61.6" in verdict.message and "worst step 2" in verdict.message
+    assert not verdict.ok and "61.6" in verdict.message() and "worst step 2" in verdict.message()
     # Seeded bug: no warm-up skip lets the slow first step (112) drag the median to 117.6 < 120.
-    assert not check_target(throughput(run, a3, devices=A3_DIES, warmup=0), 120.0).passed
+    assert not check_target(throughput(run, a3, devices=A3_DIES, warmup=0), 120.0).ok
 
 
 def test_regression_check_fails_beyond_tolerance(seed_run):
     tp = throughput(load_run(seed_run), PROFILES["a3"])
-    assert check_regression(tp, 123.2 / 0.97, 0.05).passed  # 3% slower than baseline: within 5%
+    assert check_regression(tp, 123.2 / 0.97, 0.05).ok  # 3% slower than baseline: within 5%
     verdict = check_regression(tp, 123.2 / 0.93, 0.05)  # 7% slower: a regression
-    assert not verdict.passed and "-7.0%" in verdict.message
+    assert not verdict.ok and "-7.0%" in verdict.message()
 
 
 def test_matches_verl_compute_throughout_metrics_on_a_real_dataproto(tmp_path):
@@ -152,7 +152,8 @@ def test_matches_verl_compute_throughout_metrics_on_a_real_dataproto(tmp_path):
     rng = random.Random(0)
     n_gpus, sequences, steps = 16, 6, []
     for _ in range(4):
-        batch = _verl_batch([rng.randint(1, 8) for _ in range(sequences)], [rng.randint(1, 12) for _ in range(sequences)])
+        batch = _verl_batch([rng.randint(1, 8) for _ in range(sequences)],
+                            [rng.randint(1, 12) for _ in range(sequences)])
         timing = {"gen": rng.uniform(5, 9), "old_log_prob": 1.0, "ref": 1.0, "update_actor": 3.0}
         timing["step"] = sum(timing.values()) + 0.5
         steps.append({**compute_data_metrics(batch, use_critic=False), **compute_timing_metrics(batch, timing),
@@ -162,13 +163,13 @@ def test_matches_verl_compute_throughout_metrics_on_a_real_dataproto(tmp_path):
     run = load_run(path)
     tp = throughput(run, PROFILES["a3"], warmup=0)
     assert tp.devices == n_gpus
-    for ours, logged in zip(tp.per_step, steps):
+    for ours, logged in zip(tp.per_step, steps, strict=True):
         assert ours.tps_per_device == pytest.approx(logged["perf/throughput"], rel=1e-9)
         assert ours.tps_per_card == pytest.approx(2 * logged["perf/throughput"], rel=1e-9)
     # Without perf/*: tokens from GBS x n x (mean prompt + mean response), as seed 002 states its figure.
     means_only = dataclasses.replace(run, series={k: v for k, v in run.series.items() if not k.startswith("perf/")})
     by_means = throughput(means_only, PROFILES["a3"], devices=n_gpus, sequences=sequences, warmup=0)
-    for ours, logged in zip(by_means.per_step, steps):
+    for ours, logged in zip(by_means.per_step, steps, strict=True):
         assert ours.tps_per_device == pytest.approx(logged["perf/throughput"], rel=1e-6)
 
 
@@ -178,7 +179,8 @@ def test_graph_mode_read_from_the_runs_config(seed_run):
 
     run = load_run(seed_run)
     assert graph_mode(run) is None  # nothing recorded: the target suite refuses to assume graph mode
-    eager = dataclasses.replace(run, meta=RunMeta(extra={"overrides": ["actor_rollout_ref.rollout.enforce_eager=True"]}))
+    eager = dataclasses.replace(run, meta=RunMeta(extra={"overrides": [
+        "actor_rollout_ref.rollout.enforce_eager=True"]}))
     graph = dataclasses.replace(run, meta=RunMeta(extra={"config": {"actor_rollout_ref": {"rollout": {
         "enforce_eager": False}}}}))
     assert graph_mode(eager) is False and graph_mode(graph) is True
@@ -189,11 +191,11 @@ def test_graph_not_slower_check_fails_when_graph_mode_is_slower():
 
     eager = DecodeSpeed("eager", 256, (0.50, 0.52, 0.90))
     tol = GRAPH_MODE_TOLERANCE["cpu"]
-    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.30, 0.31, 0.60)), tol).passed
+    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.30, 0.31, 0.60)), tol).ok
     # within noise: 5% slower passes the CPU tolerance (10%), a seeded 25% slowdown does not
-    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.525, 0.53)), tol).passed
+    assert check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.525, 0.53)), tol).ok
     verdict = check_graph_not_slower(eager, DecodeSpeed("graph", 256, (0.625, 0.64, 0.70)), tol)
-    assert not verdict.passed and "speedup 0.80x" in verdict.message
+    assert not verdict.ok and "speedup 0.80x" in verdict.message()
 
 
 def test_a_perf_throughput_not_computed_as_verl_does_is_refused(tmp_path):
@@ -205,5 +207,6 @@ def test_a_perf_throughput_not_computed_as_verl_does_is_refused(tmp_path):
                       "perf/throughput": 64 * 4.2 / step_time})
     path = tmp_path / "lab.jsonl"
     _log_with_verl(path, steps)
-    with pytest.raises(BadInput, match=r"perf/throughput is not tokens / \(step time x devices\).*implies 6.07 devices"):
+    with pytest.raises(BadInput,
+                       match=r"perf/throughput is not tokens / \(step time x devices\).*implies 6.07 devices"):
         throughput(load_run(path), PROFILES["cpu"], devices=1, sequences=64)

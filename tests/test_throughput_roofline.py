@@ -1,4 +1,4 @@
-"""Self-tests of harness.roofline: DSV3's active parameters, the FLOPs accounting of the RL step, and the
+"""Self-tests of harness.config.roofline: DSV3's active parameters, the FLOPs accounting of the RL step, and the
 A3 per-card limit (two dies) beside seed 002's measured 123.2 TPS/card."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from harness.models import DEEPSEEK_V3
-from harness.roofline import attention_flops_per_forward, matmul_params, roofline, step_flops
-from harness.scales import SCALES
+from harness.config.models import DEEPSEEK_V3
+from harness.config.roofline import attention_flops_per_forward, matmul_params, roofline, step_flops
+from harness.config.scales import SCALES
 
 SEED_MEAN_TOKENS = 77.8 + 1576.6
 

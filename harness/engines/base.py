@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.config.models import ModelSpec
 from harness.errors import BadInput
-from harness.models import ModelSpec
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +66,7 @@ class Engine(abc.ABC):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- optional hook: engines without resources keep the default
         """Release the engine's memory (idempotent)."""
 
     @abc.abstractmethod

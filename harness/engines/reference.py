@@ -6,12 +6,13 @@ It behaves like upstream vLLM where the MLA bugs live:
 - prefill is the naive path (k_nope / v expanded through kv_b_proj directly, as vLLM's MHA prefill);
 - decode is the absorbed path: q_nope @ W_UK_T scores against the latent, the latent output goes through W_UV;
 - W_UK_T / W_UV are derived ONCE, after the initial load (`_process_weights_after_loading`), as views of
-  kv_b_proj.weight (`harness.mla.derive_absorbed`); `load_weights` copies in place, so views stay fresh.
+  kv_b_proj.weight (`harness.derive_absorbed`); `load_weights` copies in place, so views stay fresh.
 So a stale W_UV corrupts decode tokens only; the first generated token (from prefill) stays right.
 """
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import tempfile
 from collections.abc import Iterable
@@ -20,15 +21,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness import mla
+from harness.config.models import ModelSpec
 from harness.engines.base import Engine, MLALayer, Rollout, torch_threads
 from harness.engines.weights import checkpoint_shapes, read_model_dir
 from harness.errors import BadInput
-from harness.models import ModelSpec
+from harness.mla.derive import derive_absorbed, softmax_scale
 
 
-class Fault(str, enum.Enum):
-    """Real bugs the reference engine can reproduce (`ReferenceEngine(..., fault=Fault.STALE_COPY)` or the string).
+class EngineFault(str, enum.Enum):
+    """Real bugs the reference engine can reproduce (`ReferenceEngine(..., fault=EngineFault.STALE_COPY)` or the
+    string).
 
     STALE_COPY      vllm-ascend: W_UK_T / W_UV made with `.contiguous()` at init and never re-derived after a
                     weight sync (seed 001 精度问题1; verl PR #4130 / #5235). Decode uses the initial weights.
@@ -114,7 +116,7 @@ class ReferenceEngine(Engine):
       weights      dict name -> tensor (HF checkpoint names) or a model directory; required for "real".
       load_format  "real" loads `weights`; "dummy" initialises uniform(-1e-3, 1e-3) from `seed` like vLLM's dummy
                    loader, to be overwritten by `load_weights` (the verl flow with load_format=dummy).
-      fault        None, or a `Fault` (or its string value) reproducing a real bug, for seeded self-tests and the
+      fault        None, or a `EngineFault` (or its string value) reproducing a real bug, for seeded self-tests and the
                    tiny DAPO lab's fault injection.
     Supports sleep(level=1|2) / wake_up() for real (see `sleep`): the weights' storage is freed while asleep and
     reallocated in place on wake-up, so views into it (W_UK_T / W_UV) stay valid, as vLLM's CuMemAllocator /
@@ -126,9 +128,9 @@ class ReferenceEngine(Engine):
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
-                 fault: Fault | str | None = None):
+                 fault: EngineFault | str | None = None):
         self.spec, self.dtype = spec, dtype
-        self.fault = Fault(fault) if fault is not None else None
+        self.fault = EngineFault(fault) if fault is not None else None
         self.name = "reference" + (f"[{self.fault.value}]" if self.fault else "")
         self._asleep = False
         self._pool: list[torch.UntypedStorage] = []  # storages released while asleep (see sleep)...
@@ -151,9 +153,9 @@ class ReferenceEngine(Engine):
             raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
         self._inv_freq = yarn_inv_freq(spec)
         self._scale = {
-            Fault.SCALE_V_HEAD: spec.v_head_dim ** -0.5,
-            Fault.SCALE_NO_MSCALE: spec.qk_head_dim ** -0.5,
-        }.get(self.fault, mla.softmax_scale(spec))
+            EngineFault.SCALE_V_HEAD: spec.v_head_dim ** -0.5,
+            EngineFault.SCALE_NO_MSCALE: spec.qk_head_dim ** -0.5,
+        }.get(self.fault, softmax_scale(spec))
         self._process_weights_after_loading()
 
     # ------------------------------------------------------------ weights
@@ -161,10 +163,10 @@ class ReferenceEngine(Engine):
         """Derive W_UK_T / W_UV once, as vLLM does at engine init (verl never calls it again after a sync)."""
         self._absorbed = []
         for i in range(self.spec.num_hidden_layers):
-            w_uk_t, w_uv = mla.derive_absorbed(self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"], self.spec)
-            if self.fault is Fault.STALE_COPY:
+            w_uk_t, w_uv = derive_absorbed(self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"], self.spec)
+            if self.fault is EngineFault.STALE_COPY:
                 w_uk_t, w_uv = w_uk_t.contiguous(), w_uv.contiguous()
-            elif self.fault is Fault.DTYPE_COPY:
+            elif self.fault is EngineFault.DTYPE_COPY:
                 w_uk_t, w_uv = w_uk_t.to(torch.float64), w_uv.to(torch.float64)
             self._absorbed.append((w_uk_t, w_uv))
 
@@ -184,7 +186,7 @@ class ReferenceEngine(Engine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._check_awake("load_weights")
-        self._copy_in(weights, rebind=self.fault is Fault.REBIND)
+        self._copy_in(weights, rebind=self.fault is EngineFault.REBIND)
 
     def mla_layers(self) -> list[MLALayer]:
         return [MLALayer(layer=i, kv_b_proj=self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"].data,
@@ -246,7 +248,7 @@ class ReferenceEngine(Engine):
             return
         if self._offload is not None:
             self._offload.seek(0)
-        for storage, nbytes in zip(self._pool, self._pool_nbytes):
+        for storage, nbytes in zip(self._pool, self._pool_nbytes, strict=True):
             storage.resize_(nbytes)
             if self._offload is None:
                 _bytes_of(storage).zero_()
@@ -340,6 +342,9 @@ class ReferenceEngine(Engine):
         out = torch.einsum("bnl,nlv->bnv", o_lat, w_uv).reshape(len(x), -1)
         return F.linear(out, self._p(a + "o_proj.weight"))
 
+    def _decode_layer(self, i: int, y: torch.Tensor, *, pos, caches, lengths) -> torch.Tensor:
+        return self._attn_decode(i, y, pos, caches[i], lengths)
+
     def _layers(self, h: torch.Tensor, attn) -> torch.Tensor:
         s = self.spec
         for i in range(s.num_hidden_layers):
@@ -382,7 +387,7 @@ class ReferenceEngine(Engine):
         last = []
         for row, prompt in enumerate(prompt_token_ids):
             logits, latents = self.prefill_logits(prompt)
-            for cache, lat in zip(caches, latents):
+            for cache, lat in zip(caches, latents, strict=True):
                 cache[row, : len(prompt)] = lat
             last.append(logits[-1])
         logits = torch.stack(last)
@@ -406,15 +411,15 @@ class ReferenceEngine(Engine):
             if step == max_tokens - 1 or bool(done.all()):
                 break
             x = self._p("model.embed_tokens.weight")[nxt]
-            pos = lengths.clone()
-            logits = self._layers(x, lambda i, y: self._attn_decode(i, y, pos, caches[i], lengths))
+            logits = self._layers(x, functools.partial(self._decode_layer, pos=lengths.clone(), caches=caches,
+                                                       lengths=lengths))
             lengths = lengths + 1
         return Rollout(token_ids=tokens, logprobs=logps,
                        dist_logprobs=[torch.stack(d) for d in dists] if full_logprobs else None)
 
 
 def make_reference_engine(spec: ModelSpec, *, weights=None, load_format: str = "real",
-                          dtype: torch.dtype = torch.float32, seed: int = 0, fault: Fault | str | None = None
+                          dtype: torch.dtype = torch.float32, seed: int = 0, fault: EngineFault | str | None = None
                           ) -> ReferenceEngine:
     """Factory with the `--engine` signature (see `harness.engines.base.load_factory`)."""
     return ReferenceEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, fault=fault)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from harness.config.models import ModelSpec
 from harness.engines.base import torch_threads
 from harness.engines.weights import write_model_dir
-from harness.models import ModelSpec
 
 
 class HFTrainingModel:
@@ -47,7 +47,7 @@ class HFTrainingModel:
         try:
             yield self
         finally:
-            for attn, old in zip(self.attention_layers(), saved):
+            for attn, old in zip(self.attention_layers(), saved, strict=True):
                 attn.scaling = old
 
     @torch.no_grad()

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from harness.config.models import ModelSpec
 from harness.engines.base import Engine, MLALayer, Rollout
 from harness.engines.weights import write_model_dir
 from harness.errors import BadInput
-from harness.models import ModelSpec
 
 # The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
 CPU_MLA_LATENT = 576
@@ -98,7 +98,7 @@ class VLLMEngine(Engine):
             raise BadInput(f"sync {self.sync!r}: use 'load_weights' (verl's path) or 'reload' (vLLM layerwise reload)")
         if current_platform.is_cpu() and spec.kv_lora_rank + spec.qk_rope_head_dim != CPU_MLA_LATENT:
             raise BadInput(f"model {spec.name}: vLLM CPU MLA needs kv_lora_rank + qk_rope_head_dim = "
-                           f"{CPU_MLA_LATENT}; use harness.models.TINY")
+                           f"{CPU_MLA_LATENT}; use harness.config.models.TINY")
         kwargs = dict(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype,
                       load_format="auto" if load_format == "real" else "dummy", seed=seed,
                       max_model_len=max_model_len, max_num_seqs=16, max_num_batched_tokens=max_model_len * 4,
@@ -144,7 +144,9 @@ class VLLMEngine(Engine):
         def sync(model):
             if self.sync == "reload":
                 from vllm.model_executor.model_loader.reload import (
-                    finalize_layerwise_reload, initialize_layerwise_reload)
+                    finalize_layerwise_reload,
+                    initialize_layerwise_reload,
+                )
 
                 initialize_layerwise_reload(model)
                 model.load_weights(batch)
@@ -166,7 +168,7 @@ class VLLMEngine(Engine):
         return self._apply(read)
 
     def softmax_scale(self) -> float:
-        return self._apply(lambda model: float(getattr(_mla_modules(model)[0].impl, "scale")))
+        return self._apply(lambda model: float(_mla_modules(model)[0].impl.scale))
 
     # ------------------------------------------------------------ rollout
     def sample(self, prompt_token_ids: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
@@ -186,7 +188,7 @@ class VLLMEngine(Engine):
             comp = out.outputs[0]
             toks = list(comp.token_ids)
             tokens.append(toks)
-            logps.append([float(step[t].logprob) for step, t in zip(comp.logprobs, toks)])
+            logps.append([float(step[t].logprob) for step, t in zip(comp.logprobs, toks, strict=True)])
             if full_logprobs:
                 d = torch.full((len(toks), self.spec.vocab_size), float("-inf"))
                 for row, step in enumerate(comp.logprobs):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from harness.config.models import ModelSpec
 from harness.errors import BadInput
-from harness.models import ModelSpec
 
 
 def checkpoint_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

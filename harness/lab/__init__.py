@@ -3,6 +3,6 @@ core_algos) that writes verl FileLogger metrics and reproduces the real rollout 
 
 Run it with `python -m harness.lab --steps 30 --seed 0 --fault none --out DIR` or `run_lab(LabConfig(...), DIR)`.
 """
-from harness.lab.dapo import FAULTS, METRICS_FILE, LabConfig, run_lab
+from harness.lab.loop import FAULTS, LabConfig, run_lab
 
-__all__ = ["FAULTS", "METRICS_FILE", "LabConfig", "run_lab"]
+__all__ = ["FAULTS", "LabConfig", "run_lab"]

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from harness.errors import BadInput
-from harness.lab.dapo import FAULTS, LabConfig, run_lab
+from harness.lab.loop import FAULTS, LabConfig, run_lab
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,10 @@ def _env(scale, run_dir: str, env: dict) -> list[dict]:
 def _container(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
     container = {"name": role, "image": image, "imagePullPolicy": "IfNotPresent", "workingDir": SHARED_MOUNT,
                  "command": ["bash", "-c", command], "env": copy.deepcopy(env),  # no YAML aliases
-                 "volumeMounts": [{"name": "shared", "mountPath": SHARED_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}],
-                 "ports": [{"containerPort": RAY_PORT, "name": "gcs"}, {"containerPort": DASHBOARD_PORT, "name": "dashboard"}]}
+                 "volumeMounts": [{"name": "shared", "mountPath": SHARED_MOUNT},
+                                  {"name": "dshm", "mountPath": "/dev/shm"}],
+                 "ports": [{"containerPort": RAY_PORT, "name": "gcs"},
+                           {"containerPort": DASHBOARD_PORT, "name": "dashboard"}]}
     if scale.hardware.kind == "npu":
         count = str(scale.devices_per_node)
         container["resources"] = {"requests": {NPU_RESOURCE: count}, "limits": {NPU_RESOURCE: count}}
@@ -53,7 +55,8 @@ def _pod(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
                                  {"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}
 
 
-def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "default", steps: int | None = None) -> list[dict]:
+def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "default",
+             steps: int | None = None) -> list[dict]:
     """The manifest documents (Service, Volcano Job) for a scale, as plain dicts."""
     from harness.launch.ray_job import verl_job
 
@@ -73,7 +76,8 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
         # verl's FileLogger truncates metrics.jsonl on resume: keep the earlier segment (ingest merges them)
         f"{{ [ ! -s {shlex.quote(run_dir)}/metrics.jsonl ] || mv {shlex.quote(run_dir)}/metrics.jsonl "
         f"{shlex.quote(run_dir)}/metrics.seg$(date +%s).jsonl; }}",
-        f"ray start --head --port {RAY_PORT} --dashboard-host 0.0.0.0 --dashboard-port {DASHBOARD_PORT} --disable-usage-stats",
+        f"ray start --head --port {RAY_PORT} --dashboard-host 0.0.0.0 --dashboard-port {DASHBOARD_PORT} "
+        "--disable-usage-stats",
         wait,
         f"{job.entrypoint} 2>&1 | tee {shlex.quote(run_dir)}/job.log",
     ])
@@ -86,7 +90,8 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
     tasks = [{"name": "head", "replicas": 1, "template": _pod(scale, image, "head", head_cmd, env),
               "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}]}]
     if nodes > 1:
-        tasks.append({"name": "worker", "replicas": nodes - 1, "template": _pod(scale, image, "worker", worker_cmd, env)})
+        tasks.append({"name": "worker", "replicas": nodes - 1,
+                      "template": _pod(scale, image, "worker", worker_cmd, env)})
     volcano_job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
                    "metadata": {"name": name, "namespace": namespace,
                                 "labels": {"app": name, "ascend-rl-harness/scale": scale.name}},

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.metrics.keys import LAUNCH_FILE
 
 ISOLATED_ENV = "HARNESS_ISOLATED_NETNS"
 DASHBOARD_PORT = 8265
@@ -56,7 +57,8 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subproce
         raise BadInput(f"{' and '.join(missing)} not found: install util-linux / iproute2 (apt-get install iproute2) "
                        "to run the local Ray cluster in a loopback-only network namespace")
     if os.geteuid() != 0:
-        raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass --ray-address")
+        raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass "
+                       "--ray-address")
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
                "sh", "-c", _INIT_SCRIPT, "sh", *argv]
     env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -125,7 +127,8 @@ def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
             return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise BadInput(f"the local Ray job server at {url} did not come up in {timeout_s:.0f} s ({exc})") from None
+                raise BadInput(f"the local Ray job server at {url} did not come up in {timeout_s:.0f} s "
+                               f"({exc})") from None
             time.sleep(0.5)
 
 
@@ -181,10 +184,11 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
             return {**dataclasses.asdict(result), "ok": result.ok}
 
         with ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof must stay under a minute
-            results = dict(zip(jobs, pool.map(run, jobs)))
+            results = dict(zip(jobs, pool.map(run, jobs), strict=True))
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
-    proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results, "times": times,
+    proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results,
+             "times": times,
              "ray_processes_after_stop": _ray_processes()}
     write_json_atomic(out / "proof.json", proof)
     return proof
@@ -192,15 +196,15 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
 
 def _job_id(run_dir: Path, timeout_s: float = 60.0) -> str:
     """The job id the launcher wrote into run_dir/launch.json right after submitting."""
-    import json
+    from harness.launch.ray_job import read_launch
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            return json.loads((run_dir / "launch.json").read_text())["job_id"]
-        except (OSError, ValueError, KeyError):
+            return read_launch(run_dir)["job_id"]
+        except (BadInput, KeyError):
             time.sleep(0.2)
-    raise BadInput(f"{run_dir}/launch.json: the launcher wrote no job id in {timeout_s:.0f} s")
+    raise BadInput(f"{run_dir / LAUNCH_FILE}: the launcher wrote no job id in {timeout_s:.0f} s")
 
 
 def add_victim_node() -> None:

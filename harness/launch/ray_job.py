@@ -1,6 +1,6 @@
 """Submit a scale's DAPO job to an existing Ray cluster through the Ray Jobs API, watch it, collect it.
 
-The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.dapo overrides>`) on every scale
+The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.config.recipe overrides>`) on every scale
 but `tiny`, which runs the harness's DAPO lab (`python -m harness.lab`). The harness never schedules
 work itself: Ray places the job, verl places its workers.
 
@@ -21,17 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import write_atomic, write_json_atomic
+from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
+from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
 
-METRICS_FILE = "metrics.jsonl"  # verl FileLogger ($VERL_FILE_LOGGER_PATH), as harness.lab writes it
-RESULT_FILE = "launch.json"
-LOG_FILE = "job.log"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
 WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "data", "**/__pycache__",
                         ".benchmarks", ".hypothesis", "*.egg-info")
 VERDICTS = ("succeeded", "failed", "timeout", "node-lost", "stopped")
-REWARD_KEY, TPS_KEY = "critic/rewards/mean", "perf/throughput"
+LAUNCH_SCHEMA = "ascend-rl-harness/launch"  # launch.json (harness.metrics.keys.LAUNCH_FILE)
+LAUNCH_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -64,16 +63,17 @@ def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "py
     """The tiny scale: the harness's DAPO lab (real verl algorithm pieces on CPU) as a Ray job."""
     run_dir = Path(run_dir).resolve()
     return JobSpec(name="tiny", total_steps=steps, run_dir=str(run_dir),
-                   entrypoint=f"{python} -m harness.lab --steps {steps} --seed {seed} --out {shlex.quote(str(run_dir))}")
+                   entrypoint=f"{python} -m harness.lab --steps {steps} --seed {seed} "
+                              f"--out {shlex.quote(str(run_dir))}")
 
 
 def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
              extra_overrides: tuple[str, ...] = (), resume: bool = False) -> JobSpec:
-    """A scale's DAPO job: verl's entrypoint with harness.dapo's overrides, writing into `run_dir`."""
-    from harness import dapo
+    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides, writing into `run_dir`."""
+    from harness.config.recipe import dapo_recipe
 
     run_dir = Path(run_dir).resolve()
-    recipe = dapo.recipe(scale, model_path=model_path, data_dir=data_dir)
+    recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     overrides = [*recipe.overrides,
                  f"trainer.total_training_steps={steps}",
                  f"trainer.default_local_dir={run_dir / 'checkpoints'}",
@@ -113,7 +113,7 @@ def read_progress(metrics_path: Path) -> Progress:
     except BadInput:
         return Progress(0)
     last = lambda key: run[key].values[-1] if key in run and len(run[key]) else None  # noqa: E731
-    return Progress(max(run.steps, default=0), last(REWARD_KEY), last(TPS_KEY))
+    return Progress(max(run.steps, default=0), last(REWARD), last(THROUGHPUT))
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
-    from harness.checkpoint import rotate_log_for_resume
+    from harness.artifacts.checkpoint import rotate_log_for_resume
 
     console = console or Console(stderr=True)
     run_dir = Path(spec.run_dir)
@@ -230,10 +230,11 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     nodes_before = _alive_nodes(url) or set()
     job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env(),
                                entrypoint_resources=dict(spec.entrypoint_resources) or None,
-                               submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}",
+                               submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                             f"{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
-    write_json_atomic(run_dir / RESULT_FILE, {"job_id": job_id, "address": url, "verdict": "running",
-                                              "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
+    _write_launch(run_dir, {"job_id": job_id, "address": url, "verdict": "running",
+                            "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     start = time.monotonic()
     last_node_check = start
     job_nodes: set[str] = set()
@@ -280,9 +281,20 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     finally:
         _keep_logs(client, job_id, run_dir)
         if result is not None:
-            write_json_atomic(run_dir / RESULT_FILE, {**dataclasses.asdict(result), "nodes_at_submit": len(nodes_before),
-                                                      "spec": dataclasses.asdict(spec)})
+            _write_launch(run_dir, {**dataclasses.asdict(result), "nodes_at_submit": len(nodes_before),
+                                    "spec": dataclasses.asdict(spec)})
     return result
+
+
+def _write_launch(run_dir: Path, doc: dict) -> None:
+    write_json_atomic(run_dir / LAUNCH_FILE, versioned(LAUNCH_SCHEMA, LAUNCH_VERSION, doc))
+
+
+def read_launch(run_dir: str | Path) -> dict:
+    """The launcher's launch.json of a run directory (job id, address, verdict, spec)."""
+    return read_versioned(Path(run_dir) / LAUNCH_FILE, schema=LAUNCH_SCHEMA, version=LAUNCH_VERSION,
+                          what="launch record", hint="launch the job again with this harness version",
+                          missing="no launch record; was the job launched with `ascend-rl-harness launch`?")
 
 
 def _keep_logs(client, job_id: str, run_dir: Path) -> None:
@@ -290,4 +302,4 @@ def _keep_logs(client, job_id: str, run_dir: Path) -> None:
         logs = client.get_job_logs(job_id)
     except Exception as exc:  # the head itself died: say so in the log file instead of losing the verdict
         logs = f"[harness] could not fetch the job logs: {type(exc).__name__}: {exc}\n"
-    write_atomic(run_dir / LOG_FILE, logs)
+    write_atomic(run_dir / JOB_LOG_FILE, logs)

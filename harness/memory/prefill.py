@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.memory.model import GiB, MemoryOptions, budget_bytes, plan_memory, prefill_shape
+from harness.config.models import ModelSpec
+from harness.config.scales import Scale
+from harness.findings import Finding
+from harness.memory.phases import GiB, MemoryOptions, budget_bytes, plan_memory, prefill_shape
 from harness.memory.tracer import Allocation, Trace, fake_mode, rope_inputs, shard_config, trace
-from harness.models import ModelSpec
-from harness.scales import Scale
 
 CHUNKED = "harness_chunked_prefill"
 VANILLA = "eager"  # transformers' own eager attention: matmul, + mask, softmax(fp32), cast, matmul
@@ -129,6 +130,10 @@ class PrefillVerdict:
             parts.append(f"{len(self.quadratic)} allocation(s) span the full [b,h,s,s] score matrix, worst "
                          f"{worst.op} {list(worst.shape)} {worst.dtype} {worst.nbytes / 2**30:.2f} GiB")
         return "; ".join(parts)
+
+    def findings(self) -> tuple[Finding, ...]:
+        metric = f"{self.quadratic[0].op} [b,h,s,s]" if self.quadratic else "prefill peak"
+        return () if self.ok else (Finding("memory.prefill", metric, f"{self.variant} prefill", self.message()),)
 
 
 def check_prefill(tr: Trace, *, batch: int, heads: int, seq: int, static_bytes: float, budget_bytes: float,

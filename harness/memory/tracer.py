@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness.models import ModelSpec
+from harness.config.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import read_json, write_json_atomic
+from harness.io import read_versioned, versioned, write_json_atomic
 from harness.metrics.run import Run, Series
 
 SCHEMA = "ascend-rl-harness/baseline"
@@ -24,7 +25,7 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class Tolerance:
+class CurveTolerance:
     """How far a candidate may sit from the reference, per statistic (data, not code).
 
     band: per-step half-width = max(band_atol, band_rtol*|ref|, band_k*std*sqrt(1+1/n)); up to
@@ -55,26 +56,26 @@ class Tolerance:
 # Defaults per metric (used by `baseline record` and when comparing against raw runs). Reward: verl's
 # nightly |d| <= 0.05 on the windowed mean; rollout_probs_diff: a healthy rollout matches the actor to
 # float noise (~1e-7 in fp32 at tiny scale, ~1e-3 in bf16), the real faults move it by 1e-2 or more.
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    "critic/rewards/mean": Tolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
-    "response_length/mean": Tolerance(band_atol=0.5, band_rtol=0.1, window_atol=0.25, window_rtol=0.05,
+DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
+    "critic/rewards/mean": CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
+    "response_length/mean": CurveTolerance(band_atol=0.5, band_rtol=0.1, window_atol=0.25, window_rtol=0.05,
                                       trend_atol=0.05),
-    "actor/pg_loss": Tolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
-    "actor/grad_norm": Tolerance(band_atol=0.5, band_rtol=0.3, window_atol=0.25, window_rtol=0.15, trend_atol=0.1),
-    "training/rollout_probs_diff_mean": Tolerance(band_atol=2e-3, band_rtol=0.05, window_atol=1e-3,
+    "actor/pg_loss": CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
+    "actor/grad_norm": CurveTolerance(band_atol=0.5, band_rtol=0.3, window_atol=0.25, window_rtol=0.15, trend_atol=0.1),
+    "training/rollout_probs_diff_mean": CurveTolerance(band_atol=2e-3, band_rtol=0.05, window_atol=1e-3,
                                                   window_rtol=0.05, trend_atol=2e-4),
 }
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 
 
-def default_tolerance(metric: str) -> Tolerance:
+def default_tolerance(metric: str) -> CurveTolerance:
     try:
         return DEFAULT_TOLERANCES[metric]
     except KeyError:
         raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}") from None
 
 
-def window_stat(series: Series, tol: Tolerance) -> float | None:
+def window_stat(series: Series, tol: CurveTolerance) -> float | None:
     """The windowed mean/median of `series`, None when the window has no steps."""
     values = [v for v in series.window(*tol.window).values if math.isfinite(v)]
     if not values:
@@ -82,15 +83,12 @@ def window_stat(series: Series, tol: Tolerance) -> float | None:
     return statistics.fmean(values) if tol.window_stat == "mean" else statistics.median(values)
 
 
-def slope(series: Series, tol: Tolerance) -> float | None:
+def slope(series: Series, tol: CurveTolerance) -> float | None:
     """Least-squares slope (per step) over the first `trend_steps` finite points; None if fewer than 2."""
-    pts = [(s, v) for s, v in zip(series.steps, series.values) if math.isfinite(v)][:tol.trend_steps]
+    pts = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if math.isfinite(v)][:tol.trend_steps]
     if len(pts) < 2:
         return None
-    mx = statistics.fmean(s for s, _ in pts)
-    my = statistics.fmean(v for _, v in pts)
-    sxx = sum((s - mx) ** 2 for s, _ in pts)
-    return sum((s - mx) * (v - my) for s, v in pts) / sxx
+    return statistics.linear_regression([s for s, _ in pts], [v for _, v in pts]).slope
 
 
 @dataclass(frozen=True)
@@ -103,15 +101,15 @@ class MetricBaseline:
     n_runs: int
     window_values: tuple[float, ...]
     trend_values: tuple[float, ...]
-    tolerance: Tolerance
+    tolerance: CurveTolerance
 
     def to_json(self) -> dict:
         # Megatron's golden shape (start_step, end_step, step_interval, values); missing steps are null.
         start, end = self.steps[0], self.steps[-1]
-        gaps = {b - a for a, b in zip(self.steps, self.steps[1:])}
+        gaps = {b - a for a, b in itertools.pairwise(self.steps)}
         interval = min(gaps) if gaps else 1
         grid = list(range(start, end + 1, interval))
-        by_step = dict(zip(self.steps, zip(self.center, self.std)))
+        by_step = dict(zip(self.steps, zip(self.center, self.std, strict=True), strict=True))
         return {"start_step": start, "end_step": end, "step_interval": interval,
                 "values": [by_step[s][0] if s in by_step else None for s in grid],
                 "std": [by_step[s][1] if s in by_step else None for s in grid],
@@ -126,10 +124,10 @@ class MetricBaseline:
             rows = [(s, v, sd) for s, v, sd in zip(grid, doc["values"], doc["std"], strict=True) if v is not None]
             tol = dict(doc["tolerance"])
             tol["window"] = tuple(tol["window"])
-            return cls(tuple(s for s, _, _ in rows), tuple(float(v) for _, v, _ in rows),
-                       tuple(float(sd) for _, _, sd in rows), int(doc["n_runs"]),
-                       tuple(map(float, doc["window_values"])), tuple(map(float, doc["trend_values"])),
-                       Tolerance(**tol))
+            return cls(steps=tuple(s for s, _, _ in rows), center=tuple(float(v) for _, v, _ in rows),
+                       std=tuple(float(sd) for _, _, sd in rows), n_runs=int(doc["n_runs"]),
+                       window_values=tuple(map(float, doc["window_values"])),
+                       trend_values=tuple(map(float, doc["trend_values"])), tolerance=CurveTolerance(**tol))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"{where}: malformed baseline entry ({type(exc).__name__}: {exc}); "
                            "re-record it with `ascend-rl-harness baseline record`") from None
@@ -148,7 +146,7 @@ class Baseline:
 
     @classmethod
     def from_runs(cls, runs: list[Run], metrics: tuple[str, ...] = ALIGN_METRICS,
-                  tolerances: dict[str, Tolerance] | None = None) -> Baseline:
+                  tolerances: dict[str, CurveTolerance] | None = None) -> Baseline:
         """Derive a baseline from one or more reference runs (steps common to all runs)."""
         if not runs:
             raise BadInput("no reference runs given")
@@ -173,7 +171,8 @@ class Baseline:
                 std.append(statistics.stdev(values) if len(values) > 1 else 0.0)
             windows = tuple(w for w in (window_stat(s, tol) for s in series) if w is not None)
             trends = tuple(t for t in (slope(s, tol) for s in series) if t is not None)
-            out[metric] = MetricBaseline(tuple(common), tuple(center), tuple(std), len(runs), windows, trends, tol)
+            out[metric] = MetricBaseline(steps=tuple(common), center=tuple(center), std=tuple(std), n_runs=len(runs),
+                                         window_values=windows, trend_values=trends, tolerance=tol)
         first = runs[0].meta
         provenance = {"runs": [r.name for r in runs], "sources": [src for r in runs for src in r.meta.sources],
                       "scale": first.scale, "hardware": first.hardware, "devices": first.devices,
@@ -183,8 +182,8 @@ class Baseline:
                    f"{runs[0].name}+{len(runs) - 1} more")
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "provenance": self.provenance,
-                "metrics": {m: b.to_json() for m, b in self.metrics.items()}}
+        return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance,
+                                                  "metrics": {m: b.to_json() for m, b in self.metrics.items()}})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write atomically; refuse to overwrite an existing baseline unless `force`."""
@@ -206,13 +205,10 @@ def is_baseline_file(path: str | Path) -> bool:
 def load_baseline(path: str | Path) -> Baseline:
     """Load a golden file; refuses unknown schema versions with a clear message."""
     path = Path(path)
-    doc = read_json(path, missing=f"no such baseline; record one with `ascend-rl-harness baseline record RUN... --out {path}`",
-                    corrupt="re-record it with `ascend-rl-harness baseline record`")
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise BadInput(f"{path}: not an ascend-rl-harness baseline (schema {SCHEMA!r} missing)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise BadInput(f"{path}: baseline schema_version {doc.get('schema_version')!r} is not supported (this harness "
-                       f"reads {SCHEMA_VERSION}); re-record it with `ascend-rl-harness baseline record`")
+    doc = read_versioned(path, schema=SCHEMA, version=SCHEMA_VERSION, what="baseline",
+                         hint="re-record it with `ascend-rl-harness baseline record`",
+                         missing=f"no such baseline; record one with `ascend-rl-harness baseline record RUN... "
+                                 f"--out {path}`")
     metrics = {m: MetricBaseline.from_json(d, f"{path}: {m}") for m, d in doc.get("metrics", {}).items()}
     if not metrics:
         raise BadInput(f"{path}: baseline has no metrics")

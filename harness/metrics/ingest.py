@@ -15,6 +15,7 @@ the series (the curve checks flag them) and listed in the warnings.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import operator
@@ -25,9 +26,11 @@ from pathlib import Path
 import orjson
 
 from harness.errors import BadInput
-from harness.metrics.run import Run, RunMeta, Series
+from harness.io import read_versioned
+from harness.metrics.keys import META_FILE
+from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION, Run, RunMeta, Series
 
-META_FILE = "meta.json"  # run metadata (scale, hardware, versions) written by the lab and the launcher
+
 @dataclass(frozen=True)
 class Record:
     """One logged step: its metrics and where it was read ("file:line")."""
@@ -308,7 +311,7 @@ def _assemble(sources: list[Path], files: list[list[Record]], issues: _Issues) -
     # Files come in any order: order them by first step. Within a file a later segment (a resumed job
     # appending to the same console log) stays after the earlier one and wins where steps repeat.
     order = sorted((records[0].step, i) for i, records in enumerate(files))
-    for (a, i), (b, j) in zip(order, order[1:]):
+    for (a, i), (b, j) in itertools.pairwise(order):
         if a == b:
             raise BadInput(f"{files[j][0].where}: starts at step {b} like {files[i][0].where}; logs of two different "
                            "runs? pass the segments of one run only")
@@ -341,10 +344,12 @@ def _meta(paths: list[Path], sources: list[Path], warnings: list[str]) -> RunMet
     for p in paths:
         meta_path = p / META_FILE if p.is_dir() else p.parent / META_FILE
         if meta_path.is_file():
-            try:
-                fields = json.loads(meta_path.read_text(encoding="utf-8"))
-            except ValueError as exc:
-                raise BadInput(f"{meta_path}: not JSON ({exc}); rewrite or remove it") from None
+            # hand-written meta.json files (no schema) are accepted: scale, hardware, devices, versions
+            fields = dict(read_versioned(meta_path, schema=RUN_META_SCHEMA, version=RUN_META_VERSION,
+                                         what="run meta.json", hint="rewrite or remove it", missing="vanished",
+                                         unversioned_ok=True))
+            fields.pop("schema", None)
+            fields.pop("schema_version", None)
             break
     known = {k: fields.pop(k) for k in ("scale", "hardware", "devices", "versions") if k in fields}
     return RunMeta(**known, sources=tuple(map(str, sources)), extra=fields, warnings=tuple(warnings))
@@ -379,10 +384,10 @@ def load_run(*paths: str | Path, name: str | None = None, strict: bool = True) -
     if records[0] and all(r.keys() == records[0].keys() for r in records):  # same keys every step: column-wise
         all_steps, keys = tuple(steps), list(records[0])
         rows = map(operator.itemgetter(*keys), records) if len(keys) > 1 else ((r[keys[0]],) for r in records)
-        series = {key: Series(all_steps, column) for key, column in zip(keys, zip(*rows))}
+        series = {key: Series(all_steps, column) for key, column in zip(keys, zip(*rows, strict=True), strict=True)}
     else:
         columns: dict[str, tuple[list[int], list[float]]] = {}
-        for step, values in zip(steps, records):
+        for step, values in zip(steps, records, strict=True):
             for key, value in values.items():
                 column = columns.setdefault(key, ([], []))
                 column[0].append(step)

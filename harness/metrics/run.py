@@ -9,6 +9,9 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+# meta.json of a run directory (harness.metrics.keys.META_FILE), written by the lab and the launcher.
+RUN_META_SCHEMA = "ascend-rl-harness/run-meta"
+RUN_META_VERSION = 1
 
 @dataclass(frozen=True)
 class Series:
@@ -28,11 +31,11 @@ class Series:
 
     def window(self, start: int, end: int) -> Series:
         """Steps in [start, end] inclusive."""
-        pairs = [(s, v) for s, v in zip(self.steps, self.values) if start <= s <= end]
+        pairs = [(s, v) for s, v in zip(self.steps, self.values, strict=True) if start <= s <= end]
         return Series(tuple(s for s, _ in pairs), tuple(v for _, v in pairs))
 
     def as_dict(self) -> dict[int, float]:
-        return dict(zip(self.steps, self.values))
+        return dict(zip(self.steps, self.values, strict=True))
 
     @property
     def finite(self) -> bool:

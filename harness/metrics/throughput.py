@@ -16,18 +16,19 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from harness.config.hardware import HardwareProfile
 from harness.errors import BadInput
-from harness.hardware import HardwareProfile
+from harness.findings import Finding
+from harness.metrics.keys import (
+    PHASE_ORDER,
+    PROMPT_LENGTH,
+    RESPONSE_LENGTH,
+    STEP_TIME,
+    THROUGHPUT,
+    TIMING_PREFIX,
+    TOTAL_TOKENS,
+)
 from harness.metrics.run import Run
-
-TOKENS = "perf/total_num_tokens"
-STEP_TIME = "timing_s/step"
-VERL_THROUGHPUT = "perf/throughput"
-PROMPT_MEAN = "prompt_length/mean"
-RESPONSE_MEAN = "response_length/mean"
-TIMING_PREFIX = "timing_s/"
-# The RL step's phases as verl's ray_trainer times them (marked_timer names); others follow by name.
-PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
 
 # How far our per-device figure may sit from verl's own perf/throughput before we say the device count
 # is wrong: both are the same division, so only rounding of logged floats separates them.
@@ -86,26 +87,26 @@ class Throughput:
 
 
 def _tokens_per_step(run: Run, sequences: int | None) -> dict[int, float]:
-    if TOKENS in run:
-        return run[TOKENS].as_dict()
-    if PROMPT_MEAN in run and RESPONSE_MEAN in run:
+    if TOTAL_TOKENS in run:
+        return run[TOTAL_TOKENS].as_dict()
+    if PROMPT_LENGTH in run and RESPONSE_LENGTH in run:
         if not sequences:
-            raise BadInput(f"run {run.name!r} logs no {TOKENS}; pass --sequences (GBS x n) to count tokens "
-                           f"from {PROMPT_MEAN} + {RESPONSE_MEAN}")
-        prompt, response = run[PROMPT_MEAN].as_dict(), run[RESPONSE_MEAN].as_dict()
+            raise BadInput(f"run {run.name!r} logs no {TOTAL_TOKENS}; pass --sequences (GBS x n) to count tokens "
+                           f"from {PROMPT_LENGTH} + {RESPONSE_LENGTH}")
+        prompt, response = run[PROMPT_LENGTH].as_dict(), run[RESPONSE_LENGTH].as_dict()
         return {s: sequences * (prompt[s] + response[s]) for s in prompt if s in response}
-    raise BadInput(f"run {run.name!r} has neither {TOKENS} nor {PROMPT_MEAN}/{RESPONSE_MEAN}; "
+    raise BadInput(f"run {run.name!r} has neither {TOTAL_TOKENS} nor {PROMPT_LENGTH}/{RESPONSE_LENGTH}; "
                    "is it a verl run log (FileLogger jsonl or console)?")
 
 
 def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], devices: int | None,
              profile: HardwareProfile) -> int:
     """The device count: given, else verl's own (from perf/throughput); a given count must agree with verl."""
-    if VERL_THROUGHPUT not in run:
+    if THROUGHPUT not in run:
         if devices is None:
-            raise BadInput(f"run {run.name!r} logs no {VERL_THROUGHPUT}; pass --devices (torch devices: dies on A3)")
+            raise BadInput(f"run {run.name!r} logs no {THROUGHPUT}; pass --devices (torch devices: dies on A3)")
         return devices
-    logged = run[VERL_THROUGHPUT].as_dict()
+    logged = run[THROUGHPUT].as_dict()
     implied = [tokens[s] / (times[s] * logged[s]) for s in logged if s in tokens and s in times and logged[s] > 0]
     if not implied:
         return devices if devices is not None else _no_overlap(run)
@@ -114,20 +115,20 @@ def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], device
     unit = "dies" if profile.dies_per_card > 1 else "devices"
     if verl_devices < 1 or abs(estimate - verl_devices) > DEVICE_COUNT_RTOL * max(verl_devices, 1):
         # not an integer device count: the tokens counted here are not the ones the log's perf/throughput used
-        raise BadInput(f"run {run.name!r}: its {VERL_THROUGHPUT} is not tokens / (step time x devices) for the tokens "
+        raise BadInput(f"run {run.name!r}: its {THROUGHPUT} is not tokens / (step time x devices) for the tokens "
                        f"counted here (it implies {estimate:.3g} devices); check --sequences (GBS x n) or log "
-                       f"{TOKENS} as verl's compute_throughout_metrics does")
+                       f"{TOTAL_TOKENS} as verl's compute_throughout_metrics does")
     if devices is None:
         return verl_devices
     if abs(devices - verl_devices) > DEVICE_COUNT_RTOL * verl_devices:
-        raise BadInput(f"--devices {devices} disagrees with the run's {VERL_THROUGHPUT}, which verl computed with "
+        raise BadInput(f"--devices {devices} disagrees with the run's {THROUGHPUT}, which verl computed with "
                        f"{verl_devices} devices; pass the torch device count ({unit} on {profile.name}: "
                        f"{profile.dies_per_card} per card)")
     return devices
 
 
 def _no_overlap(run: Run):
-    raise BadInput(f"run {run.name!r}: {TOKENS}, {STEP_TIME} and {VERL_THROUGHPUT} share no step")
+    raise BadInput(f"run {run.name!r}: {TOTAL_TOKENS}, {STEP_TIME} and {THROUGHPUT} share no step")
 
 
 def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None, sequences: int | None = None,
@@ -152,8 +153,9 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
         raise BadInput(f"--devices {n}: must be a positive multiple of {profile.dies_per_card} "
                        f"(dies per card on {profile.name})")
     per_step = tuple(
-        StepThroughput(s, tokens[s], times[s], verl_throughput(tokens[s], times[s], n),
-                       verl_throughput(tokens[s], times[s], n) * profile.dies_per_card)
+        StepThroughput(step=s, tokens=tokens[s], step_time_s=times[s],
+                       tps_per_device=verl_throughput(tokens[s], times[s], n),
+                       tps_per_card=verl_throughput(tokens[s], times[s], n) * profile.dies_per_card)
         for s in steps)
     window = per_step[warmup:]
     step_time = statistics.median(p.step_time_s for p in window)
@@ -175,40 +177,51 @@ def _phases(run: Run, window: list[int], step_time: float) -> tuple[Phase, ...]:
         in_window = [values[s] for s in window if s in values]
         if in_window:
             seconds = statistics.median(in_window)
-            out.append(Phase(name, seconds, seconds / step_time if step_time > 0 else 0.0))
+            out.append(Phase(name=name, seconds=seconds, share=seconds / step_time if step_time > 0 else 0.0))
     return tuple(out)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ThroughputVerdict:
     """Pass/fail of one throughput check, with the numbers that decided it."""
 
-    passed: bool
-    check: str
+    ok: bool
+    check: str  # target | regression | graph-mode
     measured: float
     limit: float
-    message: str
+    where: str  # the steps (or rounds) the measurement covers
+    detail: str
+
+    def message(self) -> str:
+        return self.detail
+
+    def findings(self) -> tuple[Finding, ...]:
+        metric = "decode tok/s" if self.check == "graph-mode" else "tps_per_card"
+        return () if self.ok else (Finding(f"throughput.{self.check}", metric, self.where, self.detail),)
 
 
-def check_target(tp: Throughput, target_tps_per_card: float) -> Verdict:
+def check_target(tp: Throughput, target_tps_per_card: float) -> ThroughputVerdict:
     """TPS/card over the steady window must reach the scale's target (seed 002: 120 on A3)."""
     worst = min(tp.per_step[len(tp.warmup):], key=lambda p: p.tps_per_card)
     passed = tp.tps_per_card >= target_tps_per_card
-    return Verdict(passed, "target", tp.tps_per_card, target_tps_per_card,
-                   f"{tp.run}: median {tp.tps_per_card:.1f} TPS/card over steps {tp.window[0]}-{tp.window[-1]} "
-                   f"({len(tp.window)} steps, {tp.devices} devices = {tp.cards} {tp.hardware} cards) "
-                   f"{'>=' if passed else '<'} target {target_tps_per_card:g}; worst step {worst.step}: "
-                   f"{worst.tps_per_card:.1f}")
+    return ThroughputVerdict(ok=passed, check="target", measured=tp.tps_per_card, limit=target_tps_per_card,
+                             where=f"steps {tp.window[0]}-{tp.window[-1]}",
+                             detail=f"{tp.run}: median {tp.tps_per_card:.1f} TPS/card over steps "
+                                    f"{tp.window[0]}-{tp.window[-1]} ({len(tp.window)} steps, {tp.devices} devices = "
+                                    f"{tp.cards} {tp.hardware} cards) {'>=' if passed else '<'} target "
+                                    f"{target_tps_per_card:g}; worst step {worst.step}: {worst.tps_per_card:.1f}")
 
 
-def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: float) -> Verdict:
+def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: float) -> ThroughputVerdict:
     """No regression beyond `tolerance` (relative; verl Ascend nightly: throughput >= -5%) vs a baseline."""
     limit = baseline_tps_per_card * (1.0 - tolerance)
     change = tp.tps_per_card / baseline_tps_per_card - 1.0
     passed = tp.tps_per_card >= limit
-    return Verdict(passed, "regression", tp.tps_per_card, limit,
-                   f"{tp.run}: median {tp.tps_per_card:.2f} TPS/card vs baseline {baseline_tps_per_card:.2f} "
-                   f"({change:+.1%}, allowed -{tolerance:.0%}) over steps {tp.window[0]}-{tp.window[-1]}")
+    return ThroughputVerdict(ok=passed, check="regression", measured=tp.tps_per_card, limit=limit,
+                             where=f"steps {tp.window[0]}-{tp.window[-1]}",
+                             detail=f"{tp.run}: median {tp.tps_per_card:.2f} TPS/card vs baseline "
+                                    f"{baseline_tps_per_card:.2f} ({change:+.1%}, allowed -{tolerance:.0%}) over "
+                                    f"steps {tp.window[0]}-{tp.window[-1]}")
 
 
 def graph_mode(run: Run) -> bool | None:
@@ -261,12 +274,14 @@ class DecodeSpeed:
         return {**asdict(self), "best_tps": self.best_tps, "median_tps": self.median_tps}
 
 
-def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: float) -> Verdict:
+def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: float) -> ThroughputVerdict:
     """Graph-mode decode throughput must be at least eager's, within `tolerance` (relative)."""
     speedup = graph.best_tps / eager.best_tps
     passed = speedup >= 1.0 - tolerance
-    return Verdict(passed, "graph-mode", speedup, 1.0 - tolerance,
-                   f"graph mode decodes {graph.best_tps:.1f} tok/s (median {graph.median_tps:.1f}) vs eager "
-                   f"{eager.best_tps:.1f} (median {eager.median_tps:.1f}): speedup {speedup:.2f}x "
-                   f"({'>=' if passed else '<'} {1.0 - tolerance:.2f}x allowed) over {len(graph.seconds)} / "
-                   f"{len(eager.seconds)} rounds, slowest graph round {max(graph.seconds):.3f} s")
+    return ThroughputVerdict(ok=passed, check="graph-mode", measured=speedup, limit=1.0 - tolerance,
+                             where=f"{len(graph.seconds)} decode rounds",
+                             detail=f"graph mode decodes {graph.best_tps:.1f} tok/s (median {graph.median_tps:.1f}) "
+                                    f"vs eager {eager.best_tps:.1f} (median {eager.median_tps:.1f}): speedup "
+                                    f"{speedup:.2f}x ({'>=' if passed else '<'} {1.0 - tolerance:.2f}x allowed) over "
+                                    f"{len(graph.seconds)} / {len(eager.seconds)} rounds, slowest graph round "
+                                    f"{max(graph.seconds):.3f} s")

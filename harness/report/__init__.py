@@ -1,5 +1,7 @@
-"""Run reports: schema-versioned JSON (schema), pytest collector (collect), HTML/Markdown (render),
-nightly trend with regression detection (trend), and the `report` / `throughput` commands (commands)."""
+"""Run reports: schema-versioned JSON (`schema`), the pytest collector (`collect`), HTML/Markdown pages
+(`render`, never computes), trend statistics with regression detection (`trend`, pure), writing reports and
+the trend store (`publish`), the page check in headless Chromium (`browser`) and the nightly verdict lines
+(`nightly`)."""
 from harness.report.schema import SCHEMA_VERSION, RunReport, TestVerdict, load_report, write_report
 
 __all__ = ["SCHEMA_VERSION", "RunReport", "TestVerdict", "load_report", "write_report"]

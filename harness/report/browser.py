@@ -112,7 +112,8 @@ def _errors(events: list[dict]) -> list[str]:
             d = p.get("exceptionDetails", {})
             out.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
         elif method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-            out.append("console.error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+            args = (str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+            out.append("console.error: " + " ".join(args))
         elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
             out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}".strip())
         elif method == "Network.loadingFailed" and not p.get("canceled"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin import HARDWARE_MARKERS, SCALE_KEY, TIER_MARKERS
+from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
 
 BENCHMARK_PROPERTY = "benchmark"
@@ -85,21 +85,23 @@ class ReportCollector:
         for name, value in report.user_properties:
             entry["properties"][name] = _jsonable(value)
         keywords = getattr(report, "keywords", {}) or {}
-        entry["markers"] = tuple(sorted(k for k in keywords if k in TIER_MARKERS or k in HARDWARE_MARKERS
-                                        or k == "nightly"))
+        entry["markers"] = tuple(sorted(k for k in keywords if k in REPORTED_MARKERS))
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         # A suite that fails to import is a failed verdict, not an absent one.
         if report.failed:
             lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
             self.tests[report.nodeid or "<collection>"] = {
-                "outcome": "error", "duration_s": 0.0, "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
+                "outcome": "error", "duration_s": 0.0,
+                "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
                 "properties": {}, "markers": ()}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
             return
+        from harness.report.publish import publish
+
         self.path = publish(self.build(int(exitstatus)), self.report_dir)
 
     def build(self, exit_status: int) -> RunReport:
@@ -109,8 +111,8 @@ class ReportCollector:
         for nodeid, e in self.tests.items():
             props = dict(e["properties"])
             bench = props.pop(BENCHMARK_PROPERTY, None)
-            tests.append(TestVerdict(nodeid, e["outcome"], round(e["duration_s"], 3), e["reason"],
-                                     e["markers"], props, bench))
+            tests.append(TestVerdict(nodeid=nodeid, outcome=e["outcome"], duration_s=round(e["duration_s"], 3),
+                                     reason=e["reason"], markers=e["markers"], properties=props, benchmark=bench))
         created = now_utc()
         return RunReport(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,
@@ -124,19 +126,6 @@ def _plan_doc(scale) -> dict | None:
     """The scale's plan as `ascend-rl-harness plan --json` prints it (one source: model, plan, DAPO overrides)."""
     if scale is None:
         return None
-    from harness.commands import plan_document
+    from harness.config.recipe import plan_document
 
     return plan_document(scale)
-
-
-def publish(report: RunReport, report_dir: str | Path) -> Path:
-    """Write report.json, report.html and report.md into `report_dir` (each atomically); return the JSON path."""
-    from harness.io import write_atomic
-    from harness.report.render import render_html, render_markdown
-    from harness.report.schema import write_report
-
-    report_dir = Path(report_dir)
-    path = write_report(report, report_dir / "report.json")
-    write_atomic(report_dir / "report.html", render_html(report))
-    write_atomic(report_dir / "report.md", render_markdown(report))
-    return path

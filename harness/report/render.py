@@ -13,6 +13,7 @@ import io
 import json
 
 from harness.report.schema import RunReport
+from harness.report.trend import Metric, Step
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
@@ -78,7 +79,7 @@ def plot_graph_mode(doc: dict) -> str:
 
 
 def plot_curve(metric: str, series: dict) -> str:
-    """One metric per step: the baseline band (lo..hi) and center, and this run (harness.curves.band_series)."""
+    """One metric per step: the baseline band (lo..hi) and center, and this run (harness.metrics.curves.band_series)."""
     fig, ax = _figure()
     if series.get("steps") and series.get("lo") and series.get("hi"):
         ax.fill_between(series["steps"], series["lo"], series["hi"], color="tab:blue", alpha=0.2, label="baseline band")
@@ -103,10 +104,10 @@ def plot_memory(phases: list[dict]) -> str:
         for comp in components:
             vals = [float((p.get("components_gib") or {}).get(comp, 0.0)) for p in phases]
             ax.bar(xs, vals, bottom=bottom, label=comp)
-            bottom = [b + v for b, v in zip(bottom, vals)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     else:
         ax.bar(xs, [float(p.get("peak_gib", 0.0)) for p in phases], label="peak")
-    for x, p in zip(xs, phases):
+    for x, p in zip(xs, phases, strict=True):
         if p.get("budget_gib") is not None:
             ax.hlines(float(p["budget_gib"]), x - 0.4, x + 0.4, colors="tab:red", linestyles="--")
     ax.plot([], [], "r--", label="budget")
@@ -150,7 +151,8 @@ def _throughput_html(report: RunReport) -> list[str]:
         out.append(_table(["figure", "value"], rows))
         if doc.get("phases"):
             out.append(_table(["phase", "seconds (median)", "share of step"],
-                              [[html.escape(p["name"]), _fmt(p["seconds"]), f"{p['share']:.1%}"] for p in doc["phases"]]))
+                              [[html.escape(p["name"]), _fmt(p["seconds"]), f"{p['share']:.1%}"]
+                               for p in doc["phases"]]))
         if doc.get("per_step"):
             out.append(_img(plot_throughput(doc), f"TPS per step {nodeid}"))
     return out
@@ -162,7 +164,8 @@ def _graph_mode_html(report: RunReport) -> list[str]:
         if isinstance(doc, dict) and {"eager", "graph", "speedup"} <= doc.keys():
             rows.append([html.escape(nodeid), html.escape(str(doc.get("platform", ""))),
                          f"{doc['eager']['best_tps']:.1f} / {doc['eager']['median_tps']:.1f}",
-                         f"{doc['graph']['best_tps']:.1f} / {doc['graph']['median_tps']:.1f}", f"{doc['speedup']:.2f}x"])
+                         f"{doc['graph']['best_tps']:.1f} / {doc['graph']['median_tps']:.1f}",
+                         f"{doc['speedup']:.2f}x"])
             rows[-1].append(_img(plot_graph_mode(doc), f"graph vs eager {nodeid}"))
     return [_table(["test", "platform", "eager tok/s best / median", "graph tok/s best / median", "speedup",
                     "rounds"], rows, "graph-mode")] if rows else []
@@ -187,13 +190,15 @@ def _curves_html(report: RunReport) -> list[str]:
 
 
 def _memory_html(report: RunReport) -> list[str]:
-    phases = [p for _, value in report.properties("memory.phases") for p in (value if isinstance(value, list) else [value])]
+    phases = [p for _, value in report.properties("memory.phases")
+              for p in (value if isinstance(value, list) else [value])]
     if not phases:
         return []
     rows = [[html.escape(str(p.get("scale", ""))), html.escape(str(p.get("phase", ""))), _fmt(p.get("peak_gib", "")),
              _fmt(p.get("budget_gib", "")), '<span class="passed">fits</span>' if p.get("fits") else
              '<span class="failed">exceeds</span>'] for p in phases]
-    return [_table(["scale", "phase", "peak GiB", "budget GiB", "verdict"], rows), _img(plot_memory(phases), "memory per phase")]
+    return [_table(["scale", "phase", "peak GiB", "budget GiB", "verdict"], rows),
+            _img(plot_memory(phases), "memory per phase")]
 
 
 def _benchmarks_rows(report: RunReport) -> list[list[str]]:
@@ -281,7 +286,7 @@ def render_markdown(report: RunReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plot_trend(metric, reports: list[RunReport], steps: list) -> str:
+def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step]) -> str:
     """One metric across reports, the detected step drawn as its two segment medians."""
     fig, ax = _figure()
     xs = [i for i, v in enumerate(metric.values) if v is not None]
@@ -297,10 +302,9 @@ def plot_trend(metric, reports: list[RunReport], steps: list) -> str:
     return _png(fig)
 
 
-def render_trend_html(reports: list[RunReport], steps: list) -> str:
-    """Trend page across stored reports (oldest first): step table and one plot per metric."""
-    from harness.report.trend import metrics
-
+def render_trend_html(reports: list[RunReport], metrics: list[Metric], steps: list[Step]) -> str:
+    """Trend page across stored reports (oldest first): step table and one plot per metric (computed by
+    harness.report.trend)."""
     regressed = [s for s in steps if s.regression]
     verdict = "FAIL" if regressed else "PASS"
     rows = [[html.escape(s.metric), html.escape(s.report), _fmt(s.before), _fmt(s.after), f"{s.change:+.1%}",
@@ -312,18 +316,18 @@ def render_trend_html(reports: list[RunReport], steps: list) -> str:
              "<h2>Reports</h2>", _table(["report", "created", "commit", "verdict"], [
                  [html.escape(r.name), r.created, html.escape(str(r.commit)[:12]), "PASS" if r.passed else "FAIL"]
                  for r in reports])]
-    for m in metrics(reports):
+    for m in metrics:
         parts.append(_img(plot_trend(m, reports, steps), m.name))
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trend: "
             f"{verdict}</title><style>{CSS}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
 
 
-def render_trend_markdown(reports: list[RunReport], steps: list) -> str:
+def render_trend_markdown(reports: list[RunReport], steps: list[Step]) -> str:
     regressed = [s for s in steps if s.regression]
     lines = [f"## ascend-rl-harness trend over {len(reports)} reports: "
              f"{'❌ ' + str(len(regressed)) + ' regression(s)' if regressed else '✅ no regression'}", ""]
     if steps:
         lines += ["| metric | from report | before | after | change | kind |", "|---|---|---|---|---|---|"]
-        lines += [f"| `{_md_cell(s.metric)}` | {_md_cell(s.report)} | {s.before:.4g} | {s.after:.4g} | {s.change:+.1%} | "
-                  f"{'regression' if s.regression else 'improvement'} |" for s in steps]
+        lines += [f"| `{_md_cell(s.metric)}` | {_md_cell(s.report)} | {s.before:.4g} | {s.after:.4g} | "
+                  f"{s.change:+.1%} | {'regression' if s.regression else 'improvement'} |" for s in steps]
     return "\n".join(lines).rstrip() + "\n"

@@ -7,8 +7,10 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
   "throughput.graph_mode" {"platform", "eager", "graph": DecodeSpeed.to_dict(), "speedup", "tolerance"}
   "memory.phases"         [harness.memory PhaseMemory.to_json(): scale, phase, components_gib, peak_gib,
                            budget_gib, fits, ...]
-  "curves.verdicts"       [harness.curves Verdict.to_json(): metric, statistic, passed, where, detail, ...]
-  "curves.series"         harness.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps, candidate}}
+  "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
+  "curves.series"         harness.metrics.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps,
+                          candidate}}
+  "findings"              [harness.findings Finding.to_json(): check, metric, where, message] (the `expect` fixture)
 and lists every other property as JSON.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import read_json, write_json_atomic
+from harness.io import check_version, read_json, write_json_atomic
 
 SCHEMA = "ascend-rl-harness/report"
 SCHEMA_VERSION = 1
@@ -47,6 +49,12 @@ class TestVerdict:
     @property
     def failing(self) -> bool:
         return self.outcome in FAILING
+
+    @property
+    def findings(self) -> list:
+        """What the test's failed checks named (harness.findings.Finding.to_json dicts), via `expect`."""
+        found = self.properties.get("findings")
+        return found if isinstance(found, list) else []
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,8 @@ class RunReport:
 
 def _cann_version() -> str | None:
     """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
-    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    home = (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+            or "/usr/local/Ascend/ascend-toolkit/latest")
     for info in (Path(home) / "compiler" / "version.info", Path(home) / "toolkit" / "version.info",
                  Path(home) / "version.cfg"):
         if info.is_file():
@@ -130,8 +139,8 @@ def _driver_version(kind: str) -> str | None:
 
 
 def machine_info() -> MachineInfo:
-    """This machine: host, device (harness.hardware.detect), driver/CANN and the stack's versions."""
-    from harness.hardware import STACK_PACKAGES, detect, package_versions
+    """This machine: host, device (harness.config.hardware.detect), driver/CANN and the stack's versions."""
+    from harness.config.hardware import STACK_PACKAGES, detect, package_versions
 
     found, installed = detect(), package_versions()
     return MachineInfo(
@@ -165,12 +174,8 @@ def write_report(report: RunReport, path: str | os.PathLike) -> Path:
 
 
 def report_from_dict(doc: dict, source: str = "<dict>") -> RunReport:
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise BadInput(f"{source}: not an ascend-rl-harness report (no \"schema\": \"{SCHEMA}\")")
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise BadInput(f"{source}: report schema_version {version!r} is not supported (this harness reads "
-                       f"version {SCHEMA_VERSION}); render it with the harness version that wrote it")
+    check_version(doc, source, schema=SCHEMA, version=SCHEMA_VERSION, what="report",
+                  hint="render it with the harness version that wrote it")
     try:
         tests = tuple(TestVerdict(**{**t, "markers": tuple(t.get("markers", ()))}) for t in doc["tests"])
         fields = {k: doc[k] for k in RunReport.__dataclass_fields__ if k not in ("tests", "machine", "command")}
@@ -184,5 +189,5 @@ def load_report(path: str | os.PathLike) -> RunReport:
     """Read a report JSON; BadInput (one line naming the file) if missing, not JSON, or of an unknown version."""
     path = Path(path)
     doc = read_json(path, missing="no such report; pass the report.json a run wrote (--report-dir)",
-                    corrupt="was the run interrupted while writing it?")
+                    corrupt="was the run interrupted while writing it? regenerate it")
     return report_from_dict(doc, str(path))

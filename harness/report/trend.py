@@ -1,4 +1,5 @@
-"""Trend across stored nightly reports, with regression detection by step detection (as asv does).
+"""Trend across stored nightly reports, with regression detection by step detection (as asv does). Pure
+statistics: the store and the pages are harness.report.publish's.
 
 Each report yields a few scalar metrics (TPS/card, pass rate, wall time, every benchmark's median).
 Per metric, over the reports in time order, we fit the best single step (two constant segments, L1
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from harness.report.schema import RunReport
 
@@ -39,7 +39,8 @@ class Step:
     report: str  # name of the first report of the right segment
 
 
-def detect_step(values: list[float], *, min_left: int = MIN_HISTORY, min_right: int = 1) -> tuple[int, float, float] | None:
+def detect_step(values: list[float], *, min_left: int = MIN_HISTORY,
+                min_right: int = 1) -> tuple[int, float, float] | None:
     """The split minimizing the summed absolute deviation from each side's median: (index, before, after)."""
     best = None
     for k in range(min_left, len(values) - min_right + 1):
@@ -68,7 +69,7 @@ def metrics(reports: list[RunReport]) -> list[Metric]:
         for t in r.tests:
             if t.benchmark:
                 put(f"benchmark_median_s[{t.benchmark['fullname']}]", False, i, t.benchmark["stats"]["median"])
-    return [Metric(name, higher, tuple(vals)) for (name, higher), vals in table.items()]
+    return [Metric(name=name, higher_is_better=higher, values=tuple(vals)) for (name, higher), vals in table.items()]
 
 
 def find_steps(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:
@@ -87,36 +88,10 @@ def find_steps(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -
             continue
         worse = change < 0 if m.higher_is_better else change > 0
         index = present[k][0]
-        out.append(Step(m.name, index, before, after, change, worse, reports[index].name))
+        out.append(Step(metric=m.name, index=index, before=before, after=after, change=change, regression=worse,
+                        report=reports[index].name))
     return out
 
 
 def regressions(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:
     return [s for s in find_steps(reports, tolerance) if s.regression]
-
-
-def expand(paths) -> list[Path]:
-    """Report files from files and trend-store directories (every *.json inside)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        out.extend(sorted(p.glob("*.json")) if p.is_dir() else [p])
-    return out
-
-
-def store(report: RunReport, history_dir: str | Path) -> Path:
-    """Add a report to the trend store (a directory of report JSONs, one per nightly), atomically."""
-    from harness.report.schema import write_report
-
-    return write_report(report, Path(history_dir) / f"{report.name}.json")
-
-
-def write_trend(reports: list[RunReport], out_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:
-    """trend.html + trend.md over `reports` (any order; sorted by creation) into out_dir; returns the steps."""
-    from harness.io import write_atomic
-    from harness.report.render import render_trend_html, render_trend_markdown
-
-    ordered = sorted(reports, key=lambda r: r.created)
-    steps = find_steps(ordered, tolerance)
-    write_atomic(Path(out_dir) / "trend.html", render_trend_html(ordered, steps))
-    write_atomic(Path(out_dir) / "trend.md", render_trend_markdown(ordered, steps))
-    return steps

@@ -13,9 +13,17 @@ import json
 import pytest
 import torch
 
-from harness.checkpoint import (INDEX_FILE, check_keys_against_index, check_saved_dir, describe_differences,
-                                describe_gaps, missing_steps, rotate_log_for_resume, state_differences)
-from harness.plugin import requires
+from harness.artifacts.checkpoint import (
+    INDEX_FILE,
+    check_keys_against_index,
+    check_saved_dir,
+    describe_differences,
+    describe_gaps,
+    missing_steps,
+    rotate_log_for_resume,
+    state_differences,
+)
+from harness.markers import requires
 
 STEPS, SAVE_AT = 3, 2
 

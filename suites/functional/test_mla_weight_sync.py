@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from fixtures.engines import MAX_TOKENS, PROMPTS
-from harness import mla
-from harness.models import TINY
+from harness.config.models import TINY
+from harness.mla.checks import SyncBehaviour, check_freshness, compare_logprobs, probe_aliasing
 
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("load_format", ["dummy", "real"])
 def test_weight_sync_reaches_absorbed_weights(engine_kind, load_format, mla_spec, mla_weights, mla_model_dirs,
-                                             fresh_rollout, record_property):
+                                             fresh_rollout, record_property, expect):
     old_dir, _ = mla_model_dirs
     _, new = mla_weights
     with engine_kind.make(mla_spec, weights=old_dir if load_format == "real" else None, load_format=load_format,
@@ -27,18 +27,17 @@ def test_weight_sync_reaches_absorbed_weights(engine_kind, load_format, mla_spec
         engine.load_weights(new.items())
         post = engine.generate(PROMPTS, MAX_TOKENS)
         layers = engine.mla_layers()
-        freshness = mla.check_freshness(engine.name, layers, mla_spec, engine.dtype)
-        aliasing = mla.probe_aliasing(layers, mla_spec) if engine_kind.in_process else []
+        freshness = check_freshness(engine.name, layers, mla_spec, engine.dtype)
+        aliasing = probe_aliasing(layers, mla_spec) if engine_kind.in_process else []
         name = engine.name
-    behaviour = mla.SyncBehaviour(engine=name, pre=pre, post=post, fresh=fresh_rollout.token_ids)
+    behaviour = SyncBehaviour(engine=name, pre=pre, post=post, fresh=fresh_rollout.token_ids)
     record_property("mla.freshness", {
         "engine": name, "load_format": load_format, "ok": freshness.ok, "layers": freshness.layers_checked,
         "stale": [dataclasses.asdict(d) for d in freshness.stale], "problems": list(freshness.problems),
         # Information only: views (upstream vLLM) or copies re-derived after each sync are both valid.
         "aliasing": [dataclasses.asdict(a) for a in aliasing],
         "tokens_match_fresh": behaviour.matches_fresh, "sync_changed_tokens": behaviour.changed})
-    failures = [r.message() for r in (freshness, behaviour) if not r.ok]
-    assert not failures, "\n".join(failures)
+    expect(freshness, behaviour)
 
 
 @pytest.fixture
@@ -64,7 +63,7 @@ def test_amx_mla_weight_sync(vllm_cpu, mla_spec, mla_weights, mla_model_dirs):
 
     with VLLMEngine(mla_spec, mla_model_dirs[0], backend="AMX_MLA") as engine:
         engine.load_weights(mla_weights[1].items())
-        report = mla.check_freshness(engine.name, engine.mla_layers(), mla_spec, engine.dtype)
+        report = check_freshness(engine.name, engine.mla_layers(), mla_spec, engine.dtype)
     assert report.ok, report.message()
 
 
@@ -86,7 +85,7 @@ def test_vllm_cpu_moe_weight_update(vllm_cpu):
     with VLLMEngine(spec, old, backend="CPU_MLA") as engine:
         engine.load_weights(new.items())
         synced = engine.sample(PROMPTS, 2, full_logprobs=True)
-    alignment = mla.compare_logprobs(f"{engine.name} MoE after sync vs fresh reference", synced.dist_logprobs,
+    alignment = compare_logprobs(f"{engine.name} MoE after sync vs fresh reference", synced.dist_logprobs,
                                      golden.dist_logprobs, torch.float32)
     assert alignment.ok, alignment.message()
 
@@ -102,5 +101,5 @@ def test_verl_load_weights_path_on_vllm_cpu(vllm_cpu, mla_spec, mla_weights, mla
 
     with VLLMEngine(mla_spec, mla_model_dirs[0], backend="CPU_MLA", sync="load_weights") as engine:
         engine.load_weights(mla_weights[1].items())
-        report = mla.check_freshness(engine.name, engine.mla_layers(), mla_spec, engine.dtype)
+        report = check_freshness(engine.name, engine.mla_layers(), mla_spec, engine.dtype)
     assert report.ok, report.message()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.launch.replay import RolloutReplay, ReplayKey, batch_differences, verl_skip_overrides
+from harness.artifacts.replay import ReplayKey, RolloutReplay, batch_differences, verl_skip_overrides
 
 pytestmark = [pytest.mark.tiny, pytest.mark.cpu]
 
@@ -78,7 +78,8 @@ def test_verl_dump_replays_in_harness(verl_skip, tmp_path, tiny_dsv3_factory, sc
     replayed = replay.generate(1, produce=lambda: pytest.fail("replay generated instead of loading step 1"))
     diffs = batch_differences(baseline, replayed)
     assert not diffs, f"{len(diffs)} fields differ after replay: " + "; ".join(map(str, diffs))
-    record_property("replay.verl_to_harness", {"step": 1, "sequences": len(replayed), "fields": len(baseline.batch.keys())})
+    record_property("replay.verl_to_harness", {"step": 1, "sequences": len(replayed),
+                                               "fields": len(baseline.batch.keys())})
 
 
 def test_harness_dump_replays_in_verl(verl_skip, tmp_path, tiny_dsv3_factory, scale):
@@ -115,9 +116,9 @@ def test_repeat_action_picks_the_step_verl_picks(tmp_path, tiny_dapo_verl_config
 
 
 def test_v1_trainer_skip_shares_the_directory_not_the_files(tmp_path, tiny_dapo_verl_config_factory):
-    """harness.dapo's recipe runs verl's V1 trainer, whose skip group is `rollout_tq`: same directory per
+    """harness.config.recipe's recipe runs verl's V1 trainer, whose skip group is `rollout_tq`: same directory per
     step as RolloutSkip, but TransferQueue files (tq_batch.pt), so seed 003's gen_batch.dp dumps need the
-    harness replay (or `trainer.use_v1=false`) -- the module docstring of harness.launch.replay says why."""
+    harness replay (or `trainer.use_v1=false`) -- the module docstring of harness.artifacts.replay says why."""
     from verl.utils.skip import SkipManager
 
     config = tiny_dapo_verl_config_factory(verl_skip_overrides(tmp_path, [1], group="rollout_tq"))

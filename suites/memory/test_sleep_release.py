@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fixtures.engines import MAX_TOKENS, MLA_SPEC, PROMPTS
-from harness.memory.probe import check_sleep_release, torch_allocated_bytes, used_bytes
+from harness.memory.device import check_sleep_release, torch_allocated_bytes, used_bytes
 
 # 24 dense layers of the tiny model: ~69 MiB of fp32 weights, well above RSS noise (16 MiB atol) on CPU.
 SLEEP_SPEC = MLA_SPEC.with_layers(24, first_k_dense_replace=24, name="tiny-dsv3-24l")
@@ -31,7 +31,7 @@ def sleep_device(detected_hardware) -> str:
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("level", [1, 2])
-def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level, record_property):
+def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level, record_property, expect):
     if engine_kind.name.startswith("vllm") and sleep_device == "cpu":
         # harness.engines.vllm enables sleep mode only on GPU/NPU; skip before a 30 s engine start.
         pytest.skip("vLLM CPU 0.32 has no sleep mode (cpu_worker.sleep: 'sleep mode is not supported on CPU')")
@@ -49,7 +49,7 @@ def test_sleep_returns_memory_to_preload_level(engine_kind, sleep_device, level,
             "loaded_bytes": loaded, "asleep_bytes": asleep, "torch_allocated_loaded": torch_loaded,
             "torch_allocated_asleep": torch_asleep, "released": verdict.ok})
         engine.wake_up()
-    assert verdict.ok, verdict.message()
+    expect(verdict)
 
 
 @pytest.mark.tiny
@@ -70,7 +70,7 @@ def test_wake_up_generates_as_before_sleep(engine_kind, sleep_device, level, mla
         if level == 2:
             engine.load_weights(mla_weights[0].items())
         after = engine.generate(PROMPTS, MAX_TOKENS)
-    diff = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    diff = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
     assert not diff, (f"{engine.name}: after sleep(level={level}) -> wake_up{' -> load_weights' * (level == 2)}, "
                       f"{len(diff)}/{len(before)} prompts generate differently, first prompt {diff[0]}: "
                       f"{before[diff[0]]} -> {after[diff[0]]}")

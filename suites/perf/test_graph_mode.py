@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from harness.config.models import TINY
+from harness.markers import requires
 from harness.metrics.throughput import GRAPH_MODE_TOLERANCE, DecodeSpeed, check_graph_not_slower
-from harness.models import TINY
-from harness.plugin import requires
 
 PROMPTS = [[1 + i, 2, 3, 4] for i in range(8)]  # 8 sequences decode together, as a rollout batch does
 MAX_TOKENS = 32
@@ -69,7 +69,7 @@ def _interleaved(eager_engine, graph_engine, benchmark) -> tuple[DecodeSpeed, De
 
 @pytest.mark.tiny
 @requires(packages=["vllm"])
-def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, record_property):
+def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, record_property, expect):
     # Both engines live in this process at once (vLLM V1 in-process engines coexist; tiny model).
     with _engine(enforce_eager=True) as eager_engine, _engine(enforce_eager=False) as graph_engine:
         eager, graph = _interleaved(eager_engine, graph_engine, benchmark)
@@ -81,4 +81,4 @@ def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, r
                                               "tolerance": tolerance})
     if not benchmark.disabled:
         benchmark.extra_info.update(eager=eager.to_dict(), speedup=verdict.measured)
-    assert verdict.passed, verdict.message
+    expect(verdict)

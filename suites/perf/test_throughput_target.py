@@ -14,10 +14,10 @@ import statistics
 
 import pytest
 
-from harness.metrics.throughput import (PHASE_ORDER, STEP_TIME, TIMING_PREFIX, VERL_THROUGHPUT, check_regression,
-                                       check_target, graph_mode, throughput)
-from harness.plugin import skip_or_fail
-from harness.roofline import roofline
+from harness.config.roofline import roofline
+from harness.markers import skip_or_fail
+from harness.metrics.keys import PHASE_ORDER, STEP_TIME, THROUGHPUT, TIMING_PREFIX
+from harness.metrics.throughput import check_regression, check_target, graph_mode, throughput
 
 
 def _run(pytestconfig, option: str):
@@ -50,10 +50,10 @@ def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
     compute_throughout_metrics: prompt + response tokens / (step s x devices)), per card on the cpu profile
     (1 die per card), and the timed phases fit inside each step."""
     tp = throughput(dapo_run, scale.hardware, devices=dapo_run.meta.devices)
-    logged = dapo_run[VERL_THROUGHPUT].as_dict()
+    logged = dapo_run[THROUGHPUT].as_dict()
     off = [(p.step, p.tps_per_device, logged.get(p.step)) for p in tp.per_step
            if logged.get(p.step) is None or p.tps_per_device != pytest.approx(logged[p.step], rel=VERL_FORMULA_RTOL)]
-    assert not off, (f"{len(off)} of {len(tp.per_step)} steps: TPS/device differs from the run's {VERL_THROUGHPUT}; "
+    assert not off, (f"{len(off)} of {len(tp.per_step)} steps: TPS/device differs from the run's {THROUGHPUT}; "
                      f"first (step, ours, logged): {off[0]}")
     steady = statistics.median(logged[s] for s in tp.window)
     assert tp.tps_per_device == pytest.approx(steady, rel=VERL_FORMULA_RTOL), (
@@ -62,7 +62,8 @@ def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
     assert tp.tps_per_card == tp.tps_per_device  # 1 die per card: per card is per device
     # verl's sequential RL-step phases only: other timing_s/* (testing, save_checkpoint, ...) may nest or
     # run outside `step`.
-    phases = {name: dapo_run[TIMING_PREFIX + name].as_dict() for name in PHASE_ORDER if TIMING_PREFIX + name in dapo_run}
+    phases = {name: dapo_run[TIMING_PREFIX + name].as_dict()
+              for name in PHASE_ORDER if TIMING_PREFIX + name in dapo_run}
     assert "gen" in phases, f"run {dapo_run.name} logs no {TIMING_PREFIX}gen; phases: {sorted(phases)}"
     step_time = dapo_run[STEP_TIME].as_dict()
     coverage = {s: sum(v.get(s, 0.0) for v in phases.values()) / t for s, t in step_time.items()}
@@ -81,7 +82,7 @@ def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
 @pytest.mark.full
 @pytest.mark.a3
 @pytest.mark.nightly
-def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_property):
+def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_property, expect):
     run = _run(pytestconfig, "run_dir")
     # seed 002 reaches 120 only with vLLM graph mode; an eager run must not be measured against it.
     mode = graph_mode(run)
@@ -91,17 +92,15 @@ def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_p
     tp = throughput(run, scale.hardware, devices=scale.devices, sequences=scale.batch.sequences)
     target = scale.targets.tps_per_card
     _record(record_property, tp, scale, target=target)
-    verdict = check_target(tp, target)
-    assert verdict.passed, verdict.message
+    expect(check_target(tp, target))
 
 
 @pytest.mark.parametrize("tier", [pytest.param("reduced", marks=pytest.mark.reduced),
                                   pytest.param("moonlight", marks=pytest.mark.moonlight),
                                   pytest.param("full", marks=[pytest.mark.full, pytest.mark.nightly])])
-def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, record_property):
+def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, record_property, expect):
     run, base = _run(pytestconfig, "run_dir"), _run(pytestconfig, "baseline")
     tp = throughput(run, scale.hardware, devices=scale.devices, sequences=scale.batch.sequences)
     reference = throughput(base, scale.hardware, devices=scale.devices, sequences=scale.batch.sequences)
     _record(record_property, tp, scale, baseline=reference.tps_per_card)
-    verdict = check_regression(tp, reference.tps_per_card, scale.targets.regression_tolerance)
-    assert verdict.passed, verdict.message
+    expect(check_regression(tp, reference.tps_per_card, scale.targets.regression_tolerance))

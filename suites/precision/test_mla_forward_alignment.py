@@ -10,30 +10,32 @@ import pytest
 import torch
 
 from fixtures.engines import PROMPTS
-from harness import mla
-from harness.models import DEEPSEEK_V3
+from harness.config.models import DEEPSEEK_V3
+from harness.mla.checks import compare_logprobs
 
 
 @pytest.mark.tiny
-def test_rollout_logprobs_match_training_forward(engine_kind, fresh_rollout, hf_training, record_property):
-    training = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, fresh_rollout.token_ids)]
-    decode = mla.compare_logprobs(f"{engine_kind.name} decode steps vs transformers",
+def test_rollout_logprobs_match_training_forward(engine_kind, fresh_rollout, hf_training, record_property, expect):
+    training = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, fresh_rollout.token_ids, strict=True)]
+    decode = compare_logprobs(f"{engine_kind.name} decode steps vs transformers",
                                   [d[1:] for d in fresh_rollout.dist_logprobs], [t[1:] for t in training],
                                   torch.float32)
-    prefill = mla.compare_logprobs(f"{engine_kind.name} prefill step vs transformers",
+    prefill = compare_logprobs(f"{engine_kind.name} prefill step vs transformers",
                                    [d[:1] for d in fresh_rollout.dist_logprobs], [t[:1] for t in training],
                                    torch.float32)
     # The sampled tokens' log-probs are what verl compares (training/rollout_probs_diff_mean).
-    chosen_train = [t.gather(1, torch.tensor(toks)[:, None]) for t, toks in zip(training, fresh_rollout.token_ids)]
+    chosen_train = [t.gather(1, torch.tensor(toks)[:, None])
+                    for t, toks in zip(training, fresh_rollout.token_ids, strict=True)]
     chosen_rollout = [torch.tensor(lp)[:, None] for lp in fresh_rollout.logprobs]
-    chosen = mla.compare_logprobs(f"{engine_kind.name} sampled-token log-probs vs transformers", chosen_rollout,
+    chosen = compare_logprobs(f"{engine_kind.name} sampled-token log-probs vs transformers", chosen_rollout,
                                   chosen_train, torch.float32)
-    probs_diff_mean = float(torch.cat([(r.exp() - t.exp()).abs() for r, t in zip(chosen_rollout, chosen_train)]).mean())
+    gaps = [(r.exp() - t.exp()).abs() for r, t in zip(chosen_rollout, chosen_train, strict=True)]
+    probs_diff_mean = float(torch.cat(gaps).mean())
     record_property("mla.forward_alignment", {"engine": engine_kind.name, "worst_decode": decode.worst,
-                                              "worst_prefill": prefill.worst, "rollout_probs_diff_mean": probs_diff_mean,
+                                              "worst_prefill": prefill.worst,
+                                              "rollout_probs_diff_mean": probs_diff_mean,
                                               "tol": dataclasses.asdict(decode.tol)})
-    failures = [a.message() for a in (prefill, decode, chosen) if not a.ok]
-    assert not failures, "\n".join(failures)
+    expect(prefill, decode, chosen)
 
 
 # One real-size DeepSeek-V3 attention (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, yarn 40) with random
@@ -65,7 +67,7 @@ def test_real_size_attention_layer_absorbed_matches_naive(tmp_path, record_prope
         ids = torch.tensor([PROMPTS[0] + rollout.token_ids[0]])
         n = len(PROMPTS[0])
         training = hf(ids).logits[0, n - 1: n - 1 + 4].float().log_softmax(-1)
-    alignment = mla.compare_logprobs("reference absorbed decode vs transformers, DSV3-size attention",
+    alignment = compare_logprobs("reference absorbed decode vs transformers, DSV3-size attention",
                                      rollout.dist_logprobs, [training], torch.float32)
     record_property("mla.forward_alignment_dsv3_layer", {"worst": alignment.worst, "numel": alignment.numel})
     assert alignment.ok, alignment.message()

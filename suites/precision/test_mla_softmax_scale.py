@@ -8,41 +8,42 @@ import pytest
 import torch
 
 from fixtures.engines import PROMPTS, SCALE_MODELS, SCALE_SPECS
-from harness import mla
-from harness.plugin import requires
+from harness.markers import requires
+from harness.mla.checks import check_scale, compare_logprobs
+from harness.mla.derive import softmax_scale, wrong_scales
 
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("model", sorted(SCALE_MODELS))
-def test_engine_scale_is_closed_form(engine_kind, model, request, record_property):
+def test_engine_scale_is_closed_form(engine_kind, model, request, record_property, expect):
     """DSV3 and Moonlight are built as attention twins (their attention dims and rope scaling, tiny elsewhere);
     tiny reads the session's fresh engine instead of starting another."""
     if model == "tiny":
         fresh = request.getfixturevalue("fresh_run")
-        finding = mla.check_scale(fresh.engine, SCALE_SPECS[model], fresh.softmax_scale)
+        finding = check_scale(fresh.engine, SCALE_SPECS[model], fresh.softmax_scale)
     else:
         with engine_kind.make(SCALE_MODELS[model], weights=None, load_format="dummy", dtype=torch.float32,
                               seed=0) as engine:
-            finding = mla.check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
+            finding = check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
     record_property("mla.softmax_scale", {"engine": finding.engine, "model": model, "expected": finding.expected,
                                           "actual": finding.actual, "rel_error": finding.rel_error})
-    assert finding.ok, finding.message()
+    expect(finding)
 
 
 @pytest.mark.tiny
 def test_outputs_follow_right_scale(engine_kind, mla_spec, fresh_rollout, hf_training, record_property):
     """Behavioural: the engine's per-step log-probs match transformers' forward at the right scale and are
     measurably far from the same forward at MindSpeed's 1/sqrt(v_head_dim) (the sensitivity guard)."""
-    wrong = mla.wrong_scales(mla_spec)["v_head_dim"]
-    right = mla.softmax_scale(mla_spec)
+    wrong = wrong_scales(mla_spec)["v_head_dim"]
+    right = softmax_scale(mla_spec)
     assert right / wrong - 1 >= 0.30, "tiny dims must put the right scale >= 30% above the MindSpeed one (DSV3: 53%)"
     toks = fresh_rollout.token_ids
-    at_right = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, toks)]
+    at_right = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, toks, strict=True)]
     with hf_training.softmax_scale_set(wrong):
-        at_wrong = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, toks)]
-    vs_right = mla.compare_logprobs(f"{engine_kind.name} vs transformers at scale {right:.4f}",
+        at_wrong = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, toks, strict=True)]
+    vs_right = compare_logprobs(f"{engine_kind.name} vs transformers at scale {right:.4f}",
                                     fresh_rollout.dist_logprobs, at_right, torch.float32)
-    vs_wrong = mla.compare_logprobs(f"{engine_kind.name} vs transformers at scale {wrong:.4f} (v_head_dim)",
+    vs_wrong = compare_logprobs(f"{engine_kind.name} vs transformers at scale {wrong:.4f} (v_head_dim)",
                                     fresh_rollout.dist_logprobs, at_wrong, torch.float32)
     record_property("mla.scale_behaviour", {"engine": engine_kind.name, "right_scale": right, "wrong_scale": wrong,
                                             "worst_vs_right": vs_right.worst, "worst_vs_wrong": vs_wrong.worst})
@@ -56,23 +57,21 @@ def test_outputs_follow_right_scale(engine_kind, mla_spec, fresh_rollout, hf_tra
 @pytest.mark.layer
 @requires(packages=["megatron.core"])
 @pytest.mark.parametrize("model", ["deepseek-v3", "moonlight"])
-def test_megatron_mla_scale_is_closed_form(model):
+def test_megatron_mla_scale_is_closed_form(model, expect):
     """Training side: Megatron-core's MLA softmax scale (MindSpeed patches it on NPU) for the real configs."""
     from harness.engines.training import megatron_mla_softmax_scale
 
-    finding = mla.check_scale("megatron-core MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model]))
-    assert finding.ok, finding.message()
+    expect(check_scale("megatron-core MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model])))
 
 
 @pytest.mark.layer
 @pytest.mark.npu
 @requires(hardware="npu", packages=["mindspeed", "megatron.core", "torch_npu"])
 @pytest.mark.parametrize("model", ["deepseek-v3", "moonlight"])
-def test_mindspeed_mla_scale_is_closed_form(model):
+def test_mindspeed_mla_scale_is_closed_form(model, expect):
     """MindSpeed's patched MLA (the seed 001 bug: 1/sqrt(kv_channels=128) instead of 1/sqrt(192)*mscale^2)."""
     import mindspeed.megatron_adaptor  # noqa: F401  (applies MindSpeed's patches to megatron-core)
 
     from harness.engines.training import megatron_mla_softmax_scale
 
-    finding = mla.check_scale("mindspeed MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model]))
-    assert finding.ok, finding.message()
+    expect(check_scale("mindspeed MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model])))

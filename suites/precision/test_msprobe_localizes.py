@@ -5,20 +5,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import probe
-from harness.plugin import requires
+from harness.markers import requires
+from harness.mla import localize
 
 
 @pytest.mark.tiny
 @pytest.mark.cpu
 @requires(packages=["msprobe"])
 def test_msprobe_names_first_divergent_op(tmp_path, record_property):
-    if probe.msprobe_command() is None:
+    if localize.msprobe_command() is None:
         pytest.skip("the `msprobe` command is missing beside this Python and on PATH (pip install mindstudio-probe)")
     with ThreadPoolExecutor(2) as pool:  # two child processes, one per core
-        golden, target = pool.map(lambda a: probe.dump_step(tmp_path / a[0], fault=a[1]),
+        golden, target = pool.map(lambda a: localize.dump_step(tmp_path / a[0], fault=a[1]),
                                   [("golden", None), ("target", "scale_v_head")])
-    verdict = probe.first_not_pass(probe.compare_steps(target, golden, tmp_path / "compare"))
+    verdict = localize.first_not_pass(localize.compare_steps(target, golden, tmp_path / "compare"))
     assert verdict is not None, "msprobe found no difference between the right and the wrong softmax scale"
     record_property("mla.msprobe", {"first_not_pass": verdict.name, "result": verdict.result,
                                     "max_diff": verdict.max_diff, "where": verdict.stack})

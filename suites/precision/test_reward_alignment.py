@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import curves
+from harness.metrics import curves
 
 TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tiny"),
          pytest.param("reduced", marks=pytest.mark.reduced, id="reduced"),
@@ -20,11 +20,10 @@ TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tin
 
 
 @pytest.mark.parametrize("tier", TIERS)
-def test_reward_curve_aligns_with_baseline(tier, dapo_run, alignment_baseline, record_property):
+def test_reward_curve_aligns_with_baseline(tier, dapo_run, alignment_baseline, record_property, expect):
     alignment = curves.compare(dapo_run, alignment_baseline)
     metrics = tuple(dict.fromkeys(v.metric for v in alignment.verdicts))
     record_property("curves.verdicts", [v.to_json() for v in alignment.verdicts])
     record_property("curves.series", curves.band_series(dapo_run, alignment_baseline, metrics))
     record_property("curves.warnings", list(dapo_run.meta.warnings))
-    assert alignment.aligned, "\n".join([alignment.summary(), *(v.message() for v in alignment.failures),
-                                         *(f"log warning: {w}" for w in dapo_run.meta.warnings[:5])])
+    expect(alignment, notes=[f"log warning: {w}" for w in dapo_run.meta.warnings[:5]])

@@ -2,11 +2,11 @@
 the A2 GBS-128 job, the fake-tensor trace of its rollout prefill at real shapes, and one full MoE layer."""
 from __future__ import annotations
 
-from harness.memory.model import plan_memory
+from harness.config.models import DEEPSEEK_V3
+from harness.config.scales import SCALES
+from harness.memory.phases import plan_memory
 from harness.memory.prefill import prefill_verdict
 from harness.memory.tracer import trace_decoder_layer
-from harness.models import DEEPSEEK_V3
-from harness.scales import SCALES
 
 
 def test_bench_full_plan_verdict(benchmark):
@@ -21,6 +21,7 @@ def test_bench_traced_prefill_verdict(benchmark):
 
 
 def test_bench_moe_layer_trace(benchmark):
-    tr = benchmark.pedantic(trace_decoder_layer, args=(DEEPSEEK_V3,), kwargs={"layer": 3, "tokens": 4096, "tp": 8, "ep": 16},
+    tr = benchmark.pedantic(trace_decoder_layer, args=(DEEPSEEK_V3,),
+                            kwargs={"layer": 3, "tokens": 4096, "tp": 8, "ep": 16},
                             rounds=3, iterations=1)
     assert tr.resident_bytes > 2**30

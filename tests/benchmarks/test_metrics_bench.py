@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from harness import curves
+from harness.metrics import curves
 from harness.metrics.baseline import ALIGN_METRICS, Baseline
 from harness.metrics.ingest import load_run
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from harness import mla
+from harness.config.models import TINY
 from harness.engines.reference import ReferenceEngine
 from harness.engines.weights import random_state_dict
-from harness.models import TINY
+from harness.mla.checks import check_freshness
 
 PROMPTS = [[3, 17, 42, 99, 5, 64, 128], [200, 7, 31], [11, 11, 250, 76, 9], [1, 2]]
 
@@ -24,6 +24,6 @@ def test_bench_reference_rollout(benchmark):
 def test_bench_freshness_check(benchmark):
     engine = ReferenceEngine(TINY, random_state_dict(TINY, seed=0))
     engine.load_weights(random_state_dict(TINY, seed=1).items())
-    report = benchmark.pedantic(mla.check_freshness, args=(engine.name, engine.mla_layers(), TINY, torch.float32),
+    report = benchmark.pedantic(check_freshness, args=(engine.name, engine.mla_layers(), TINY, torch.float32),
                                 rounds=5, iterations=1)
     assert report.ok

@@ -2,7 +2,7 @@
 throughput of a 1000-step run. Both sit on the main job's critical path after the suites finish."""
 from __future__ import annotations
 
-from harness.hardware import PROFILES
+from harness.config.hardware import PROFILES
 from harness.metrics.run import Run, Series
 from harness.metrics.throughput import throughput
 from harness.report.render import render_html

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.hardware import PROFILES, HardwareProfile
-from harness.models import MODELS, ModelSpec
-from harness.plans import ParallelPlan, RolloutParallel, TrainParallel, validate_plan
+from harness.config.hardware import PROFILES, HardwareProfile
+from harness.config.models import MODELS, ModelSpec
+from harness.config.plans import ParallelPlan, RolloutParallel, TrainParallel, validate_plan
+from harness.errors import BadInput
 
 TIERS = ("tiny", "layer", "reduced", "moonlight", "full")
 
@@ -119,10 +120,12 @@ DEFAULT_SCALE_FOR_TIER = {"tiny": "tiny", "layer": "layer", "reduced": "reduced-
 
 
 def get_scale(name: str) -> Scale:
+    """The registered scale `name`; BadInput (the `--scale` option named) when there is none."""
     try:
         return SCALES[name]
     except KeyError:
-        raise KeyError(f"unknown scale {name!r}; known: {', '.join(SCALES)} (see `ascend-rl-harness scales`)") from None
+        raise BadInput(f"--scale: unknown scale {name!r}; known: {', '.join(SCALES)} "
+                       "(see `ascend-rl-harness scales`)") from None
 
 
 def default_scale(tier: str, hardware: str | None = None) -> Scale:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.models import ModelSpec
-
-
-class PlanError(ValueError):
-    """An invalid plan; the message names the violated rule."""
+from harness.config.models import ModelSpec
+from harness.errors import PlanError
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, world_size: int) -> None
         _require(model.num_hidden_layers % t.pp == 0, "pp-divides-layers",
                  f"pp={t.pp} does not divide {model.num_hidden_layers} layers; give stage_layers")
     _require(world_size % r.instance_size == 0, "rollout-world-divisible",
-             f"world size {world_size} is not divisible by the rollout instance tp*dp = {r.tp}*{r.dp} = {r.instance_size}")
+             f"world size {world_size} is not divisible by the rollout instance tp*dp = {r.tp}*{r.dp} = "
+             f"{r.instance_size}")
     _require(model.num_attention_heads % r.tp == 0, "rollout-tp-divides-heads",
              f"rollout tp={r.tp} does not divide {model.num_attention_heads} attention heads")
     _require(r.ep in (1, r.instance_size), "rollout-ep-is-instance",

@@ -3,7 +3,7 @@ step directories, and name the first op whose result is not `pass` (seed 001 loc
 by exactly this kind of op-by-op dump comparison between NPU and GPU).
 
 msprobe's PrecisionDebugger is a process-wide singleton that wraps torch APIs, so dumps run in a fresh
-interpreter: `python -m harness.probe dump OUT [--fault F]`. `first_not_pass` is the checker; it only reads.
+interpreter: `python -m harness.mla.localize dump OUT [--fault F]`. `first_not_pass` is the checker; it only reads.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+
 
 def msprobe_command() -> str | None:
     """The `msprobe` console script of this interpreter's environment (a venv's bin/ is often not on PATH,
@@ -47,7 +48,7 @@ class OpVerdict:
 def dump_step(dump_dir: str | Path, *, fault: str | None = None, seed: int = 0, timeout: float = 300) -> Path:
     """Dump the reference engine's (optionally faulty) prefill forward with msprobe in a child process.
     Returns the step directory (`DUMP/step0`) for `msprobe compare`."""
-    cmd = [sys.executable, "-m", "harness.probe", "dump", str(dump_dir), "--seed", str(seed)]
+    cmd = [sys.executable, "-m", "harness.mla.localize", "dump", str(dump_dir), "--seed", str(seed)]
     if fault:
         cmd += ["--fault", fault]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -79,7 +80,8 @@ def first_not_pass(result_csv: str | Path) -> OpVerdict | None:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read msprobe compare result ({exc.strerror}); run `msprobe compare` first")
+        raise BadInput(f"{path}: cannot read msprobe compare result ({exc.strerror}); run `msprobe compare` "
+                       "first") from None
     if not rows or "Result" not in rows[0]:
         raise BadInput(f"{path}: not an msprobe compare result (no `Result` column); point at compare_result_*.csv")
     stacks: dict[str, str] = {}  # msprobe puts an op's stack only on its first row (input.0)
@@ -103,26 +105,26 @@ def _dump_main(args: argparse.Namespace) -> None:
     import torch
     from msprobe.pytorch import PrecisionDebugger, seed_all
 
+    from harness.config.models import TINY
+    from harness.engines.base import torch_threads
     from harness.engines.reference import ReferenceEngine
     from harness.engines.weights import random_state_dict
-    from harness.models import TINY
 
     seed_all(seed=1234, mode=True)
-    torch.set_num_threads(1)  # tiny shapes: see harness.engines.base.torch_threads
     engine = ReferenceEngine(TINY, random_state_dict(TINY, args.seed), fault=args.fault)
     debugger = PrecisionDebugger(task="statistics", dump_path=args.out, level="L1")
     debugger.start()
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(1):
         engine.prefill_logits(list(PROMPT))
     debugger.stop()
     debugger.step()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m harness.probe")
+    parser = argparse.ArgumentParser(prog="python -m harness.mla.localize")
     sub = parser.add_subparsers(dest="cmd", required=True)
     dump = sub.add_parser("dump", help="msprobe statistics dump of the reference engine's prefill")
     dump.add_argument("out")
-    dump.add_argument("--fault", default=None, help="a harness.engines.reference.Fault value")
+    dump.add_argument("--fault", default=None, help="a harness.engines.reference.EngineFault value")
     dump.add_argument("--seed", type=int, default=0)
     _dump_main(parser.parse_args())

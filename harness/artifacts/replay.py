@@ -19,7 +19,7 @@ What the installed verl 0.9.1 does, checked against its source (and where it dif
 - `skip.rollout` is honoured only by the V0 trainer: `RayPPOTrainer.fit` (verl/trainer/ppo/ray_trainer.py)
   calls `SkipManager.init` / `set_step` and the decorator sits on `AgentLoopManager.generate_sequences`
   (verl/experimental/agent_loop/agent_loop.py). The V1 trainer (`trainer.use_v1=true`, the 0.9.1 default
-  and what harness.dapo's recipe runs) honours only `skip.rollout_tq` (RolloutTqSkip), whose files are
+  and what harness.config.recipe's recipe runs) honours only `skip.rollout_tq` (RolloutTqSkip), whose files are
   `{step}/{inner}/tq_batch.pt` (a torch-saved TensorDict + TransferQueue keys/tags) -- not seed 003's
   gen_batch.dp, and not readable on a V0 run.
 
@@ -27,7 +27,8 @@ Why the harness has its own replay: verl's DAPO trainer (`RayDAPOTrainer.fit` in
 `dapo/dapo_ray_trainer.py`, e.g. commit dd811fe4) overrides `fit` without calling `SkipManager.init` /
 `SkipManager.set_step`, so `skip.rollout.*` is silently ignored for DAPO (the decorator sees no skip
 instance); the recipe instead imports the pre-0.9 `verl.utils.rollout_skip` module, which verl 0.9.1 no
-longer ships. With the V1 path the dump is TransferQueue-specific (above). `RolloutReplay` gives DAPO runs (and the tiny lab) the same dump/replay semantics and
+longer ships. With the V1 path the dump is TransferQueue-specific (above). `RolloutReplay` gives DAPO runs
+(and the tiny lab) the same dump/replay semantics and
 the same files, using verl's own `DataProto` save/load.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from harness.errors import BadInput
 from harness.io import write_json_atomic
 
 GEN_BATCH_FILE = "gen_batch.dp"  # RolloutSkip.gen_batch_name
-META_FILE = "meta.json"  # RolloutSkip.meta_name
+STEP_META_FILE = "meta.json"  # RolloutSkip.meta_name
 ACTIONS = ("cache", "repeat")  # what verl 0.9.1's RolloutSkipConfig accepts
 
 
@@ -79,7 +80,7 @@ class ReplayKey:
 
     @classmethod
     def for_scale(cls, scale, experiment: str, project: str) -> ReplayKey:
-        """The key of a harness Scale's DAPO batch (harness.scales.DapoBatch)."""
+        """The key of a harness Scale's DAPO batch (harness.config.scales.DapoBatch)."""
         b = scale.batch
         return cls(experiment, project, b.gbs, b.n, b.max_prompt_length, b.max_response_length)
 
@@ -90,7 +91,7 @@ def verl_skip_overrides(dump_dir: str | os.PathLike, steps: list[int] | tuple[in
 
     group `rollout`: RolloutSkip, this module's gen_batch.dp layout, honoured by the V0 trainer
     (`trainer.use_v1=false`). group `rollout_tq`: RolloutTqSkip of the V1 trainer (verl 0.9.1's
-    default, the one harness.dapo's recipe runs), which writes `{step}/{inner}/tq_batch.pt` instead.
+    default, the one harness.config.recipe's recipe runs), which writes `{step}/{inner}/tq_batch.pt` instead.
     """
     if action not in ACTIONS:
         raise BadInput(f"replay action {action!r}: use one of {', '.join(ACTIONS)} (verl 0.9.1 RolloutSkipConfig)")
@@ -119,7 +120,7 @@ class RolloutReplay:
 
     def _complete(self, step: int) -> bool:
         d = self.step_dir(step)
-        return (d / GEN_BATCH_FILE).is_file() and (d / META_FILE).is_file()
+        return (d / GEN_BATCH_FILE).is_file() and (d / STEP_META_FILE).is_file()
 
     def available_steps(self) -> list[int]:
         """Steps with both files present (a half-written step is not replayable), ascending."""
@@ -151,7 +152,7 @@ class RolloutReplay:
             Path(tmp).unlink(missing_ok=True)
             raise
         # meta.json last: verl treats a step as dumped only when both files exist
-        write_json_atomic(d / META_FILE, {"global_steps": int(step)})
+        write_json_atomic(d / STEP_META_FILE, {"global_steps": int(step)})
         return d
 
     def load(self, step: int):
@@ -164,11 +165,12 @@ class RolloutReplay:
             raise BadInput(f"{self.root}: no rollout dump for step {step} (action {self.action}; dumped steps "
                            f"{have or 'none'}); dump it first on the baseline platform with the same "
                            f"experiment/project names and batch shape")
-        meta_path = self.step_dir(found) / META_FILE
+        meta_path = self.step_dir(found) / STEP_META_FILE
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError) as exc:
-            raise BadInput(f"{meta_path}: unreadable rollout dump meta ({exc}); delete the step directory and dump again") from None
+            raise BadInput(f"{meta_path}: unreadable rollout dump meta ({exc}); delete the step directory and "
+                           "dump again") from None
         if int(meta.get("global_steps", -1)) != found:
             raise BadInput(f"{meta_path}: says global_steps={meta.get('global_steps')} but lies in step directory "
                            f"{found}; the dump was moved or mixed up, dump it again")
@@ -216,7 +218,7 @@ def batch_differences(expected, actual) -> tuple[BatchDifference, ...]:
             if a.shape != b.shape:
                 out.append(BatchDifference(name, -1, float("nan"), f"shape {tuple(b.shape)} != {tuple(a.shape)}"))
                 return
-            bad = [i for i, (x, y) in enumerate(zip(a.ravel(), b.ravel())) if not _same_object(x, y)]
+            bad = [i for i, (x, y) in enumerate(zip(a.ravel(), b.ravel(), strict=True)) if not _same_object(x, y)]
             if bad:
                 out.append(BatchDifference(name, len(bad), float("nan"), f"index {bad[0]}"))
             return

@@ -1,30 +1,25 @@
-"""`ascend-rl-harness throughput` (TPS per device and per card of a verl run, beside the roofline) and
-`ascend-rl-harness report` (report JSON -> HTML + Markdown; several -> trend with regression detection)."""
+"""`ascend-rl-harness throughput RUN`: tokens/s per device (verl's perf/throughput) and per card of a verl run,
+beside the roofline and the scale's target. Exit 0 on target (or no target), 1 below it, 2 bad input."""
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from harness.config.hardware import PROFILES
 from harness.errors import BadInput
-from harness.hardware import PROFILES
 
 
 def throughput_document(paths: list[str], hardware: str | None, devices: int | None, sequences: int | None,
                         warmup: int, scale_name: str | None, target: float | None) -> dict:
     """What `throughput --json` prints: Throughput.to_dict() + target, roofline and verdict."""
+    from harness.config.roofline import roofline
+    from harness.config.scales import get_scale
     from harness.metrics.ingest import load_run
-    from harness.metrics.throughput import PROMPT_MEAN, RESPONSE_MEAN, check_target, throughput
-    from harness.roofline import roofline
-    from harness.scales import get_scale
+    from harness.metrics.keys import PROMPT_LENGTH, RESPONSE_LENGTH
+    from harness.metrics.throughput import check_target, throughput
 
     run = load_run(*paths)
-    scale = None
-    if scale_name or run.meta.scale:
-        try:
-            scale = get_scale(scale_name or run.meta.scale)
-        except KeyError as exc:
-            raise BadInput(f"--scale: {exc.args[0]}") from None
+    scale = get_scale(scale_name or run.meta.scale) if scale_name or run.meta.scale else None
     name = hardware or run.meta.hardware or (scale.hardware.name if scale else None)
     if name not in PROFILES:
         raise BadInput(f"--hardware {name!r}: pass one of {', '.join(PROFILES)} (dies per card and peak come from it)")
@@ -36,8 +31,8 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
     doc["roofline"] = None
     if scale is not None:
         window = list(tp.window)
-        if PROMPT_MEAN in run and RESPONSE_MEAN in run:
-            p, r = run[PROMPT_MEAN].as_dict(), run[RESPONSE_MEAN].as_dict()
+        if PROMPT_LENGTH in run and RESPONSE_LENGTH in run:
+            p, r = run[PROMPT_LENGTH].as_dict(), run[RESPONSE_LENGTH].as_dict()
             lengths = [p[s] + r[s] for s in window if s in p and s in r]
             mean_tokens = sum(lengths) / len(lengths) if lengths else None
         else:
@@ -47,7 +42,7 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
     doc["verdict"] = None
     if target is not None:
         v = check_target(tp, target)
-        doc["verdict"] = {"passed": v.passed, "message": v.message}
+        doc["verdict"] = {"passed": v.ok, "message": v.message()}
     return doc
 
 
@@ -82,41 +77,9 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                           if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
         if doc["verdict"]:
             ok = doc["verdict"]["passed"]
-            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: {escape(doc['verdict']['message'])}")
+            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: "
+                          f"{escape(doc['verdict']['message'])}")
     return 0 if doc["verdict"] is None or doc["verdict"]["passed"] else 1
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
-    from harness.io import write_atomic
-    from harness.report.render import render_html, render_markdown
-    from harness.report.schema import load_report
-    from harness.report.trend import expand, write_trend
-
-    paths = expand(args.results)
-    if not paths:
-        raise BadInput(f"{' '.join(args.results)}: no report JSON there; pass report.json files or a trend-store directory")
-    loaded = sorted(((p, load_report(p)) for p in paths), key=lambda pr: pr[1].created)
-    out = Path(args.output)
-    console = Console()
-    for path, report in loaded:
-        stem = path.stem if path.stem != "report" else report.name
-        write_atomic(out / f"{stem}.html", render_html(report))
-        write_atomic(out / f"{stem}.md", render_markdown(report))
-        console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
-                      f"{escape(str(out / (stem + '.html')))}")
-    failed = not loaded[-1][1].passed  # the newest run decides, with any regression across the trend
-    if len(loaded) > 1:
-        steps = write_trend([r for _, r in loaded], out, args.tolerance)
-        for s in steps:
-            color = "red" if s.regression else "green"
-            console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {escape(s.metric)}: "
-                          f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {escape(s.report)}")
-        console.print(f"trend: {out / 'trend.html'}")
-        failed = failed or any(s.regression for s in steps)
-    return 1 if failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -130,9 +93,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=float, help="TPS/card the run must reach (default: the scale's target)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_throughput)
-    p = sub.add_parser("report", help="render report JSON(s) to HTML + Markdown; several: trend + regressions")
-    p.add_argument("results", nargs="+", metavar="RESULT_JSON",
-                   help="report JSON files, or trend-store directories (their *.json)")
-    p.add_argument("-o", "--output", required=True, help="output directory")
-    p.add_argument("--tolerance", type=float, default=0.05, help="relative change that counts as a step")
-    p.set_defaults(func=cmd_report)

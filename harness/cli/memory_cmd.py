@@ -8,13 +8,13 @@ import argparse
 import json
 
 from harness.errors import BadInput
-from harness.memory.model import PHASES, MemoryOptions, PhaseMemory, plan_memory
+from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memory
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from harness.commands import scale_arg
+    from harness.cli.args import scale_arg
 
     scale = scale_arg(args.scale)
     if args.gbs is not None:

@@ -15,6 +15,7 @@ rejects fails here with that key named, not 40 minutes into a 256-card job.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import importlib.util
@@ -23,10 +24,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from harness.errors import BadInput
-from harness.hardware import DETERMINISTIC_ENV, module_exists
-from harness.plans import TrainParallel
-from harness.scales import Scale
+from harness.config.hardware import DETERMINISTIC_ENV, module_exists
+from harness.config.plans import TrainParallel
+from harness.config.scales import Scale
+from harness.errors import BadInput, RecipeError
 
 VERL_VERSION = "0.9.1"  # the pinned verl (requirements/cpu.txt); config keys move between verl releases
 ENTRYPOINT = "verl.trainer.main_ppo"
@@ -45,14 +46,6 @@ OVERLONG_PENALTY_FACTOR = 1.0
 HCCL_BUFFSIZE_MB = 512
 
 
-class RecipeError(BadInput):
-    """A recipe verl rejects: the message names the override key (or config section) and verl's reason."""
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
 @dataclass(frozen=True)
 class Recipe:
     """How to launch a scale's DAPO job with verl: `env python3 -m entrypoint overrides...`."""
@@ -68,7 +61,8 @@ class Recipe:
     def command_line(self, python: str = "python3") -> str:
         """A shell command line: env assignments, `python3 -m entrypoint`, one override per continued line."""
         head = " ".join(shlex.quote(w) for w in self.argv(python)[:3])
-        words = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [head] + [shlex.quote(o) for o in self.overrides]
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        words = [*env, head, *(shlex.quote(o) for o in self.overrides)]
         return " \\\n    ".join(words)
 
     def override_map(self) -> dict[str, str]:
@@ -149,7 +143,7 @@ def recipe_env(scale: Scale) -> dict[str, str]:
     return env
 
 
-def recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> Recipe:
+def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> Recipe:
     """The DAPO job of a scale as verl Hydra overrides plus environment.
 
     `model_path` is the HF model directory (default `models/<model name>`), `data_dir` holds
@@ -232,6 +226,30 @@ def recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None 
     return Recipe(scale=scale.name, entrypoint=ENTRYPOINT, overrides=tuple(overrides), env=recipe_env(scale))
 
 
+def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> dict:
+    """JSON-ready description of a scale (what `plan --json` prints and a report embeds): model values, plan,
+    DAPO overrides and environment."""
+    recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
+    return {
+        "scale": scale.name,
+        "tier": scale.tier,
+        "description": scale.description,
+        "model": dataclasses.asdict(scale.model),
+        "params": {"total": scale.model.total_params(), "active": scale.model.total_params(active=True)},
+        "hardware": dataclasses.asdict(scale.hardware),
+        "devices": scale.devices,
+        "cards": scale.cards,
+        "nodes": scale.nodes,
+        "plan": dataclasses.asdict(scale.plan),
+        "batch": dataclasses.asdict(scale.batch),
+        "targets": dataclasses.asdict(scale.targets),
+        "verl_version": VERL_VERSION,
+        "entrypoint": recipe.entrypoint,
+        "overrides": list(recipe.overrides),
+        "env": dict(recipe.env),
+    }
+
+
 # ----------------------------------------------------------------------------------------------------
 # validation against the installed verl
 
@@ -301,7 +319,8 @@ def compose(recipe: Recipe):
         message = _first_line(exc)
         key = _override_for(recipe, str(exc))
         where = f"override {key!r}" if key else f"recipe {recipe.scale}"
-        raise RecipeError(f"{where} rejected by verl {VERL_VERSION}'s {CONFIG_NAME} config: {message}", key=key) from None
+        raise RecipeError(f"{where} rejected by verl {VERL_VERSION}'s {CONFIG_NAME} config: {message}",
+                          key=key) from None
 
 
 def validate_recipe(recipe: Recipe):
@@ -352,7 +371,8 @@ def _check_choices(recipe: Recipe, config) -> None:
     reward_manager = config.reward.reward_manager
     checks = [
         ("algorithm.adv_estimator", config.algorithm.adv_estimator, sorted(ADV_ESTIMATOR_REGISTRY)),
-        ("actor_rollout_ref.rollout.name", rollout.name, sorted({n for n, m in _ROLLOUT_REGISTRY if m == rollout.mode})),
+        ("actor_rollout_ref.rollout.name", rollout.name,
+         sorted({n for n, m in _ROLLOUT_REGISTRY if m == rollout.mode})),
     ]
     if reward_manager.source == "register":
         checks.append(("reward.reward_manager.name", reward_manager.name, sorted(reward_registry.REWARD_MANAGER)))

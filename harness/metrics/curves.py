@@ -5,7 +5,7 @@
 - window: mean/median over a steady window (verl's Ascend nightly: mean of steps 5-14, |d reward| <= 0.05).
 - trend: slope over the first k steps. Seed 001: after two fixes the 671B reward went -0.9 -> -0.8 in 10 steps
   while the GPU baseline reached -0.6: "still misaligned". Per-step noise hides that; the slope does not.
-Each `Verdict` names the statistic, where (step or window) and by how much; `plot` draws candidate vs band.
+Each `CurveVerdict` names the statistic, where (step or window) and by how much; `plot` draws candidate vs band.
 """
 from __future__ import annotations
 
@@ -14,22 +14,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.findings import Finding
 from harness.metrics.baseline import ALIGN_METRICS, Baseline, MetricBaseline, slope, window_stat
 from harness.metrics.run import Run, Series
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CurveVerdict:
     """One statistic of one metric. `passed` is None when it could not be evaluated (`detail` says why)."""
 
     metric: str
     statistic: str  # band | window-mean | window-median | trend | coverage
     passed: bool | None
-    value: float | None  # the candidate's statistic (band: worst deviation)
-    reference: float | None
-    tolerance: float | None
     where: str  # "step 12", "steps 5-14", ...
     detail: str
+    value: float | None = None  # the candidate's statistic (band: worst deviation)
+    reference: float | None = None
+    tolerance: float | None = None
 
     def message(self) -> str:
         state = {True: "ok", False: "FAIL", None: "skip"}[self.passed]
@@ -40,25 +41,36 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Alignment:
+class CurveAlignment:
     """All verdicts of one comparison; aligned when none failed and at least one was evaluated."""
 
     candidate: str
     baseline: str
-    verdicts: tuple[Verdict, ...]
+    verdicts: tuple[CurveVerdict, ...]
 
     @property
-    def failures(self) -> tuple[Verdict, ...]:
+    def failures(self) -> tuple[CurveVerdict, ...]:
         return tuple(v for v in self.verdicts if v.passed is False)
 
     @property
     def aligned(self) -> bool:
         return not self.failures and any(v.passed for v in self.verdicts)
 
+    @property
+    def ok(self) -> bool:
+        return self.aligned
+
+    def message(self) -> str:
+        return "\n".join([self.summary(), *(v.message() for v in self.failures)])
+
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(Finding(f"curves.{v.statistic}", v.metric, v.where, v.message()) for v in self.failures)
+
     def summary(self) -> str:
         ok = sum(1 for v in self.verdicts if v.passed)
+        skipped = sum(1 for v in self.verdicts if v.passed is None)
         return (f"{self.candidate} vs {self.baseline}: {'ALIGNED' if self.aligned else 'MISALIGNED'} "
-                f"({ok} passed, {len(self.failures)} failed, {sum(1 for v in self.verdicts if v.passed is None)} skipped)")
+                f"({ok} passed, {len(self.failures)} failed, {skipped} skipped)")
 
 
 def _half_width(ref: MetricBaseline, i: int) -> float:
@@ -67,12 +79,12 @@ def _half_width(ref: MetricBaseline, i: int) -> float:
     return max(tol.band_atol, tol.band_rtol * abs(ref.center[i]), spread)
 
 
-def band(metric: str, cand: Series, ref: MetricBaseline) -> Verdict:
+def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     """Per-step band with up to max_outliers (fraction, at least 1) steps outside."""
     cmap = cand.as_dict()
     rows = [(s, cmap[s], ref.center[i], _half_width(ref, i)) for i, s in enumerate(ref.steps) if s in cmap]
     if not rows:
-        return Verdict(metric, "band", None, None, None, None, "-", "no common steps")
+        return CurveVerdict(metric=metric, statistic="band", passed=None, where="-", detail="no common steps")
     outside = [(s, c, r, h) for s, c, r, h in rows if not (abs(c - r) <= h)]  # NaN/inf count as outside
     allowed = max(1, math.floor(ref.tolerance.max_outliers * len(rows)))
     nonfinite = [s for s, c, _, _ in rows if not math.isfinite(c)]
@@ -85,7 +97,8 @@ def band(metric: str, cand: Series, ref: MetricBaseline) -> Verdict:
               f"{c:.4g} vs {r:.4g} +- {h:.3g} ({margin})")
     if nonfinite:
         detail += f"; non-finite at steps {nonfinite[:5]}"
-    return Verdict(metric, "band", passed, abs(c - r), r, h, f"step {s}", detail)
+    return CurveVerdict(metric=metric, statistic="band", passed=passed, where=f"step {s}", detail=detail,
+                        value=abs(c - r), reference=r, tolerance=h)
 
 
 def _spread_tol(values: tuple[float, ...], k: float) -> float:
@@ -96,47 +109,53 @@ def _spread_tol(values: tuple[float, ...], k: float) -> float:
     return k * sd * math.sqrt(1 + 1 / len(values))
 
 
-def window(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> Verdict:
+def window(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> CurveVerdict:
     tol = ref.tolerance
     name, where = f"window-{tol.window_stat}", f"steps {tol.window[0]}-{tol.window[1]}"
     want = [s for s in ref.steps if tol.window[0] <= s <= tol.window[1]]
     have = set(cand.window(*tol.window).steps)
     missing = [s for s in want if s not in have]
     if not want:
-        return Verdict(metric, name, None, None, None, None, where, "the baseline has no steps in the window")
+        return CurveVerdict(metric=metric, statistic=name, passed=None, where=where,
+                            detail="the baseline has no steps in the window")
     if missing:
         detail = f"candidate lacks {len(missing)} of {len(want)} window steps (first {missing[0]})"
-        return Verdict(metric, name, None if allow_partial else False, None, None, None, where, detail)
+        return CurveVerdict(metric=metric, statistic=name, passed=None if allow_partial else False, where=where,
+                            detail=detail)
     value, reference = window_stat(cand, tol), window_stat(ref.series(), tol)
     bound = max(tol.window_atol, tol.window_rtol * abs(reference), _spread_tol(ref.window_values, tol.band_k))
     if value is None:
-        return Verdict(metric, name, False, None, reference, bound, where, "candidate window is all non-finite")
+        return CurveVerdict(metric=metric, statistic=name, passed=False, where=where,
+                            detail="candidate window is all non-finite", reference=reference, tolerance=bound)
     passed = abs(value - reference) <= bound
-    return Verdict(metric, name, passed, value, reference, bound, where,
-                   f"{value:.4g} vs {reference:.4g}: |d| {abs(value - reference):.3g} {'<=' if passed else '>'} {bound:.3g}")
+    return CurveVerdict(metric=metric, statistic=name, passed=passed, where=where, value=value, reference=reference,
+                        tolerance=bound, detail=f"{value:.4g} vs {reference:.4g}: |d| {abs(value - reference):.3g} "
+                                                f"{'<=' if passed else '>'} {bound:.3g}")
 
 
-def trend(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> Verdict:
+def trend(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> CurveVerdict:
     tol = ref.tolerance
     first = ref.steps[:tol.trend_steps]
     where = f"steps {first[0]}-{first[-1]}"
     cand_first = cand.window(first[0], first[-1])
     if len(cand_first) < len(first):
         detail = f"candidate has {len(cand_first)} of the first {len(first)} steps"
-        return Verdict(metric, "trend", None if allow_partial and len(cand_first) >= 2 else False,
-                       None, None, None, where, detail)
+        return CurveVerdict(metric=metric, statistic="trend", passed=None if allow_partial and len(cand_first) >= 2
+                            else False, where=where, detail=detail)
     value, reference = slope(cand_first, tol), slope(ref.series(), tol)
     bound = max(tol.trend_atol, _spread_tol(ref.trend_values, tol.band_k))
     if value is None or reference is None:
-        return Verdict(metric, "trend", False, value, reference, bound, where, "not enough finite points for a slope")
+        return CurveVerdict(metric=metric, statistic="trend", passed=False, where=where, value=value,
+                            reference=reference, tolerance=bound, detail="not enough finite points for a slope")
     passed = abs(value - reference) <= bound
-    return Verdict(metric, "trend", passed, value, reference, bound, where,
-                   f"slope {value:+.4g}/step vs {reference:+.4g}/step: |d| {abs(value - reference):.3g} "
-                   f"{'<=' if passed else '>'} {bound:.3g}")
+    return CurveVerdict(metric=metric, statistic="trend", passed=passed, where=where, value=value,
+                        reference=reference, tolerance=bound,
+                        detail=f"slope {value:+.4g}/step vs {reference:+.4g}/step: |d| {abs(value - reference):.3g} "
+                               f"{'<=' if passed else '>'} {bound:.3g}")
 
 
 def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None = None, *,
-            allow_partial: bool = False) -> Alignment:
+            allow_partial: bool = False) -> CurveAlignment:
     """Align `candidate` with `baseline` on `metrics` (default: all of the baseline's alignment metrics).
 
     A candidate that stops before the baseline's window or trend steps fails those statistics unless
@@ -150,13 +169,13 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
                            f"it has {', '.join(baseline.metrics)}")
         ref = baseline.metrics[metric]
         if metric not in candidate:
-            verdicts.append(Verdict(metric, "coverage", False, None, None, None, "-",
-                                    f"candidate {candidate.name} does not log {metric}"))
+            verdicts.append(CurveVerdict(metric=metric, statistic="coverage", passed=False, where="-",
+                                         detail=f"candidate {candidate.name} does not log {metric}"))
             continue
         cand = candidate[metric]
         verdicts += [band(metric, cand, ref), window(metric, cand, ref, allow_partial),
                      trend(metric, cand, ref, allow_partial)]
-    return Alignment(candidate.name, baseline.name, tuple(verdicts))
+    return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts))
 
 
 def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> dict:
@@ -167,13 +186,14 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) ->
         half = [_half_width(ref, i) for i in range(len(ref.steps))]
         cand = candidate[metric] if metric in candidate else Series((), ())
         out[metric] = {"steps": list(ref.steps), "center": list(ref.center),
-                       "lo": [c - h for c, h in zip(ref.center, half)], "hi": [c + h for c, h in zip(ref.center, half)],
+                       "lo": [c - h for c, h in zip(ref.center, half, strict=True)],
+                       "hi": [c + h for c, h in zip(ref.center, half, strict=True)],
                        "candidate_steps": list(cand.steps),
                        "candidate": [v if math.isfinite(v) else None for v in cand.values]}
     return out
 
 
-def plot(alignment: Alignment, candidate: Run, baseline: Baseline, path: str | Path) -> Path:
+def plot(alignment: CurveAlignment, candidate: Run, baseline: Baseline, path: str | Path) -> Path:
     """PNG: per metric, the baseline band (center +- half-width), the candidate, failing steps marked."""
     import matplotlib
 
@@ -185,7 +205,7 @@ def plot(alignment: Alignment, candidate: Run, baseline: Baseline, path: str | P
     metrics = tuple(dict.fromkeys(v.metric for v in alignment.verdicts))
     data = band_series(candidate, baseline, metrics)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 2.6 * len(metrics)), squeeze=False)
-    for ax, metric in zip(axes[:, 0], metrics):
+    for ax, metric in zip(axes[:, 0], metrics, strict=True):
         d = data[metric]
         ax.fill_between(d["steps"], d["lo"], d["hi"], color="tab:blue", alpha=0.2, label="baseline band")
         ax.plot(d["steps"], d["center"], color="tab:blue", lw=1, label=f"baseline ({baseline.name})")

@@ -14,7 +14,7 @@ from harness.errors import BadInput
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from harness.commands import scale_arg
+    from harness.cli.args import scale_arg
 
     scale = scale_arg(args.scale)
     if args.k8s:

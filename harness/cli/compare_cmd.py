@@ -35,7 +35,8 @@ def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient:
     runs = _load_runs(paths, lenient, status)
     wanted = metrics or tuple(m for m in ALIGN_METRICS if all(m in r for r in runs))
     if not wanted:
-        raise BadInput(f"{paths[0]}: the reference runs share none of the alignment metrics ({', '.join(ALIGN_METRICS)})")
+        raise BadInput(f"{paths[0]}: the reference runs share none of the alignment metrics "
+                       f"({', '.join(ALIGN_METRICS)})")
     return Baseline.from_runs(runs, wanted), runs
 
 
@@ -43,7 +44,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harness import curves
+    from harness.metrics import curves
     from harness.metrics.baseline import is_baseline_file
 
     console = Console(stderr=args.json)

@@ -1,4 +1,5 @@
-"""MLA math and checks: closed-form softmax scale, absorbed-weight derivation, freshness, aliasing, behaviour.
+"""MLA checkers: an engine's softmax scale against the closed form, its absorbed weights' freshness after a
+weight sync, aliasing (information), behaviour after the sync, and log-prob alignment with a reference.
 
 Two bugs broke 671B DAPO on Ascend (seed 001):
 1. vllm-ascend derived the absorbed decode weights W_UK_T / W_UV from `kv_b_proj` with `.contiguous()`
@@ -7,9 +8,7 @@ Two bugs broke 671B DAPO on Ascend (seed 001):
    were gibberish (fixed by re-deriving after every sync: verl PR #4130, lost in v0.7.0's async path,
    restored by #5235). Upstream vLLM derives them as views, so an in-place sync updates them.
 2. MindSpeed's MLA used 1/sqrt(128) (kv_channels) instead of 1/sqrt(192) * mscale^2 as softmax scale.
-
-Layouts follow vLLM's `MLAAttention.process_weights_after_loading`: kv_b_proj.weight is
-[N*(P+V), L]; W_UK_T is [N, P, L]; W_UV is [N, L, V] (N heads, P qk_nope, V v_head, L kv_lora_rank).
+The closed forms the checks compare with live in harness.mla.derive.
 """
 from __future__ import annotations
 
@@ -19,25 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.models import ModelSpec, yarn_mscale
-
-
-# ---------------------------------------------------------------- softmax scale
-def softmax_scale(spec: ModelSpec) -> float:
-    """The MLA softmax scale: (qk_nope + qk_rope)^-0.5 * mscale^2 (yarn) — 0.1352338 for DSV3, 192^-0.5 for
-    Moonlight. DeepSeek's yarn scales the scores by mscale(factor, mscale_all_dim)^2 (HF `yarn_apply_mscale`,
-    vLLM `DeepseekV2MLAAttention`)."""
-    scale = spec.qk_head_dim ** -0.5
-    rope = spec.rope_scaling
-    if rope is not None and rope.mscale_all_dim:
-        m = yarn_mscale(rope.factor, rope.mscale_all_dim)
-        scale *= m * m
-    return scale
-
-
-def wrong_scales(spec: ModelSpec) -> dict[str, float]:
-    """The scales real bugs used: MindSpeed's 1/sqrt(kv_channels = v_head_dim), and the yarn scale without mscale^2."""
-    return {"v_head_dim": spec.v_head_dim ** -0.5, "no_mscale": spec.qk_head_dim ** -0.5}
+from harness.config.models import ModelSpec
+from harness.findings import Finding
+from harness.mla.derive import derive_absorbed, softmax_scale, wrong_scales
 
 
 @dataclass(frozen=True)
@@ -64,6 +47,10 @@ class ScaleFinding:
         return (f"{self.engine}: softmax scale {self.actual:.7f}{hint} != closed form {self.expected:.7f} for "
                 f"{self.model} (qk_head_dim^-0.5 * mscale^2); relative error {self.rel_error:.3%} > {self.rtol:.1e}")
 
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.ok else (Finding("mla.softmax_scale", "softmax_scale", f"{self.engine} {self.model}",
+                                           self.message()),)
+
 
 def check_scale(engine_name: str, spec: ModelSpec, actual: float, rtol: float = 1e-6) -> ScaleFinding:
     """Compare an engine's softmax scale with the closed form for `spec`."""
@@ -74,42 +61,32 @@ def check_scale(engine_name: str, spec: ModelSpec, actual: float, rtol: float = 
 
 # ---------------------------------------------------------------- tolerances (data)
 @dataclass(frozen=True)
-class Tolerance:
+class DtypeTolerance:
+    """rtol and atol together, as torch.testing.assert_close takes them."""
+
     rtol: float
     atol: float
 
 
 # Per-dtype tolerances for comparing derived weights and outputs (torch.testing.assert_close defaults for
 # weights; outputs accumulate over layers, so they get wider bands).
-WEIGHT_TOL: dict[torch.dtype, Tolerance] = {
-    torch.float32: Tolerance(rtol=1.3e-6, atol=1e-5),
-    torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
-    torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
+WEIGHT_TOL: dict[torch.dtype, DtypeTolerance] = {
+    torch.float32: DtypeTolerance(rtol=1.3e-6, atol=1e-5),
+    torch.float16: DtypeTolerance(rtol=1e-3, atol=1e-5),
+    torch.bfloat16: DtypeTolerance(rtol=1.6e-2, atol=1e-5),
 }
-LOGPROB_TOL: dict[torch.dtype, Tolerance] = {
-    torch.float32: Tolerance(rtol=1e-4, atol=2e-4),
-    torch.float16: Tolerance(rtol=1e-2, atol=2e-2),
-    torch.bfloat16: Tolerance(rtol=5e-2, atol=1e-1),
+LOGPROB_TOL: dict[torch.dtype, DtypeTolerance] = {
+    torch.float32: DtypeTolerance(rtol=1e-4, atol=2e-4),
+    torch.float16: DtypeTolerance(rtol=1e-2, atol=2e-2),
+    torch.bfloat16: DtypeTolerance(rtol=5e-2, atol=1e-1),
 }
 
 
-def tolerance(table: dict[torch.dtype, Tolerance], dtype: torch.dtype) -> Tolerance:
+def tolerance(table: dict[torch.dtype, DtypeTolerance], dtype: torch.dtype) -> DtypeTolerance:
     try:
         return table[dtype]
     except KeyError:
         raise ValueError(f"no tolerance for dtype {dtype}; known: {', '.join(map(str, table))}") from None
-
-
-# ---------------------------------------------------------------- absorbed weights
-def derive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_UK_T [N,P,L], W_UV [N,L,V]) as VIEWS of kv_b_proj.weight [N*(P+V), L], exactly as upstream vLLM's
-    `split_kv_b_proj` + `process_weights_after_loading` (`.T.view(L, N, P+V).split`, no copy)."""
-    n, p, v, lat = spec.num_attention_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
-    if tuple(kv_b_weight.shape) != (n * (p + v), lat):
-        raise ValueError(f"kv_b_proj weight {tuple(kv_b_weight.shape)} does not match {spec.name}: "
-                         f"expected {(n * (p + v), lat)}")
-    w_uk, w_uv = kv_b_weight.T.view(lat, n, p + v).split([p, v], dim=-1)
-    return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
 
 
 # ---------------------------------------------------------------- freshness
@@ -135,7 +112,7 @@ class FreshnessReport:
     cannot be checked at all (kv_b_proj dropped, shapes wrong)."""
 
     engine: str
-    tol: Tolerance
+    tol: DtypeTolerance
     layers_checked: int
     stale: tuple[Deviation, ...]
     problems: tuple[str, ...] = ()
@@ -151,9 +128,13 @@ class FreshnessReport:
                 + "; ".join(parts) + ". The absorbed weights were copies not re-derived after the weight sync "
                 "(vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj was rebound to new storage.")
 
+    def findings(self) -> tuple[Finding, ...]:
+        return (*(Finding("mla.freshness", d.weight, f"layer {d.layer}", d.describe()) for d in self.stale),
+                *(Finding("mla.freshness", "kv_b_proj", "-", p) for p in self.problems))
+
 
 def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor,
-               tol: Tolerance) -> Deviation | None:
+               tol: DtypeTolerance) -> Deviation | None:
     a, e = actual.detach().double(), expected.detach().double()
     diff = (a - e).abs()
     bad = diff > tol.atol + tol.rtol * e.abs()
@@ -230,7 +211,7 @@ def probe_aliasing(layers: Sequence, spec: ModelSpec) -> list[AliasInfo]:
 # ---------------------------------------------------------------- behaviour after sync
 def first_divergence(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:
     """(prompt, token) of the first differing token, or None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # a length mismatch is judged below
         for j in range(max(len(x), len(y))):
             if j >= len(x) or j >= len(y) or x[j] != y[j]:
                 return i, j
@@ -263,7 +244,7 @@ class SyncBehaviour:
             return (f"{self.engine}: greedy tokens after the weight sync equal those before it: the sync changed "
                     f"nothing (sensitivity guard)")
         i, j = first_divergence(self.post, self.fresh)
-        n_bad = sum(first_divergence([x], [y]) is not None for x, y in zip(self.post, self.fresh))
+        n_bad = sum(first_divergence([x], [y]) is not None for x, y in zip(self.post, self.fresh, strict=False))
         where = "prefill (first token)" if j == 0 else "decode (absorbed W_UK_T/W_UV path)"
         got = self.post[i][j] if j < len(self.post[i]) else None
         want = self.fresh[i][j] if j < len(self.fresh[i]) else None
@@ -271,14 +252,21 @@ class SyncBehaviour:
                 f"engine built fresh with the new weights; first at prompt {i} token {j} in {where}: got {got}, "
                 f"fresh {want}")
 
+    def findings(self) -> tuple[Finding, ...]:
+        if self.ok:
+            return ()
+        first = first_divergence(self.post, self.fresh) if self.changed else None
+        where = f"prompt {first[0]} token {first[1]}" if first else "-"
+        return (Finding("mla.sync_behaviour", "greedy tokens", where, self.message()),)
+
 
 # ---------------------------------------------------------------- forward alignment
 @dataclass(frozen=True)
-class Alignment:
+class LogprobAlignment:
     """Per-step log-probabilities of one engine vs a reference, per the LOGPROB_TOL table."""
 
     name: str
-    tol: Tolerance
+    tol: DtypeTolerance
     count: int  # elements outside tolerance
     numel: int
     worst: float
@@ -293,9 +281,13 @@ class Alignment:
                 f"{self.tol.atol:g}; worst |diff| {self.worst:.4g} at prompt {self.where[0]} step {self.where[1]} "
                 f"token {self.where[2]}")
 
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.ok else (Finding("mla.logprobs", "log-probs", f"prompt {self.where[0]} step {self.where[1]}",
+                                           self.message()),)
+
 
 def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                     dtype: torch.dtype) -> Alignment:
+                     dtype: torch.dtype) -> LogprobAlignment:
     """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward)."""
     tol = tolerance(LOGPROB_TOL, dtype)
     count = numel = 0
@@ -312,4 +304,4 @@ def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torc
             worst = float(diff.max())
             step, tok = divmod(int(diff.argmax()), diff.shape[1])
             where = (i, step, tok)
-    return Alignment(name=name, tol=tol, count=count, numel=numel, worst=worst, where=where)
+    return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=worst, where=where)

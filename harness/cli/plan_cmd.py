@@ -2,26 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from harness.errors import BadInput
-from harness.plans import PlanError
-from harness.scales import SCALES, Scale, get_scale
-
-
-def scale_arg(name: str) -> Scale:
-    """`--scale NAME` of every subcommand: the registered scale, its plan validated (BadInput naming the rule)."""
-    try:
-        scale = get_scale(name)
-    except KeyError as exc:
-        raise BadInput(f"--scale: {exc.args[0]}") from None
-    try:
-        scale.validate()
-    except PlanError as exc:
-        raise BadInput(f"--scale {scale.name}: {exc}") from None
-    return scale
+from harness.cli.args import scale_arg
+from harness.config.scales import SCALES
 
 
 def cmd_scales(args: argparse.Namespace) -> int:
@@ -43,43 +28,19 @@ def cmd_scales(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> dict:
-    """JSON-ready description of a scale: model values, plan, DAPO overrides and environment."""
-    from harness import dapo
-
-    recipe = dapo.recipe(scale, model_path=model_path, data_dir=data_dir)
-    return {
-        "scale": scale.name,
-        "tier": scale.tier,
-        "description": scale.description,
-        "model": dataclasses.asdict(scale.model),
-        "params": {"total": scale.model.total_params(), "active": scale.model.total_params(active=True)},
-        "hardware": dataclasses.asdict(scale.hardware),
-        "devices": scale.devices,
-        "cards": scale.cards,
-        "nodes": scale.nodes,
-        "plan": dataclasses.asdict(scale.plan),
-        "batch": dataclasses.asdict(scale.batch),
-        "targets": dataclasses.asdict(scale.targets),
-        "verl_version": dapo.VERL_VERSION,
-        "entrypoint": recipe.entrypoint,
-        "overrides": list(recipe.overrides),
-        "env": dict(recipe.env),
-    }
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harness import dapo
+    from harness.config import recipe as recipes
+    from harness.config.recipe import VERL_VERSION, validate_recipe
 
     scale = scale_arg(args.scale)
-    doc = plan_document(scale, model_path=args.model_path, data_dir=args.data_dir)
-    recipe = dapo.recipe(scale, model_path=args.model_path, data_dir=args.data_dir)
+    doc = recipes.plan_document(scale, model_path=args.model_path, data_dir=args.data_dir)
+    recipe = recipes.dapo_recipe(scale, model_path=args.model_path, data_dir=args.data_dir)
     if args.validate:
         # Progress on stderr: stdout carries the JSON / command line. Importing verl takes ~10 s on CPU.
-        with Console(stderr=True).status(f"validating the {scale.name} overrides in verl {dapo.VERL_VERSION}'s config"):
-            dapo.validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
+        with Console(stderr=True).status(f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
+            validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     elif args.format == "verl-cli":
@@ -89,8 +50,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         t, r = scale.plan.train, scale.plan.rollout
         console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
         console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
-                      f"{scale.model.total_params() / 1e9:.1f}B params ({scale.model.total_params(active=True) / 1e9:.1f}B active)")
-        console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on {scale.nodes} nodes")
+                      f"{scale.model.total_params() / 1e9:.1f}B params "
+                      f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
+        console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on "
+                      f"{scale.nodes} nodes")
         console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
                       f"stage layers {list(t.stage_layers) or 'uniform'}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
         # overrides are copied into shells: no rich markup ([console,file]) and no wrapping at 80 columns
@@ -99,7 +62,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
         for override in doc["overrides"]:
             console.print(f"  {override}", markup=False, soft_wrap=True)
-        verdict = f"verl {dapo.VERL_VERSION} accepts the overrides" if args.validate else "overrides not validated"
+        verdict = f"verl {VERL_VERSION} accepts the overrides" if args.validate else "overrides not validated"
         console.print(f"[green]plan valid[/]; {verdict}")
     return 0
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from importlib import metadata
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
+
+from harness.errors import HardwareError
 
 GiB = 1024**3
-
-
-class HardwareError(RuntimeError):
-    """A device stack that is present but unusable (e.g. torch_npu without CANN)."""
 
 
 @dataclass(frozen=True)
@@ -39,16 +37,21 @@ class HardwareProfile:
 
 PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (
     # Atlas 800T A2: Ascend 910B, one die per card, 64 GB HBM.
-    HardwareProfile("a2", "npu", 64, 1, 313.0,
-                    "Ascend 910B (Atlas 800T A2) FP16/BF16 dense, Huawei Atlas 800T A2 datasheet (~313 TFLOPS)",
-                    ("910B",)),
+    HardwareProfile(name="a2", kind="npu", device_memory_gib=64, dies_per_card=1, peak_bf16_tflops=313.0,
+                    peak_source="Ascend 910B (Atlas 800T A2) FP16/BF16 dense, Huawei Atlas 800T A2 datasheet "
+                                "(~313 TFLOPS)",
+                    device_name_patterns=("910B",)),
     # Atlas A3 (Ascend 910_93): two dies per card, each die a torch device with 64 GB HBM.
-    HardwareProfile("a3", "npu", 64, 2, 376.0,
-                    "Ascend 910_93 (Atlas A3) per die BF16 dense, Huawei Atlas A3 SuperPoD material (~752 TFLOPS/card)",
-                    ("910_93", "910C")),
-    HardwareProfile("h100", "gpu", 80, 1, 989.0, "NVIDIA H100 SXM datasheet, BF16 dense 989 TFLOPS", ("H100",)),
-    HardwareProfile("h200", "gpu", 141, 1, 989.0, "NVIDIA H200 SXM datasheet, BF16 dense 989 TFLOPS", ("H200",)),
-    HardwareProfile("cpu", "cpu", 0, 1, 0.0, "no peak: CPU runs are functional, not performance"),
+    HardwareProfile(name="a3", kind="npu", device_memory_gib=64, dies_per_card=2, peak_bf16_tflops=376.0,
+                    peak_source="Ascend 910_93 (Atlas A3) per die BF16 dense, Huawei Atlas A3 SuperPoD material "
+                                "(~752 TFLOPS/card)",
+                    device_name_patterns=("910_93", "910C")),
+    HardwareProfile(name="h100", kind="gpu", device_memory_gib=80, dies_per_card=1, peak_bf16_tflops=989.0,
+                    peak_source="NVIDIA H100 SXM datasheet, BF16 dense 989 TFLOPS", device_name_patterns=("H100",)),
+    HardwareProfile(name="h200", kind="gpu", device_memory_gib=141, dies_per_card=1, peak_bf16_tflops=989.0,
+                    peak_source="NVIDIA H200 SXM datasheet, BF16 dense 989 TFLOPS", device_name_patterns=("H200",)),
+    HardwareProfile(name="cpu", kind="cpu", device_memory_gib=0, dies_per_card=1, peak_bf16_tflops=0.0,
+                    peak_source="no peak: CPU runs are functional, not performance"),
 )}
 
 HARDWARE_CHOICES = ("auto", "cpu", "gpu", "npu", "a2", "a3")
@@ -81,9 +84,11 @@ def profile_for_device_name(kind: str, device_name: str) -> HardwareProfile:
         if profile.kind == kind and any(p.lower() in device_name.lower() for p in profile.device_name_patterns):
             return profile
     if kind == "npu":  # an Ascend we do not know: treat as A2-like single die, say so in the name
-        return HardwareProfile(f"npu:{device_name}", "npu", 64, 1, 0.0, "unknown Ascend device")
+        return HardwareProfile(name=f"npu:{device_name}", kind="npu", device_memory_gib=64, dies_per_card=1,
+                               peak_bf16_tflops=0.0, peak_source="unknown Ascend device")
     if kind == "gpu":
-        return HardwareProfile(f"gpu:{device_name}", "gpu", 0, 1, 0.0, "unknown GPU")
+        return HardwareProfile(name=f"gpu:{device_name}", kind="gpu", device_memory_gib=0, dies_per_card=1,
+                               peak_bf16_tflops=0.0, peak_source="unknown GPU")
     return PROFILES["cpu"]
 
 
@@ -121,7 +126,8 @@ def npu_available() -> bool:
     except Exception as exc:  # ImportError of libascendcl etc.
         raise HardwareError(
             f"torch_npu is installed but fails to import ({type(exc).__name__}: {exc}); "
-            "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) or uninstall torch_npu") from None
+            "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) or uninstall torch_npu"
+        ) from None
     return bool(torch_npu.npu.is_available())
 
 

@@ -14,7 +14,7 @@ layers with 7-8 layers per PP stage, r = 1). Attention scores add, per forward a
 
 Rollout decode is memory-bound in practice, so this is a loose upper bound: it tells a reader how far
 from the hardware's limit a run sits (seed 002's 120 TPS/card on A3 is ~9% of it), not what to expect.
-Peak figures and their sources live in `harness.hardware.PROFILES` (per device; x dies per card). Checked
+Peak figures and their sources live in `harness.config.hardware.PROFILES` (per device; x dies per card). Checked
 for this module: A3 376 TFLOPS BF16 dense per die = 752 per Ascend 910C package (Huawei/SiliconFlow,
 "Serving Large Language Models on Huawei CloudMatrix384", arXiv:2506.12708; 384 chips ~ 300 PFLOPS);
 A2 313 TFLOPS FP16/BF16 per Ascend 910B (Atlas 800T A2 datasheet; the first Ascend 910 was 256);
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from harness.models import ModelSpec
-from harness.scales import Scale
+from harness.config.models import ModelSpec
+from harness.config.scales import Scale
 
 # Seed 002 (A3): recompute 8 layers per PP stage with 7-8 layers per stage -> every layer recomputed.
 DEFAULT_RECOMPUTE_FRACTION = 1.0
@@ -86,7 +86,7 @@ def step_flops(model: ModelSpec, mean_sequence_tokens: float,
     """FLOPs per token of each RL phase (see the module docstring for the accounting)."""
     forward = 2 * matmul_params(model) + attention_flops_per_forward(model, mean_sequence_tokens)
     f = {phase: passes * forward for phase, passes in FORWARD_PASSES.items()}
-    return StepFlops(f["rollout"], f["old_log_prob"], f["ref"], f["update"], recompute_fraction * forward)
+    return StepFlops(**f, recompute=recompute_fraction * forward)
 
 
 def roofline(scale: Scale, mean_sequence_tokens: float | None = None,
@@ -98,5 +98,6 @@ def roofline(scale: Scale, mean_sequence_tokens: float | None = None,
     hw = scale.hardware
     peak_card = hw.peak_bf16_tflops * hw.dies_per_card
     limit = peak_card * 1e12 / flops.total if peak_card > 0 else None
-    return Roofline(scale.name, hw.name, matmul_params(scale.model), tokens, recompute_fraction, flops,
-                    peak_card, hw.peak_source, limit)
+    return Roofline(scale=scale.name, hardware=hw.name, matmul_params=matmul_params(scale.model),
+                    mean_sequence_tokens=tokens, recompute_fraction=recompute_fraction, flops_per_token=flops,
+                    peak_tflops_per_card=peak_card, peak_source=hw.peak_source, tps_per_card_limit=limit)

@@ -2,7 +2,8 @@
 
 Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
 with a rich progress bar (pytest's own terminal output goes to DIR/pytest.log), then reads the report
-the collector wrote (JSON + HTML + Markdown), prints a verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason
+the collector wrote (JSON + HTML + Markdown), prints a verdict table and the report's path. Exit 0 only if
+every test that ran passed (skips with their reason
 are allowed: a CPU machine has no NPU) and, with --history, no regression shows across the stored
 reports; 1 otherwise, 2 on bad input.
 """
@@ -60,13 +61,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from harness.cli.args import scale_arg
     from harness.report.schema import load_report
-    from harness.scales import get_scale
 
-    try:
-        scale = get_scale(args.scale)
-    except KeyError as exc:
-        raise BadInput(f"--scale: {exc.args[0]}") from None
+    scale = scale_arg(args.scale)
     if not Path(SUITES_DIR).is_dir():
         raise BadInput(f"no {SUITES_DIR}/ here ({Path.cwd()}); run from the ascend-rl-harness checkout")
     report_dir = Path(args.report_dir)
@@ -112,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
     regressed = []
     if args.history:  # nightly: keep this report in the trend store and look for steps across it
-        from harness.report.trend import expand, store, write_trend
+        from harness.report.publish import expand, store, write_trend
 
         store(report, args.history)
         steps = write_trend([load_report(p) for p in expand([args.history])], report_dir)

@@ -29,31 +29,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.config.models import TINY, ModelSpec
+from harness.engines.base import torch_threads
 from harness.errors import BadInput
-from harness.io import write_json_atomic
-from harness.models import TINY, ModelSpec
+from harness.io import versioned, write_json_atomic
+from harness.metrics.keys import GRAD_NORM, META_FILE, METRICS_FILE, PG_LOSS
+from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
-METRICS_FILE = "metrics.jsonl"
 # verl's n_gpus for compute_throughout_metrics: the lab trains and rolls out in one CPU process (meta.json
 # records the same count as "devices").
 N_DEVICES = 1
 
 
 @dataclass(frozen=True)
-class Fault:
+class LabFault:
     """How a fault flag configures the rollout side."""
 
     load_format: str = "real"
-    engine_fault: str | None = None  # harness.engines.reference.Fault value
+    engine_fault: str | None = None  # harness.engines.reference.EngineFault value
     sync: bool = True
 
 
-FAULTS: dict[str, Fault] = {
-    "none": Fault(),
-    "stale-absorbed": Fault(engine_fault="stale_copy"),
-    "dummy-no-rederive": Fault(load_format="dummy", engine_fault="stale_copy"),
-    "wrong-scale": Fault(engine_fault="scale_v_head"),
-    "no-sync": Fault(sync=False),
+FAULTS: dict[str, LabFault] = {
+    "none": LabFault(),
+    "stale-absorbed": LabFault(engine_fault="stale_copy"),
+    "dummy-no-rederive": LabFault(load_format="dummy", engine_fault="stale_copy"),
+    "wrong-scale": LabFault(engine_fault="scale_v_head"),
+    "no-sync": LabFault(sync=False),
 }
 
 
@@ -188,17 +190,13 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
     out.mkdir(parents=True, exist_ok=True)
     fault = FAULTS[config.fault]
     spec = config.spec()
-    threads = torch.get_num_threads()
     # The lab's tensors are tiny: intra-op threads only add spin/sync overhead, which on a shared 2-core CI
     # machine made steps 30x slower (measured 40-70 s/step with 2 threads under load vs ~1 s with one).
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return _run(config, out, fault, spec, make_engine, progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
-def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engine: Callable,
+def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_engine: Callable,
          progress: Callable[[int, dict], None] | None) -> Path:
     from verl import DataProto
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
@@ -208,8 +206,8 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
     from verl.workers.config import ActorConfig
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
+    from harness.config.hardware import package_versions
     from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
-    from harness.hardware import package_versions
 
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
@@ -231,7 +229,7 @@ def _run(config: LabConfig, out: Path, fault: Fault, spec: ModelSpec, make_engin
     R = config.max_response_length
     meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": N_DEVICES, "versions": package_versions(),
             "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine")}
-    write_json_atomic(out / "meta.json", meta)
+    write_json_atomic(out / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
 
     with _file_logger(out / METRICS_FILE) as logger:
         for step in range(1, config.steps + 1):
@@ -301,7 +299,7 @@ def _batch(prompts, rollout, config: LabConfig, DataProto):
     responses = torch.full((len(prompt_ids), R), EOS_ID, dtype=torch.long)
     mask = torch.zeros(len(prompt_ids), R, dtype=torch.long)
     rollout_logp = torch.zeros(len(prompt_ids), R, dtype=torch.float32)
-    for i, (ids, logps) in enumerate(zip(rollout.token_ids, rollout.logprobs)):
+    for i, (ids, logps) in enumerate(zip(rollout.token_ids, rollout.logprobs, strict=True)):
         responses[i, :len(ids)] = torch.tensor(ids)
         mask[i, :len(ids)] = 1
         rollout_logp[i, :len(ids)] = torch.tensor(logps)
@@ -333,14 +331,15 @@ def _update(actor, optimizer, everything, rows: torch.Tensor, config: LabConfig,
               for i in range(0, len(rows), config.ppo_mini_batch_size * per_group)]
     for chunk in chunks:
         mask = batch["response_mask"][chunk]
-        logp = _response_logprobs(actor, batch["input_ids"][chunk], batch["prompts"].shape[1], batch["responses"][chunk])
+        logp = _response_logprobs(actor, batch["input_ids"][chunk], batch["prompts"].shape[1],
+                                  batch["responses"][chunk])
         loss, pg_metrics = policy_loss(batch["old_log_probs"][chunk], logp, batch["advantages"][chunk], mask,
                                        loss_agg_mode="token-mean", config=actor_cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), config.grad_clip)
         optimizer.step()
-        for key, value in {"actor/pg_loss": float(loss.detach()), "actor/grad_norm": float(grad_norm),
+        for key, value in {PG_LOSS: float(loss.detach()), GRAD_NORM: float(grad_norm),
                            **pg_metrics}.items():
             sums[key] = sums.get(key, 0.0) + value
     out = {k: v / len(chunks) for k, v in sums.items()}

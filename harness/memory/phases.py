@@ -1,8 +1,8 @@
 """Analytic per-phase memory model of a DAPO step (rollout, prefill, old_log_prob, ref_log_prob, update)
 for one device of a scale's parallel plan: verdicts for a 256-card job in milliseconds.
 
-Every component is a closed form of the model's dimensions (harness.models), the plan (harness.plans),
-the batch (harness.scales) and the device (harness.hardware); the constants that are not dimensions
+Every component is a closed form of the model's dimensions (harness.config.models), the plan (harness.config.plans),
+the batch (harness.config.scales) and the device (harness.config.hardware); the constants that are not dimensions
 live in `MemoryOptions` (data, not code). The activation coefficients are seed 001's memory model of
 Megatron + MindSpeed (TP8 PP16 EP16, SP on), which `tests/test_memory_model.py` reproduces to the
 printed digits; the MLA prefill terms are the same closed forms the fake-tensor tracer measures on
@@ -14,10 +14,11 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 
+from harness.config.hardware import GiB
+from harness.config.models import ModelSpec
+from harness.config.scales import Scale
 from harness.errors import BadInput
-from harness.hardware import GiB
-from harness.models import ModelSpec
-from harness.scales import Scale
+from harness.findings import Finding
 
 MiB = 1024**2
 BF16, FP32 = 2, 4
@@ -45,7 +46,7 @@ class MemoryOptions:
     vocab_parallel_logits: bool = False
     micro_batch: int | None = None  # None: scale.batch.micro_batch_size_per_device (dynamic bsz packs more)
     max_response_length: int | None = None  # None: scale.batch.max_response_length
-    hccl_buffsize_mb: int | None = None  # None: harness.dapo.HCCL_BUFFSIZE_MB (the recipe's HCCL_BUFFSIZE)
+    hccl_buffsize_mb: int | None = None  # None: harness.config.recipe.HCCL_BUFFSIZE_MB (the recipe's HCCL_BUFFSIZE)
     # vLLM: the KV pool is what gpu_memory_utilization leaves after weights, non-torch (HCCL) memory
     # and the activation peak of the profiling step (max_num_batched_tokens tokens).
     gpu_memory_utilization: float = 0.8
@@ -55,13 +56,13 @@ class MemoryOptions:
     prefill_chunk: int = 512  # query chunk of the chunked MLA prefill
 
     def resolve(self, scale: Scale) -> MemoryOptions:
-        from harness import dapo
+        from harness.config.recipe import HCCL_BUFFSIZE_MB
 
         return replace(
             self,
             micro_batch=self.micro_batch or scale.batch.micro_batch_size_per_device,
             max_response_length=self.max_response_length or scale.batch.max_response_length,
-            hccl_buffsize_mb=self.hccl_buffsize_mb or dapo.HCCL_BUFFSIZE_MB,
+            hccl_buffsize_mb=self.hccl_buffsize_mb or HCCL_BUFFSIZE_MB,
             chunked_prefill=scale.chunked_prefill if self.chunked_prefill is None else self.chunked_prefill)
 
 
@@ -88,6 +89,23 @@ class PhaseMemory:
     @property
     def largest(self) -> str:
         return max(self.components, key=self.components.get)
+
+    @property
+    def ok(self) -> bool:
+        return self.fits
+
+    @property
+    def where(self) -> str:
+        return self.phase if self.stage is None else f"{self.phase} stage {self.stage}"
+
+    def message(self) -> str:
+        verdict = "fits" if self.fits else "does not fit"
+        return (f"{self.scale} {self.where}: {self.peak_gib:.2f} GiB + {self.headroom_gib:g} GiB headroom {verdict} "
+                f"{self.budget_gib:g} GiB; largest {self.largest} {self.components[self.largest]:.2f} GiB"
+                + "".join(f"; {note}" for note in self.notes))
+
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.fits else (Finding("memory.phase", self.largest, self.where, self.message()),)
 
     def to_json(self) -> dict:
         return {"scale": self.scale, "phase": self.phase, "stage": self.stage,
@@ -131,7 +149,7 @@ def stage_layers(scale: Scale) -> list[range]:
     t = scale.plan.train
     counts = t.stage_layers or (scale.model.num_hidden_layers // t.pp,) * t.pp
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    return [range(s, s + c) for s, c in zip(starts, counts)]
+    return [range(s, s + c) for s, c in zip(starts, counts, strict=True)]
 
 
 def train_params(scale: Scale, stage: int) -> tuple[float, float]:
@@ -277,7 +295,8 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
     how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
            f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
            "fix: enable chunked prefill (rollout.enable_chunked_prefill / chunk_prefill_for_mla)")
-    kv_need = (spec.kv_lora_rank + spec.qk_rope_head_dim) * BF16 * spec.num_hidden_layers * (seq + o.max_response_length)
+    latent = spec.kv_lora_rank + spec.qk_rope_head_dim
+    kv_need = latent * BF16 * spec.num_hidden_layers * (seq + o.max_response_length)
     notes = [] if kv_pool >= kv_need else [
         f"KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB): raise "
         "gpu_memory_utilization or lower max_model_len"]
@@ -335,7 +354,8 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
             c["activations"] = max(layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
         if stage == t.pp - 1:
             shards = t.tp * t.cp if o.vocab_parallel_logits else t.cp
-            c["logits"] = loss_bytes(tokens=tokens, vocab=vocab, shards=shards, copies=LOGITS_COPIES["update" if phase == "update" else "log_prob"])
+            copies = LOGITS_COPIES["update" if phase == "update" else "log_prob"]
+            c["logits"] = loss_bytes(tokens=tokens, vocab=vocab, shards=shards, copies=copies)
         c["hccl"] = hccl
         cand = _phase(scale, phase, stage, c)
         if best is None or cand.peak_gib > best.peak_gib:

@@ -1,4 +1,4 @@
-"""Self-tests of the analytic memory model (harness.memory.model): it reproduces seed 001's figures,
+"""Self-tests of the analytic memory model (harness.memory.phases): it reproduces seed 001's figures,
 flags a plan whose logits do not fit (seeded: the 2k -> 12k case) and names a knob that really fixes it."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.memory import model as mm
-from harness.memory.model import GiB, MemoryOptions, plan_memory
-from harness.models import DEEPSEEK_V3
-from harness.scales import SCALES
+from harness.config.models import DEEPSEEK_V3
+from harness.config.scales import SCALES
+from harness.memory import phases as mm
+from harness.memory.phases import GiB, MemoryOptions, plan_memory
 
 SEED_TOKENS, SEED_TP = 4096, 8  # seed 001: s*b = 4096 tokens per micro batch, TP8 with SP
 
@@ -22,9 +22,11 @@ def gb(x: float) -> float:
 
 def test_seed001_per_layer_activations():
     # "Dense * 3 + MoE * 58 + loss = 0.15435791 * 3 + 0.578186035 * 58 + 0.246582031 = 34.2444458 (GB)"
-    assert gb(mm.layer_activation_bytes(DEEPSEEK_V3, 0, tokens=SEED_TOKENS, tp=SEED_TP)) == pytest.approx(0.15435791, abs=5e-9)
-    assert gb(mm.layer_activation_bytes(DEEPSEEK_V3, 3, tokens=SEED_TOKENS, tp=SEED_TP)) == pytest.approx(0.578186035, abs=5e-9)
-    assert gb(mm.loss_bytes(tokens=SEED_TOKENS, vocab=DEEPSEEK_V3.vocab_size, shards=SEED_TP)) == pytest.approx(0.246582031, abs=5e-9)
+    dense, moe = (mm.layer_activation_bytes(DEEPSEEK_V3, i, tokens=SEED_TOKENS, tp=SEED_TP) for i in (0, 3))
+    assert gb(dense) == pytest.approx(0.15435791, abs=5e-9)
+    assert gb(moe) == pytest.approx(0.578186035, abs=5e-9)
+    loss = mm.loss_bytes(tokens=SEED_TOKENS, vocab=DEEPSEEK_V3.vocab_size, shards=SEED_TP)
+    assert gb(loss) == pytest.approx(0.246582031, abs=5e-9)
     total = mm.model_activation_bytes(DEEPSEEK_V3, tokens=SEED_TOKENS, tp=SEED_TP, full_recompute=False)
     assert gb(total) == pytest.approx(34.2444458, abs=5e-7)
 
@@ -107,7 +109,8 @@ def test_json_record_is_serializable_with_boolean_fits():
 
     for p in plan_memory(SCALES["full-a3"]):
         doc = json.loads(json.dumps(p.to_json()))
-        assert isinstance(doc["fits"], bool) and doc["peak_gib"] == pytest.approx(sum(doc["components_gib"].values()), abs=1e-3)
+        assert isinstance(doc["fits"], bool)
+        assert doc["peak_gib"] == pytest.approx(sum(doc["components_gib"].values()), abs=1e-3)
 
 
 @given(st.sampled_from(sorted(SCALES)), st.integers(1, 4), st.sampled_from([1024, 4096, 12288]))

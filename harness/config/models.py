@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from harness.errors import BadInput
+
 
 @dataclass(frozen=True)
 class YarnRope:
@@ -191,7 +193,8 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def get_model(name: str) -> ModelSpec:
+    """The registered model `name`; BadInput naming the known ones when there is none."""
     try:
         return MODELS[name]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+        raise BadInput(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None

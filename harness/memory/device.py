@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from harness.errors import BadInput
+from harness.findings import Finding
 
 MiB = 1024**2
 
@@ -92,6 +93,10 @@ class SleepRelease:
         return (f"{self.engine} on {self.device_type}: loading took {self.loaded_delta / MiB:.1f} MiB, after sleep "
                 f"{self.residual / MiB:.1f} MiB ({self.residual / self.loaded_delta:.0%}) remain above the pre-load "
                 f"level (allowed {self.rtol:.0%} + {self.atol / MiB:.0f} MiB)")
+
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.ok else (Finding("memory.sleep", "resident bytes", f"{self.engine} on {self.device_type}",
+                                           self.message()),)
 
 
 def check_sleep_release(engine: str, device_type: str, baseline: int, loaded: int, asleep: int) -> SleepRelease:

@@ -7,23 +7,37 @@ import re
 
 import pytest
 
-from harness import dapo
+from harness.config import recipe as recipe_module
+from harness.config.hardware import DETERMINISTIC_ENV
+from harness.config.recipe import (
+    HCCL_BUFFSIZE_MB,
+    Recipe,
+    RecipeError,
+    _split_override,
+    _verl_config_dir,
+    check_verl_version,
+    compose,
+    dapo_recipe,
+    pipeline_layout,
+    stage_overrides,
+    validate_recipe,
+)
+from harness.config.scales import SCALES, get_scale
 from harness.errors import BadInput
-from harness.hardware import DETERMINISTIC_ENV
-from harness.scales import SCALES, get_scale
 
 
 @pytest.fixture(scope="module", params=sorted(SCALES))
 def composed(request):
     """(scale, recipe, verl config composed and validated) per scale; validation is cached per recipe."""
     scale = SCALES[request.param]
-    recipe = dapo.recipe(scale)
-    return scale, recipe, dapo.validate_recipe(recipe)
+    recipe = dapo_recipe(scale)
+    return scale, recipe, validate_recipe(recipe)
 
 
 def test_recipe_composes_with_dapo_settings(composed):
     scale, recipe, cfg = composed
-    actor, rollout, mg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.megatron
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    mg = actor.megatron
     expected = {
         "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, "grpo"),
         "use_kl_loss": (actor.use_kl_loss, False),
@@ -79,7 +93,8 @@ def test_stage_layers_reach_megatron(composed):
     else:
         assert otc.num_layers_in_first_pipeline_stage == layers[0]
         last = otc.get("num_layers_in_last_pipeline_stage", None)
-        middle = (scale.model.num_hidden_layers - layers[0] - (last or 0)) // max(1, len(layers) - 1 - (last is not None))
+        rest = len(layers) - 1 - (last is not None)
+        middle = (scale.model.num_hidden_layers - layers[0] - (last or 0)) // max(1, rest)
         rebuilt = [layers[0], *[middle] * (len(layers) - 1 - (last is not None)), *([last] if last else [])]
         assert rebuilt == list(layers), f"Megatron would build {rebuilt}, the plan says {list(layers)}"
     # the reference policy's Megatron config reads the actor's (ref.megatron interpolates it)
@@ -87,19 +102,21 @@ def test_stage_layers_reach_megatron(composed):
 
 
 def test_a3_non_uniform_middle_uses_layout():
-    otc = dapo.validate_recipe(dapo.recipe(get_scale("full-a3"))).actor_rollout_ref.actor.megatron.override_transformer_config
+    cfg = validate_recipe(dapo_recipe(get_scale("full-a3")))
+    otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
     assert otc.pipeline_model_parallel_layout == "Et*7|t*7|t*8|t*8|t*8|t*8|t*8|t*7L"
 
 
 def test_a2_uses_first_last_stage_counts():
-    otc = dapo.validate_recipe(dapo.recipe(get_scale("full-a2-gbs128"))).actor_rollout_ref.actor.megatron.override_transformer_config
+    cfg = validate_recipe(dapo_recipe(get_scale("full-a2-gbs128")))
+    otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
     assert (otc.num_layers_in_first_pipeline_stage, otc.num_layers_in_last_pipeline_stage) == (3, 2)
 
 
 def test_env_per_scale():
-    a3, a2, tiny = (dapo.recipe(get_scale(n)).env for n in ("full-a3", "full-a2-gbs128", "tiny"))
+    a3, a2, tiny = (dapo_recipe(get_scale(n)).env for n in ("full-a3", "full-a2-gbs128", "tiny"))
     assert tiny == {}, "a CPU scale needs no Ascend environment"
-    assert a3["HCCL_BUFFSIZE"] == a2["HCCL_BUFFSIZE"] == str(dapo.HCCL_BUFFSIZE_MB)
+    assert a3["HCCL_BUFFSIZE"] == a2["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
     # alignment runs are deterministic; the 120 TPS/card throughput run is not
     assert all(a2[k] == v for k, v in DETERMINISTIC_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING")
     assert "HCCL_DETERMINISTIC" not in a3
@@ -107,8 +124,8 @@ def test_env_per_scale():
 
 # ---- the validator must fail on seeded bad recipes, naming the key --------------------------------
 
-def _replace(recipe: dapo.Recipe, key: str, new: str | None) -> dapo.Recipe:
-    out = [o for o in recipe.overrides if dapo._split_override(o)[0] != key]
+def _replace(recipe: Recipe, key: str, new: str | None) -> Recipe:
+    out = [o for o in recipe.overrides if _split_override(o)[0] != key]
     assert len(out) == len(recipe.overrides) - 1, f"{key} not in the recipe"
     return dataclasses.replace(recipe, overrides=tuple(out) + ((new,) if new else ()))
 
@@ -130,7 +147,8 @@ SEEDED = {
     "unknown reward manager": ("reward.reward_manager.name", "reward.reward_manager.name=dapo_v2",
                                "reward.reward_manager.name"),
     # a key added with + that the actor dataclass does not have
-    "unknown actor field": (None, "+actor_rollout_ref.actor.clip_ratio_higher=0.28", "actor_rollout_ref.actor.clip_ratio_higher"),
+    "unknown actor field": (None, "+actor_rollout_ref.actor.clip_ratio_higher=0.28",
+                            "actor_rollout_ref.actor.clip_ratio_higher"),
     # vLLM's EP group must be the whole instance; verl's RolloutConfig asserts it
     "rollout ep": ("actor_rollout_ref.rollout.expert_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size=3",
                    "actor_rollout_ref.rollout.expert_parallel_size"),
@@ -142,39 +160,39 @@ SEEDED = {
 @pytest.mark.parametrize("case", sorted(SEEDED))
 def test_seeded_bad_override_fails_naming_the_key(case):
     old, new, key = SEEDED[case]
-    good = dapo.recipe(get_scale("full-a3"))
+    good = dapo_recipe(get_scale("full-a3"))
     bad = _replace(good, old, new) if old else dataclasses.replace(good, overrides=good.overrides + (new,))
-    with pytest.raises(dapo.RecipeError) as err:
-        dapo.validate_recipe(bad)
+    with pytest.raises(RecipeError) as err:
+        validate_recipe(bad)
     assert err.value.key == key, str(err.value)
     assert key in str(err.value) and "\n" not in str(err.value)
     assert isinstance(err.value, BadInput)  # the CLI turns it into exit 2
 
 
 def test_other_verl_version_is_one_clear_line(monkeypatch):
-    monkeypatch.setattr(dapo.importlib.metadata, "version", lambda name: "0.7.0")
+    monkeypatch.setattr(recipe_module.importlib.metadata, "version", lambda name: "0.7.0")
     with pytest.raises(BadInput, match=r"^verl 0\.7\.0 is installed but the DAPO recipe targets verl 0\.9\.1") as err:
-        dapo.check_verl_version()
+        check_verl_version()
     assert "\n" not in str(err.value)
 
 
 def test_missing_entrypoint_module_is_rejected():
     # verl 0.9.1 no longer ships recipe/dapo/main_dapo.py: a recipe pointing there must not validate.
-    recipe = dataclasses.replace(dapo.recipe(get_scale("tiny")), entrypoint="recipe.dapo.main_dapo")
+    recipe = dataclasses.replace(dapo_recipe(get_scale("tiny")), entrypoint="recipe.dapo.main_dapo")
     with pytest.raises(BadInput, match="entrypoint module recipe.dapo.main_dapo is not in the installed verl"):
-        dapo.validate_recipe(recipe)
+        validate_recipe(recipe)
 
 
 def test_pipeline_layout_format():
-    assert dapo.pipeline_layout((3, 4, 2)) == "Et*3|t*4|t*2L"
-    assert dapo.stage_overrides(get_scale("moonlight-a2").plan.train) == [
+    assert pipeline_layout((3, 4, 2)) == "Et*3|t*4|t*2L"
+    assert stage_overrides(get_scale("moonlight-a2").plan.train) == [
         "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=14"]
-    assert dapo.stage_overrides(get_scale("reduced-a2").plan.train) == []
+    assert stage_overrides(get_scale("reduced-a2").plan.train) == []
 
 
 def test_paths_with_spaces_survive_hydra():
-    recipe = dapo.recipe(get_scale("tiny"), model_path="/mnt/my models/tiny dsv3", data_dir="/data/dapo 17k/")
-    cfg = dapo.validate_recipe(recipe)
+    recipe = dapo_recipe(get_scale("tiny"), model_path="/mnt/my models/tiny dsv3", data_dir="/data/dapo 17k/")
+    cfg = validate_recipe(recipe)
     assert cfg.actor_rollout_ref.model.path == "/mnt/my models/tiny dsv3"
     assert cfg.data.train_files == "/data/dapo 17k/train.parquet"
 
@@ -182,11 +200,12 @@ def test_paths_with_spaces_survive_hydra():
 def test_same_config_as_the_shipped_megatron_trainer():
     # verl's (deprecated) ppo_megatron_trainer.yaml is ppo_trainer + `model_engine: megatron`; composing
     # it with the rest of the overrides must give the very config the recipe composes.
-    from hydra import compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    recipe = dapo.recipe(get_scale("full-a3"))
+    recipe = dapo_recipe(get_scale("full-a3"))
     rest = [o for o in recipe.overrides if o != "model_engine=megatron"]
-    with initialize_config_dir(config_dir=dapo._verl_config_dir(), version_base=None):
-        megatron = compose(config_name="ppo_megatron_trainer", overrides=rest)
-    assert OmegaConf.to_container(megatron) == OmegaConf.to_container(dapo.compose(recipe))
+    with initialize_config_dir(config_dir=_verl_config_dir(), version_base=None):
+        megatron = hydra_compose(config_name="ppo_megatron_trainer", overrides=rest)
+    assert OmegaConf.to_container(megatron) == OmegaConf.to_container(compose(recipe))

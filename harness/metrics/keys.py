@@ -1,0 +1,30 @@
+"""verl's metric keys and the files of a run directory, named once.
+
+Metric keys are what verl 0.9.1 logs (verl/trainer/ppo/metric_utils.py `compute_data_metrics`,
+`compute_timing_metrics`, `compute_throughout_metrics`; verl/utils/debug/metrics.py `calculate_debug_metrics`);
+file names are what the harness, verl's FileLogger ($VERL_FILE_LOGGER_PATH) and the launcher write.
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------- metric keys (verl)
+REWARD = "critic/rewards/mean"
+RESPONSE_LENGTH = "response_length/mean"
+PROMPT_LENGTH = "prompt_length/mean"
+PG_LOSS = "actor/pg_loss"
+GRAD_NORM = "actor/grad_norm"
+ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff_mean"  # rollout vs actor log-probs of the sampled tokens
+THROUGHPUT = "perf/throughput"  # tokens / (step s x torch devices): per die on A3
+TOTAL_TOKENS = "perf/total_num_tokens"  # prompt + response tokens of the trained batch
+TIMING_PREFIX = "timing_s/"
+STEP_TIME = TIMING_PREFIX + "step"
+# The RL step's phases as verl's ray_trainer times them (marked_timer names); others follow by name.
+PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+# Top-level sections of verl's metric keys: a slash path under one of these is a verl metric.
+VERL_SECTIONS = ("actor", "critic", "perf", "timing_s", "timing_per_token_ms", "response_length", "prompt_length",
+                 "training", "val-core", "val-aux", "global_seqlen", "rollout_corr", "response", "mfu")
+
+# ---------------------------------------------------------------- files of a run directory
+METRICS_FILE = "metrics.jsonl"  # verl FileLogger ($VERL_FILE_LOGGER_PATH)
+META_FILE = "meta.json"  # run metadata (scale, hardware, devices, versions): the lab and the launcher write it
+LAUNCH_FILE = "launch.json"  # the launcher's verdict of the job
+JOB_LOG_FILE = "job.log"  # the job's driver log, kept whatever the verdict

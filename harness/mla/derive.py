@@ -1,0 +1,44 @@
+"""MLA closed forms: what every engine's MLA must compute, written once (DeepSeek-V3 equations, vLLM layouts).
+
+- `softmax_scale`: (qk_nope + qk_rope)^-0.5 * mscale^2 -- MindSpeed used 1/sqrt(128) (seed 001 精度问题2).
+- `derive_absorbed`: W_UK_T / W_UV as views of kv_b_proj.weight, as upstream vLLM derives them -- vllm-ascend's
+  `.contiguous()` copies went stale after every weight sync (seed 001 精度问题1, verl PR #4130 / #5235).
+
+Layouts follow vLLM's `MLAAttention.process_weights_after_loading`: kv_b_proj.weight is [N*(P+V), L];
+W_UK_T is [N, P, L]; W_UV is [N, L, V] (N heads, P qk_nope, V v_head, L kv_lora_rank).
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.config.models import ModelSpec, yarn_mscale
+
+
+# ---------------------------------------------------------------- softmax scale
+def softmax_scale(spec: ModelSpec) -> float:
+    """The MLA softmax scale: (qk_nope + qk_rope)^-0.5 * mscale^2 (yarn) — 0.1352338 for DSV3, 192^-0.5 for
+    Moonlight. DeepSeek's yarn scales the scores by mscale(factor, mscale_all_dim)^2 (HF `yarn_apply_mscale`,
+    vLLM `DeepseekV2MLAAttention`)."""
+    scale = spec.qk_head_dim ** -0.5
+    rope = spec.rope_scaling
+    if rope is not None and rope.mscale_all_dim:
+        m = yarn_mscale(rope.factor, rope.mscale_all_dim)
+        scale *= m * m
+    return scale
+
+
+def wrong_scales(spec: ModelSpec) -> dict[str, float]:
+    """The scales real bugs used: MindSpeed's 1/sqrt(kv_channels = v_head_dim), and the yarn scale without mscale^2."""
+    return {"v_head_dim": spec.v_head_dim ** -0.5, "no_mscale": spec.qk_head_dim ** -0.5}
+
+
+# ---------------------------------------------------------------- absorbed weights
+def derive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_UK_T [N,P,L], W_UV [N,L,V]) as VIEWS of kv_b_proj.weight [N*(P+V), L], exactly as upstream vLLM's
+    `split_kv_b_proj` + `process_weights_after_loading` (`.T.view(L, N, P+V).split`, no copy)."""
+    n, p, v, lat = spec.num_attention_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    if tuple(kv_b_weight.shape) != (n * (p + v), lat):
+        raise ValueError(f"kv_b_proj weight {tuple(kv_b_weight.shape)} does not match {spec.name}: "
+                         f"expected {(n * (p + v), lat)}")
+    w_uk, w_uv = kv_b_weight.T.view(lat, n, p + v).split([p, v], dim=-1)
+    return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)

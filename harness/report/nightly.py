@@ -1,0 +1,72 @@
+"""The nightly NPU run's verdict lines: for every failing test of a tier's report.json, the suite, the metric
+and the place (step, layer, phase) its findings name (harness.findings, recorded by the `expect` fixture), so
+the morning mail reads `FAIL reduced-a2 suites/precision/test_reward_alignment.py::test_reward_curve metric
+critic/rewards/mean step 12: ...`. A failing test with no finding (a crash, a plain assert) prints `-`.
+
+`python -m harness.report.nightly REPORT_JSON...` prints them (exit 1 when any test failed); used by
+ci/nightly.sh after each tier.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from harness.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Failure:
+    scale: str
+    suite: str  # the test file
+    test: str
+    metric: str  # "-" when the test recorded no finding
+    where: str  # "step 12", "layer 1", "update stage 15"; "-" when the test recorded no finding
+    reason: str
+
+    def line(self) -> str:
+        return f"FAIL {self.scale} {self.suite}::{self.test} metric {self.metric} {self.where}: {self.reason}"
+
+
+def failures(report) -> list[Failure]:
+    """Failing tests of a harness RunReport: one line per finding the test recorded, or one with `-`."""
+    out = []
+    for t in report.tests:
+        if not t.failing:
+            continue
+        suite, _, test = t.nodeid.partition("::")
+        found = [f for f in t.findings if isinstance(f, dict)]
+        for f in found or [{"metric": "-", "where": "-", "message": t.reason or t.outcome}]:
+            out.append(Failure(scale=report.scale or "-", suite=suite, test=test or "-",
+                               metric=str(f.get("metric", "-")), where=str(f.get("where", "-")),
+                               reason=str(f.get("message") or t.reason or t.outcome)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.report.schema import load_report
+
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m harness.report.nightly REPORT_JSON...", file=sys.stderr)
+        return 2
+    failed = False
+    for path in paths:
+        try:
+            report = load_report(path)
+        except BadInput as exc:
+            print(f"python -m harness.report.nightly: error: {exc}", file=sys.stderr)
+            return 2
+        found = failures(report)
+        for f in found:
+            print(f.line())
+        if not report.passed and not found:
+            print(f"FAIL {report.scale or '-'} pytest exit status {report.exit_status} ({path})")
+        failed |= not report.passed
+        if report.passed:
+            c = report.counts
+            print(f"PASS {report.scale or '-'}: {c['passed']} passed, {c['skipped']} skipped ({path})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
