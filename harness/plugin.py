@@ -112,14 +112,28 @@ def item_tier(item: pytest.Item) -> str | None:
     return tiers[0] if tiers else None
 
 
+def applies(item: pytest.Item) -> bool:
+    """Does the item apply to this session's scale? Its tier must be --scale's, and a `scales(...)` marker must name
+    the scale it runs at (issue 11: the A3-only 120 TPS/card target must not run -- and fail under
+    --strict-hardware -- on an A2 nightly, whose `full` tier is full-a2-gbs128)."""
+    chosen = item.config.stash[SCALE_KEY]
+    tier = item_tier(item)
+    if chosen is not None and tier is not None and tier != chosen.tier:
+        return False
+    only = item.get_closest_marker("scales")
+    if only is None:
+        return True
+    unknown = [n for n in only.args if n not in SCALES]
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.scales names unknown scale(s) {unknown}")
+    at = scale_for(item)
+    return at is not None and at.name in only.args
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scale = config.stash[SCALE_KEY]
-    if scale is None:
-        return
     keep, drop = [], []
     for item in items:
-        tier = item_tier(item)
-        (keep if tier is None or tier == scale.tier else drop).append(item)
+        (keep if applies(item) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
