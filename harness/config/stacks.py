@@ -87,7 +87,8 @@ STACKS: tuple[Stack, ...] = (
     # The window verl 0.9.1 co-installs with: v0.20.2rc1 .. v0.23.0 (torch 2.10, transformers 5.5.3 / 5.5.4).
     _vllm_ascend_stack("v0.20.2rc1", python="3.11", cann="9.0.0", torch="2.10.0", torch_npu="2.10.0",
                        transformers="5.5.3", vllm="0.20.2"),
-    _vllm_ascend_stack("v0.23.0", python="3.11", cann="9.1.0", torch="2.10.0", torch_npu="2.10.0.post4",
+    # v0.23.0's images (Dockerfile, Dockerfile.a3) are Python 3.12
+    _vllm_ascend_stack("v0.23.0", python="3.12", cann="9.1.0", torch="2.10.0", torch_npu="2.10.0.post4",
                        transformers="5.5.4", vllm="0.23.0"),
     Stack(name="vllm-ascend-0.19.1rc1", kind="npu", supported=False, python="3.11", pins=(
         Pin("torch", "2.9.0", "vllm-project/vllm-ascend v0.19.1rc1 requirements.txt"),
