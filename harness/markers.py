@@ -27,6 +27,9 @@ TIER_MARKERS = {
 }
 OTHER_MARKERS = {  # name (with its signature, as `pytest --markers` lists it) -> what it means
     "nightly": "part of the nightly NPU cluster run",
+    "registry": "needs the package registry (resolves the NPU constraint sets); deselect offline: -m 'not registry'",
+    "scales(*names)": "applies only to these scales (e.g. the A3 TPS target): deselected, not skipped, when the "
+                      "session's scale (--scale, or the tier's default for the hardware) is another one",
     "requires(hardware=None, cards=None, devices=None, packages=())": "skip (or fail with --strict-hardware) "
                                                                         "unless the hardware, card count and "
                                                                         "packages are present",

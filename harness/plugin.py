@@ -14,8 +14,9 @@ import pytest
 
 from harness.config import hardware as hw
 from harness.config.scales import SCALES, TIERS, Scale, default_scale, get_scale
-from harness.errors import HardwareError
+from harness.errors import BadInput, HardwareError
 from harness.findings import CheckResult
+from harness.launch.address import dashboard_url
 from harness.markers import (
     CLUSTER_KEY,
     DETECTED_KEY,
@@ -77,7 +78,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--engine", default=None, metavar="MODULE:FACTORY",
                 help="the system under test: a factory returning a harness Engine (default: built-in engines)")
     g.addoption("--ray-address", default=None,
-                help="address of an existing Ray cluster (ray://host:10001 or host:6379)")
+                help="the Ray dashboard of an existing cluster, http://HEAD:8265 (Jobs + state API; the launcher "
+                     "submits there and device counts come from there)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -89,7 +91,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     scale_name = config.getoption("scale")
     config.stash[SCALE_KEY] = get_scale(scale_name) if scale_name else None
-    config.stash[CLUSTER_KEY] = {"address": config.getoption("ray_address")}
+    address = config.getoption("ray_address")
+    try:  # one meaning of --ray-address (the dashboard URL); a GCS or ray:// address is a usage error up front
+        config.stash[CLUSTER_KEY] = {"address": dashboard_url(address) if address else None}
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
     _register_hypothesis_profiles()
     if config.getoption("report_dir"):  # outcomes + record_property measurements -> report.json/.html/.md
         from harness.report.collect import ReportCollector
@@ -112,14 +118,28 @@ def item_tier(item: pytest.Item) -> str | None:
     return tiers[0] if tiers else None
 
 
+def applies(item: pytest.Item) -> bool:
+    """Does the item apply to this session's scale? Its tier must be --scale's, and a `scales(...)` marker must name
+    the scale it runs at (issue 11: the A3-only 120 TPS/card target must not run -- and fail under
+    --strict-hardware -- on an A2 nightly, whose `full` tier is full-a2-gbs128)."""
+    chosen = item.config.stash[SCALE_KEY]
+    tier = item_tier(item)
+    if chosen is not None and tier is not None and tier != chosen.tier:
+        return False
+    only = item.get_closest_marker("scales")
+    if only is None:
+        return True
+    unknown = [n for n in only.args if n not in SCALES]
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.scales names unknown scale(s) {unknown}")
+    at = scale_for(item)
+    return at is not None and at.name in only.args
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scale = config.stash[SCALE_KEY]
-    if scale is None:
-        return
     keep, drop = [], []
     for item in items:
-        tier = item_tier(item)
-        (keep if tier is None or tier == scale.tier else drop).append(item)
+        (keep if applies(item) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -147,14 +167,20 @@ def item_need(item: pytest.Item) -> Need:
 
 
 def _cluster(config: pytest.Config) -> dict:
-    """With --ray-address, count the cluster's NPU/GPU devices once (lazily: only when a test needs it)."""
+    """With --ray-address, count the cluster's NPU/GPU devices once (lazily: only when a test needs it), through
+    the dashboard's state API with a connect timeout (harness.launch.address); an unreachable cluster is one
+    usage error for the session, not a hang in every test's setup."""
     info = config.stash[CLUSTER_KEY]
     if info.get("address") and "devices" not in info:
-        import ray
+        from harness.launch.address import cluster_devices
 
-        ray.init(address=info["address"], ignore_reinit_error=True, log_to_driver=False)
-        res = ray.cluster_resources()
-        info["devices"] = int(res.get("NPU", 0) or res.get("GPU", 0))
+        try:
+            info["devices"] = cluster_devices(info["address"])
+        except BadInput as exc:
+            info["devices"] = 0
+            info["error"] = str(exc)
+    if info.get("error"):
+        pytest.exit(info["error"], returncode=pytest.ExitCode.USAGE_ERROR)
     return info
 
 

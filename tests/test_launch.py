@@ -11,6 +11,7 @@ import yaml
 from harness.cli import main
 from harness.config.recipe import dapo_recipe
 from harness.config.scales import SCALES, get_scale
+from harness.errors import BadInput
 from harness.launch.k8s import NPU_RESOURCE, manifest_yaml
 from harness.launch.ray_job import JobSpec, job_for_scale, read_progress, verdict
 
@@ -108,6 +109,49 @@ def test_k8s_manifest(name):
         assert f"{service['metadata']['name']}.rl.svc.cluster.local:6379" in worker
 
 
+@pytest.mark.parametrize("name", ["full-a3", "full-a2-gbs128"])
+def test_k8s_manifest_mindcluster_and_auth(name):
+    """What MindCluster reads (ring-controller label, ASCEND_VISIBLE_DEVICES from the device annotation, the
+    accelerator-type selector, sp-block on A3) and no unauthenticated Jobs API on the host network (issue 11)."""
+    scale = get_scale(name)
+    (service, job), text = _docs(name)
+    assert job["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
+    assert (job["metadata"].get("annotations", {}).get("sp-block") == str(scale.devices)) is (name == "full-a3")
+    assert [p["port"] for p in service["spec"]["ports"]] == [6379], "the dashboard must not be a Service port"
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]
+        assert pod["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
+        assert pod["spec"]["nodeSelector"]["accelerator-type"] == \
+            {"full-a3": "module-a3-16-super-pod", "full-a2-gbs128": "module-910b-8"}[name]
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["ASCEND_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+            "metadata.annotations['huawei.com/Ascend910']"
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+        assert all(p["containerPort"] != 8265 for p in container["ports"])
+    head = next(t for t in job["spec"]["tasks"] if t["name"] == "head")["template"]["spec"]["containers"][0]
+    assert "--dashboard-host 127.0.0.1" in head["command"][2] and "0.0.0.0" not in text
+
+
+@pytest.mark.parametrize("namespace", ["rl; rm -rf /", "RL", "-rl", "a" * 64, "rl\nx", "$(id)"])
+def test_k8s_refuses_bad_namespace(namespace):
+    with pytest.raises(BadInput, match="--namespace"):
+        manifest_yaml(get_scale("full-a3"), image="img:1", namespace=namespace)
+
+
+@pytest.mark.parametrize("image", ["img $(id)", "img:1;true", "", "IMG:1", "img:" + "x" * 200, "a/b:c d"])
+def test_k8s_refuses_bad_image(image):
+    with pytest.raises(BadInput, match="--image"):
+        manifest_yaml(get_scale("full-a3"), image=image, namespace="rl")
+
+
+@pytest.mark.parametrize("image", ["verl-ascend:latest", "quay.io/ascend/verl:verl-8.5.1-a3-ubuntu22.04-py3.11-latest",
+                                   "registry.local:5000/team/img@sha256:" + "0" * 64, "busybox"])
+def test_k8s_accepts_image_references(image):
+    assert image in manifest_yaml(get_scale("full-a3"), image=image, namespace="rl")
+
+
 def test_every_scale_has_a_manifest():
     for name in SCALES:
         docs, _ = _docs(name)
@@ -122,8 +166,13 @@ def test_cpu_manifest_requests_no_npus():
 @pytest.mark.parametrize("argv, needle", [
     (["launch", "--scale", "tiny"], "--ray-address is required"),
     (["launch", "--scale", "nope"], "unknown scale"),
-    (["launch", "--scale", "tiny", "--ray-address", "ray://h:10001"], "not ray://"),
-    (["launch", "--scale", "tiny", "--ray-address", "http://127.0.0.1:9"], "no Ray job server answers"),
+    (["launch", "--scale", "tiny", "--ray-address", "ray://h:10001"], "a Ray client address"),
+    (["launch", "--scale", "tiny", "--ray-address", "h:6379"], "port 6379 is the GCS, not the dashboard"),
+    (["launch", "--scale", "tiny", "--ray-address", "http://127.0.0.1:9"], "no Ray dashboard answers within"),
+    (["launch", "--scale", "tiny", "--steps", "-3", "--ray-address", "http://h:8265"], "--steps -3"),
+    (["launch", "--scale", "tiny", "--steps", "0", "--k8s"], "--steps 0"),
+    (["launch", "--scale", "full-a3", "--k8s", "--namespace", "rl; rm -rf /"], "--namespace"),
+    (["launch", "--scale", "full-a3", "--k8s", "--image", "img $(id)"], "--image"),
     (["launch", "--scale", "tiny", "--local", "--ray-address", "http://h:8265"], "drop --ray-address"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, needle, capsys):

@@ -34,6 +34,13 @@ def test_lab_job_succeeds_and_its_run_is_collected(isolated_ray_proof, record_pr
                                          "reward": run["critic/rewards/mean"].values[-1]})
 
 
+def test_user_ray_state_does_not_reach_the_local_cluster(isolated_ray_proof):
+    """The proof ran with a foreign ~/.ray/auth_token and RAY_ADDRESS (fixtures/launch.py) and still succeeded:
+    the throwaway cluster runs with authentication off, explicitly (issue 16)."""
+    assert isolated_ray_proof["user_ray_state"] == {"home_token": True, "auth_mode": "disabled"}
+    assert isolated_ray_proof["results"]["lab"]["verdict"] == "succeeded"
+
+
 def test_crashed_job_fails_and_keeps_its_logs(isolated_ray_proof):
     result = isolated_ray_proof["results"]["crash"]
     assert result["verdict"] == "failed" and not result["ok"]

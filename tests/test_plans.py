@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import pytest
@@ -11,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.config.models import DEEPSEEK_V3, MODELS, MOONLIGHT_16B, TINY, ModelSpec
-from harness.config.plans import ParallelPlan, PlanError, RolloutParallel, TrainParallel, validate_plan
+from harness.config.plans import (
+    RECOMPUTE_METHODS,
+    ParallelPlan,
+    PlanError,
+    Recompute,
+    RolloutParallel,
+    TrainParallel,
+    validate_plan,
+)
 from harness.config.scales import SCALES
 
 # The `ci` profile (derandomize, no deadline) is registered by the plugin in pytest_configure.
@@ -36,12 +43,26 @@ class Case:
 
 @st.composite
 def stage_layers(draw, num_layers: int, pp: int) -> tuple[int, ...]:
-    """A split of num_layers into pp non-empty stages (or () for Megatron's uniform split)."""
+    """A split of num_layers into pp non-empty stages that megatron-core 0.12 can express (uneven first/last
+    stages, an even middle), or () for Megatron's uniform split."""
     if pp == 1 or (num_layers % pp == 0 and draw(st.booleans())):
         return ()
-    cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
-    bounds = [0, *cuts, num_layers]
-    return tuple(b - a for a, b in itertools.pairwise(bounds))
+    if pp == 2:
+        first = draw(st.integers(1, num_layers - 1))
+        return (first, num_layers - first)
+    # valid by construction: draw the middle stage size, then split what is left between first and last
+    middle = draw(st.integers(1, (num_layers - 2) // (pp - 2)))
+    rest = num_layers - middle * (pp - 2)
+    first = draw(st.integers(1, rest - 1))
+    return (first, *[middle] * (pp - 2), rest - first)
+
+
+@st.composite
+def recomputes(draw, layers: tuple[int, ...], num_layers: int, pp: int) -> Recompute | None:
+    most = max(layers) if layers else num_layers // pp
+    if not draw(st.booleans()):
+        return None
+    return Recompute(method=draw(st.sampled_from(RECOMPUTE_METHODS)), num_layers=draw(st.integers(1, most)))
 
 
 @st.composite
@@ -58,10 +79,11 @@ def valid_cases(draw) -> Case:
     layers = draw(stage_layers(model.num_hidden_layers, pp))
     if not layers and model.num_hidden_layers % pp:
         layers = (model.num_hidden_layers - (pp - 1), *([1] * (pp - 1)))
+    recompute = draw(recomputes(layers, model.num_hidden_layers, pp))
     rtp = draw(st.sampled_from([d for d in _divisors(model.num_attention_heads) if world % d == 0]))
     rdp = draw(st.sampled_from(_divisors(world // rtp)))
     rep = rtp * rdp if model.n_routed_experts % (rtp * rdp) == 0 and draw(st.booleans()) else 1
-    plan = ParallelPlan(TrainParallel(tp, pp, ep, etp, cp, layers), RolloutParallel(rtp, rdp, rep))
+    plan = ParallelPlan(TrainParallel(tp, pp, ep, etp, cp, layers, recompute), RolloutParallel(rtp, rdp, rep))
     return Case(model, plan, world)
 
 
@@ -107,6 +129,22 @@ def _bad_stage_count(case: Case) -> Case | None:
     return _train(case, stage_layers=(*layers, 1)) if layers else None
 
 
+def _bad_stage_middle(case: Case) -> Case | None:
+    """Seed 002's 7,7,8,8,8,8,8,7 kind of split: an uneven middle megatron-core 0.12 cannot express."""
+    layers = case.plan.train.stage_layers
+    if len(layers) < 4 or layers[1] < 2:
+        return None
+    return _train(case, stage_layers=(layers[0], layers[1] - 1, layers[2] + 1, *layers[3:]))
+
+
+def _bad_recompute_method(case: Case) -> Case:
+    return _train(case, recompute=Recompute(method="selective", num_layers=1))
+
+
+def _bad_recompute_layers(case: Case) -> Case:
+    return _train(case, recompute=Recompute(method="block", num_layers=case.model.num_hidden_layers + 1))
+
+
 def _bad_ep(case: Case) -> Case:
     return _train(case, ep=_non_divisor(case.model.n_routed_experts))
 
@@ -125,6 +163,9 @@ BREAKERS = {
     "world-divisible": _bad_world,
     "stage-layers-sum": _bad_stage_sum,
     "stage-count": _bad_stage_count,
+    "stage-layers-expressible": _bad_stage_middle,
+    "recompute-method": _bad_recompute_method,
+    "recompute-num-layers": _bad_recompute_layers,
     "ep-divides-experts": _bad_ep,
     "rollout-ep-is-instance": _bad_rollout_ep,
     "positive": _bad_positive,
@@ -145,12 +186,18 @@ def test_invalid_plan_names_the_rule(rule, case):
     assert "\n" not in message
 
 
-def test_a3_stage_layers_sum_to_61():
-    # seed 002's A3 plan: the non-uniform middle (7,7,8,8,8,8,8,7) is what MindSpeed's --num-layer-list holds.
+def test_a3_stage_layers():
+    # seed 002's A3 split 7,7,8,8,8,8,8,7 (MindSpeed's --num-layer-list) has an uneven middle that megatron-core
+    # 0.12 cannot build; the plan runs the closest expressible split, verl's r1_ascend 6,8,...,8,7.
     plan = SCALES["full-a3"].plan
+    assert plan.train.stage_layers == (6, 8, 8, 8, 8, 8, 8, 7)
     validate_plan(plan, DEEPSEEK_V3, 256)
+    case = Case(DEEPSEEK_V3, plan, 256)
+    with pytest.raises(PlanError, match=r"^rule stage-layers-expressible: .*\[7, 7, 8, 8, 8, 8, 8, 7\]"):
+        bad = _train(case, stage_layers=(7, 7, 8, 8, 8, 8, 8, 7))
+        validate_plan(bad.plan, DEEPSEEK_V3, 256)
     with pytest.raises(PlanError, match=r"^rule stage-layers-sum: .*sum to 62, model deepseek-v3 has 61"):
-        bad = _train(Case(DEEPSEEK_V3, plan, 256), stage_layers=(7, 7, 8, 8, 8, 8, 8, 8))
+        bad = _train(case, stage_layers=(7, 8, 8, 8, 8, 8, 8, 7))
         validate_plan(bad.plan, DEEPSEEK_V3, 256)
 
 

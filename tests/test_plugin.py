@@ -123,6 +123,35 @@ def test_scale_option_deselects_other_tiers(suite):
     assert "missing hardware a2" in _skip_reasons(result)
 
 
+SCALE_ONLY = """
+import pytest
+
+@pytest.mark.full
+@pytest.mark.scales("full-a3")
+def test_a3_target(scale):
+    assert scale.name == "full-a3"
+"""
+
+
+def test_scales_marker_selects_by_scale(pytester: pytest.Pytester):
+    """The A3 TPS target applies to full-a3 only: on an A2 nightly (--scale full-a2-gbs128 --strict-hardware) it is
+    deselected, so the night can pass; at full-a3 it is selected and needs its hardware (issue 11)."""
+    pytester.makepyfile(test_only=SCALE_ONLY)
+    result = pytester.runpytest("--scale", "full-a2-gbs128", "--strict-hardware")
+    result.assert_outcomes(deselected=1)
+    result = pytester.runpytest("--scale", "full-a3", "--strict-hardware")
+    result.assert_outcomes(errors=1)  # selected: this CPU machine is no A3 (fails in setup)
+    result.stdout.fnmatch_lines(["*--strict-hardware: missing hardware a3*"])
+    result = pytester.runpytest("-m", "full")  # no --scale: the tier's default on this hardware (full-a3)
+    result.assert_outcomes(skipped=1)
+
+
+def test_scales_marker_with_unknown_scale_is_a_usage_error(pytester: pytest.Pytester):
+    pytester.makepyfile(test_only=SCALE_ONLY.replace('"full-a3"', '"full-a4"'))
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
 def test_scale_fixture_needs_a_tier(pytester: pytest.Pytester):
     pytester.makepyfile("def test_untiered(scale):\n    pass\n")
     result = pytester.runpytest()

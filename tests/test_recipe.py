@@ -3,7 +3,6 @@ scale's plan, and the validator fails naming the key on seeded bad overrides."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import pytest
 
@@ -18,7 +17,7 @@ from harness.config.recipe import (
     check_verl_version,
     compose,
     dapo_recipe,
-    pipeline_layout,
+    recompute_overrides,
     stage_overrides,
     validate_recipe,
 )
@@ -75,21 +74,14 @@ def test_recipe_composes_with_dapo_settings(composed):
     assert not bad, f"{scale.name}: {len(bad)} settings differ: {'; '.join(bad)}"
 
 
-def _stage_decoder_counts(layout: str) -> list[int]:
-    """Decoder layers per stage of a Megatron layout string (only the `t*N` / `t` forms we emit)."""
-    return [sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", stage)) for stage in layout.split("|")]
-
-
 def test_stage_layers_reach_megatron(composed):
     scale, _, cfg = composed
     otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
     layers = scale.plan.train.stage_layers
+    # megatron-core core_r0.12.1 (MindSpeed's line) has no pipeline_model_parallel_layout
+    assert "pipeline_model_parallel_layout" not in otc
     if not layers or len(set(layers)) == 1:
-        assert "num_layers_in_first_pipeline_stage" not in otc and "pipeline_model_parallel_layout" not in otc
-    elif "pipeline_model_parallel_layout" in otc:
-        layout = otc.pipeline_model_parallel_layout
-        assert layout.startswith("E") and layout.endswith("L")
-        assert _stage_decoder_counts(layout) == list(layers)
+        assert "num_layers_in_first_pipeline_stage" not in otc
     else:
         assert otc.num_layers_in_first_pipeline_stage == layers[0]
         last = otc.get("num_layers_in_last_pipeline_stage", None)
@@ -101,10 +93,30 @@ def test_stage_layers_reach_megatron(composed):
     assert cfg.actor_rollout_ref.ref.megatron.override_transformer_config == otc
 
 
-def test_a3_non_uniform_middle_uses_layout():
+def test_recompute_is_explicit_and_is_the_plans(composed):
+    """The job runs the recompute the memory model assumes: both read plan.train.recompute (issue 11)."""
+    scale, _, cfg = composed
+    otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
+    rc = scale.plan.train.recompute
+    got = (otc.recompute_granularity, otc.recompute_method, otc.recompute_num_layers)
+    assert got == (("full", rc.method, rc.num_layers) if rc else (None, None, None)), got
+
+
+def test_recompute_override_follows_a_changed_plan():
+    scale = get_scale("full-a3")
+    off = dataclasses.replace(scale.plan.train, recompute=None)
+    assert recompute_overrides(off)[0].endswith("recompute_granularity=null")
+    assert recompute_overrides(scale.plan.train)[1].endswith("recompute_method=block")
+
+
+def test_a3_stages_are_first_last_counts():
     cfg = validate_recipe(dapo_recipe(get_scale("full-a3")))
     otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
-    assert otc.pipeline_model_parallel_layout == "Et*7|t*7|t*8|t*8|t*8|t*8|t*8|t*7L"
+    # verl's r1_ascend 671B recipe on A3 256 dies: 6, 8 x 6, 7
+    assert (otc.num_layers_in_first_pipeline_stage, otc.num_layers_in_last_pipeline_stage) == (6, 7)
+    assert stage_overrides(get_scale("full-a3").plan.train) == [
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=6",
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=7"]
 
 
 def test_a2_uses_first_last_stage_counts():
@@ -113,13 +125,30 @@ def test_a2_uses_first_last_stage_counts():
     assert (otc.num_layers_in_first_pipeline_stage, otc.num_layers_in_last_pipeline_stage) == (3, 2)
 
 
+@pytest.mark.parametrize("name", sorted(SCALES))
+def test_npu_training_overrides(name):
+    """Flash attention (MindSpeed's fused attention, the path of seed 001's scale bug) and the vanilla mbridge
+    on NPU scales only: a Megatron TransformerConfig on GPU/CPU does not know use_flash_attn."""
+    scale = get_scale(name)
+    overrides = dapo_recipe(scale).override_map()
+    npu = scale.hardware.kind == "npu"
+    assert (overrides.get("actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn") == "True") \
+        is npu
+    assert (overrides.get("actor_rollout_ref.actor.megatron.vanilla_mbridge") == "True") is npu
+
+
 def test_env_per_scale():
     a3, a2, tiny = (dapo_recipe(get_scale(n)).env for n in ("full-a3", "full-a2-gbs128", "tiny"))
     assert tiny == {}, "a CPU scale needs no Ascend environment"
     assert a3["HCCL_BUFFSIZE"] == a2["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
-    # alignment runs are deterministic; the 120 TPS/card throughput run is not
-    assert all(a2[k] == v for k, v in DETERMINISTIC_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING")
+    # alignment runs are deterministic, VLLM_ENABLE_V1_MULTIPROCESSING=0 included (seed 003, all three
+    # scenarios); the 120 TPS/card throughput run is not
+    assert all(a2[k] == v for k, v in DETERMINISTIC_ENV.items()), a2
+    assert a2["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "HCCL_DETERMINISTIC" not in a3
+    # vllm-ascend's CaMemAllocator (sleep mode) asserts when expandable segments are on
+    for name in SCALES:
+        assert "expandable_segments" not in dapo_recipe(get_scale(name)).env.get("PYTORCH_NPU_ALLOC_CONF", "")
 
 
 # ---- the validator must fail on seeded bad recipes, naming the key --------------------------------
@@ -183,8 +212,7 @@ def test_missing_entrypoint_module_is_rejected():
         validate_recipe(recipe)
 
 
-def test_pipeline_layout_format():
-    assert pipeline_layout((3, 4, 2)) == "Et*3|t*4|t*2L"
+def test_stage_overrides_format():
     assert stage_overrides(get_scale("moonlight-a2").plan.train) == [
         "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=14"]
     assert stage_overrides(get_scale("reduced-a2").plan.train) == []

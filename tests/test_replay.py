@@ -94,3 +94,78 @@ def test_bad_action_and_group_are_bad_input(tmp_path):
     with pytest.raises(BadInput, match="rollout_tq"):
         verl_skip_overrides(tmp_path, [1], group="async")
     assert verl_skip_overrides(tmp_path, [1, 2], "repeat")[2] == "skip.rollout.steps=[1,2]"
+
+
+# ---- security: no unpickling from places others can write (issue 16) ---------------------------------------
+
+class _Boom:
+    """Unpickling this writes a marker file: a stand-in for the code an attacker's pickle would run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant_pickle(step_dir, marker):
+    import pickle
+
+    (step_dir / "gen_batch.dp").write_bytes(pickle.dumps(_Boom(marker)))
+
+
+def test_harness_dump_replays_without_unpickling(tmp_path):
+    """The harness's own dump carries a non-pickle copy; replay reads it and never touches gen_batch.dp, so a
+    pickle planted there by someone else runs nothing."""
+    replay = RolloutReplay(tmp_path, KEY)
+    dumped = replay.generate(1, lambda: _batch(1))
+    step_dir = replay.step_dir(1)
+    assert {p.name for p in step_dir.iterdir()} >= {"gen_batch.dp", "gen_batch.safetensors", "gen_batch.json",
+                                                   "meta.json"}
+    marker = tmp_path / "pwned"
+    _plant_pickle(step_dir, marker)
+    assert batch_differences(dumped, replay.load(1)) == ()
+    assert not marker.exists(), "the replay unpickled gen_batch.dp"
+
+
+def _verl_only_dump(tmp_path, marker):
+    """A dump as verl's RolloutSkip writes it: gen_batch.dp (a pickle) and meta.json only."""
+    replay = RolloutReplay(tmp_path, KEY)
+    replay.dump(1, _batch(1))
+    step_dir = replay.step_dir(1)
+    for name in ("gen_batch.safetensors", "gen_batch.json"):
+        (step_dir / name).unlink()
+    _plant_pickle(step_dir, marker)
+    return replay, step_dir
+
+
+def test_verl_pickle_from_a_group_writable_dir_is_refused(tmp_path):
+    marker = tmp_path.parent / f"{tmp_path.name}-pwned"
+    replay, step_dir = _verl_only_dump(tmp_path / "dumps", marker)
+    step_dir.parent.chmod(0o777)  # a shared directory: anyone may replace the pickle
+    with pytest.raises(BadInput, match=r"is writable by group or others: rollout dumps are pickles") as err:
+        replay.load(1)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="chown to another user needs root")
+def test_verl_pickle_owned_by_someone_else_is_refused(tmp_path):
+    import os
+
+    marker = tmp_path.parent / f"{tmp_path.name}-pwned2"
+    replay, step_dir = _verl_only_dump(tmp_path / "dumps", marker)
+    os.chown(step_dir / "gen_batch.dp", 65534, 65534)
+    with pytest.raises(BadInput, match="is owned by uid 65534, not you"):
+        replay.load(1)
+    assert not marker.exists()
+
+
+def test_verl_pickle_from_a_private_dir_is_loaded(tmp_path):
+    """verl's own dumps stay replayable (RolloutSkip compatibility) from a directory only this user writes."""
+    replay = RolloutReplay(tmp_path, KEY)
+    dumped = replay.dump(1, _batch(1)) and _batch(1)
+    for name in ("gen_batch.safetensors", "gen_batch.json"):
+        (replay.step_dir(1) / name).unlink()
+    assert batch_differences(dumped, replay.load(1)) == ()

@@ -30,6 +30,15 @@ instance); the recipe instead imports the pre-0.9 `verl.utils.rollout_skip` modu
 longer ships. With the V1 path the dump is TransferQueue-specific (above). `RolloutReplay` gives DAPO runs
 (and the tiny lab) the same dump/replay semantics and
 the same files, using verl's own `DataProto` save/load.
+
+Security (issue 16): `gen_batch.dp` is a pickle (verl's `DataProto.save_to_disk`), and unpickling runs code, so
+whoever can write into a shared dump directory could run code in every job that replays from it. Therefore:
+- the harness's own dumps also write a non-pickle copy, `gen_batch.safetensors` (the tensors) plus
+  `gen_batch.json` (non-tensor fields and meta_info, when they are JSON data), and the harness replays from that
+  copy: no unpickling at all. verl's own RolloutSkip still finds the `gen_batch.dp` it expects (compatibility);
+- a pickle is loaded only for dumps without the safe copy (verl's own dumps), and only from a dump directory that is
+  owned by this user and writable by nobody else, down to the file (`check_private`): the trade-off is that a
+  dump shared with a group must be copied into a private directory before it is replayed.
 """
 from __future__ import annotations
 
@@ -44,6 +53,8 @@ from harness.errors import BadInput
 from harness.io import write_json_atomic
 
 GEN_BATCH_FILE = "gen_batch.dp"  # RolloutSkip.gen_batch_name
+SAFE_TENSORS_FILE = "gen_batch.safetensors"  # the harness's non-pickle copy: tensors
+SAFE_FIELDS_FILE = "gen_batch.json"  # ... and the non-tensor fields and meta_info
 STEP_META_FILE = "meta.json"  # RolloutSkip.meta_name
 ACTIONS = ("cache", "repeat")  # what verl 0.9.1's RolloutSkipConfig accepts
 
@@ -111,7 +122,8 @@ class RolloutReplay:
     def __init__(self, dump_dir: str | os.PathLike, key: ReplayKey, action: str = "cache"):
         if action not in ACTIONS:
             raise BadInput(f"replay action {action!r}: use one of {', '.join(ACTIONS)} (verl 0.9.1 RolloutSkipConfig)")
-        self.root = Path(dump_dir).expanduser().resolve() / key.relative_dir
+        self.dump_dir = Path(dump_dir).expanduser().resolve()
+        self.root = self.dump_dir / key.relative_dir
         self.key = key
         self.action = action
 
@@ -151,6 +163,7 @@ class RolloutReplay:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        _dump_safe(d, batch)
         # meta.json last: verl treats a step as dumped only when both files exist
         write_json_atomic(d / STEP_META_FILE, {"global_steps": int(step)})
         return d
@@ -174,7 +187,13 @@ class RolloutReplay:
         if int(meta.get("global_steps", -1)) != found:
             raise BadInput(f"{meta_path}: says global_steps={meta.get('global_steps')} but lies in step directory "
                            f"{found}; the dump was moved or mixed up, dump it again")
-        return DataProto.load_from_disk(self.step_dir(found) / GEN_BATCH_FILE)
+        step_dir = self.step_dir(found)
+        safe = _load_safe(step_dir)
+        if safe is not None:
+            return safe
+        # verl's own dump: a pickle, loaded only from a private directory (module docstring)
+        check_private(self.dump_dir, step_dir / GEN_BATCH_FILE)
+        return DataProto.load_from_disk(step_dir / GEN_BATCH_FILE)
 
     def generate(self, step: int, produce: Callable[[], object]):
         """Replay `step` when dumped, else `produce()` it and dump it (verl's SkipManager protocol)."""
@@ -183,6 +202,90 @@ class RolloutReplay:
         batch = produce()
         self.dump(step, batch)
         return batch
+
+
+def check_private(top: Path, target: Path) -> None:
+    """BadInput unless `top` and every directory below it down to `target` (a file), and `target` itself, are
+    owned by this user and not writable by group or others, and none is a symlink: who else can write there
+    could replace a pickle (the same rule ssh applies to ~/.ssh)."""
+    uid = os.geteuid()
+    top = Path(top)
+    try:
+        chain = [top, *reversed(Path(target).relative_to(top).parents[:-1])]
+    except ValueError:
+        raise BadInput(f"{target}: not inside the dump directory {top}") from None
+    paths = [top] + [top / p for p in chain[1:]] + [Path(target)]
+    for path in paths:
+        try:
+            st = path.lstat()
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot check the rollout dump ({exc.strerror})") from None
+        problem = ("is a symlink" if os.path.islink(path) else
+                   f"is owned by uid {st.st_uid}, not you (uid {uid})" if st.st_uid != uid else
+                   "is writable by group or others" if st.st_mode & 0o022 else None)
+        if problem:
+            raise BadInput(f"{path} {problem}: rollout dumps are pickles (verl DataProto) and unpickling runs code, "
+                           "so the harness loads them only from a directory only you can write; copy the dump into "
+                           "one (chmod go-w) or dump it again with the harness (it writes a non-pickle copy)")
+
+
+def _dump_safe(step_dir: Path, batch) -> None:
+    """The non-pickle copy of `batch`: safetensors for the tensors, JSON for the rest. Skipped (with the pickle
+    alone left, loaded only from a private directory) when a non-tensor field is not JSON data."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from harness.io import write_atomic
+
+    fields = {}
+    for key, value in batch.non_tensor_batch.items():
+        if not isinstance(value, np.ndarray) or value.ndim != 1:
+            return
+        fields[key] = {"dtype": str(value.dtype) if value.dtype != object else "object", "values": value.tolist()}
+    try:
+        text = json.dumps({"non_tensor_batch": fields, "meta_info": batch.meta_info}, allow_nan=True)
+    except (TypeError, ValueError):
+        return
+    tensors = {} if batch.batch is None else {k: v.detach().cpu().contiguous() for k, v in batch.batch.items()}
+    fd, tmp = tempfile.mkstemp(dir=step_dir, prefix=f".{SAFE_TENSORS_FILE}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, step_dir / SAFE_TENSORS_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    write_atomic(step_dir / SAFE_FIELDS_FILE, text)
+
+
+def _load_safe(step_dir: Path):
+    """The DataProto from the non-pickle copy, or None when the step has none."""
+    tensors_path, fields_path = step_dir / SAFE_TENSORS_FILE, step_dir / SAFE_FIELDS_FILE
+    if not (tensors_path.is_file() and fields_path.is_file()):
+        return None
+    import numpy as np
+    from safetensors.torch import load_file
+    from verl import DataProto
+
+    try:
+        doc = json.loads(fields_path.read_text())
+        tensors = load_file(str(tensors_path))
+        # object fields element by element: np.array would turn equal-length lists into a 2-D array
+        non_tensors = {k: _object_array(v["values"]) if v["dtype"] == "object" else np.array(v["values"], v["dtype"])
+                       for k, v in doc["non_tensor_batch"].items()}
+        return DataProto.from_dict(tensors=tensors or None, non_tensors=non_tensors, meta_info=doc["meta_info"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadInput(f"{step_dir}: unreadable rollout dump ({type(exc).__name__}: {exc}); delete the step "
+                       "directory and dump again") from None
+
+
+def _object_array(values: list):
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "harness.cli.throughput_cmd",  # throughput
     "harness.cli.report_cmd",  # report
     "harness.cli.launch_cmd",  # launch (Ray Jobs, --k8s manifest, --local loopback-only cluster)
+    "harness.cli.doctor_cmd",  # doctor: this machine's stack against harness/config/stacks.py
 )
 
 

@@ -15,8 +15,10 @@ from harness.errors import BadInput
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from harness.cli.args import scale_arg
+    from harness.launch.ray_job import check_steps
 
     scale = scale_arg(args.scale)
+    check_steps(args.steps)
     if args.k8s:
         from harness.launch.k8s import manifest_yaml
 
@@ -34,7 +36,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         # re-execute this very command as PID 1 of a loopback-only network namespace
         argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", scale.name, "--local",
                 "--run-dir", str(run_dir), "--timeout", str(args.timeout)]
-        argv += ["--steps", str(args.steps)] if args.steps else []
+        argv += ["--steps", str(args.steps)] if args.steps is not None else []
         argv += ["--resume"] if args.resume else []
         return local.run_isolated(argv, timeout_s=args.timeout + 120).returncode
     from rich.console import Console
@@ -65,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the job is stopped (verdict timeout)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
-    p.add_argument("--image", default="verl-ascend:latest", help="container image for --k8s")
-    p.add_argument("--namespace", default="default", help="Kubernetes namespace for --k8s")
+    p.add_argument("--image", default="verl-ascend:latest",
+                   help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...)")
+    p.add_argument("--namespace", default="default",
+                   help="Kubernetes namespace for --k8s; it must hold the PVC ascend-rl-harness-shared and the Secret "
+                        "ascend-rl-harness-ray-auth (key `token`: Ray's cluster token)")
     p.set_defaults(func=cmd_launch)

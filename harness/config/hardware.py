@@ -6,6 +6,7 @@ then import it under a guard that turns a missing CANN into one line naming what
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -131,6 +132,15 @@ def npu_available() -> bool:
     return bool(torch_npu.npu.is_available())
 
 
+def with_device_memory(profile: HardwareProfile, properties) -> HardwareProfile:
+    """The profile with the memory the device reports (`get_device_properties(i).total_memory`, the same API in
+    torch.cuda and torch_npu's torch.npu): an Ascend 910B4 is an A2 with 32 GB, not the 64 GB of the profile."""
+    total = getattr(properties, "total_memory", 0) or 0
+    if total <= 0:
+        return profile
+    return dataclasses.replace(profile, device_memory_gib=round(total / GiB, 2))
+
+
 @lru_cache(maxsize=1)
 def detect() -> Detected:
     """Detect the accelerator of this process: npu, then cuda, then cpu."""
@@ -140,10 +150,12 @@ def detect() -> Detected:
         import torch_npu  # noqa: F401  (registers torch.npu)
 
         name = torch.npu.get_device_name(0)
-        return Detected("npu", profile_for_device_name("npu", name), torch.npu.device_count(), name)
+        profile = with_device_memory(profile_for_device_name("npu", name), torch.npu.get_device_properties(0))
+        return Detected("npu", profile, torch.npu.device_count(), name)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return Detected("gpu", profile_for_device_name("gpu", name), torch.cuda.device_count(), name)
+        profile = with_device_memory(profile_for_device_name("gpu", name), torch.cuda.get_device_properties(0))
+        return Detected("gpu", profile, torch.cuda.device_count(), name)
     return Detected("cpu", PROFILES["cpu"], os.cpu_count() or 1, "cpu")
 
 

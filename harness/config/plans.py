@@ -11,11 +11,33 @@ from dataclasses import dataclass
 from harness.config.models import ModelSpec
 from harness.errors import PlanError
 
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Megatron full activation recompute: TransformerConfig `recompute_granularity="full"`, `recompute_method`,
+    `recompute_num_layers` (megatron-core core_r0.12.1 transformer/transformer_block.py
+    `TransformerBlock._checkpointed_forward`):
+
+    - `uniform`: the stage's layers in chunks of `num_layers`; each chunk keeps only its input and re-runs
+      all its layers in backward;
+    - `block`: the first `num_layers` layers of the stage are checkpointed one by one (each keeps its input and
+      re-runs alone), the rest keep their activations.
+
+    The recipe composes these three keys and the memory model reads the same object, so the job and its
+    memory verdict can never disagree (issue 11: the model assumed full recompute while the job ran none)."""
+
+    method: str = "block"
+    num_layers: int = 1
+
 
 @dataclass(frozen=True)
 class TrainParallel:
-    """Megatron parallelism. `stage_layers` lists the decoder layers of every pipeline stage
-    (MindSpeed's --num-layer-list); Megatron's first/last-stage counts derive from it."""
+    """Megatron parallelism. `stage_layers` lists the decoder layers of every pipeline stage; megatron-core
+    core_r0.12.1 (MindSpeed's line) can only express a uniform split or uneven first/last stages with a
+    uniform middle (`num_layers_in_first/last_pipeline_stage`), which `validate_plan` enforces.
+    `recompute` is the activation recompute the job runs (None: none)."""
 
     tp: int
     pp: int
@@ -23,6 +45,7 @@ class TrainParallel:
     etp: int = 1
     cp: int = 1
     stage_layers: tuple[int, ...] = ()
+    recompute: Recompute | None = None
 
     @property
     def first_stage_layers(self) -> int | None:
@@ -95,9 +118,22 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, world_size: int) -> None
         _require(sum(t.stage_layers) == model.num_hidden_layers, "stage-layers-sum",
                  f"stage layers {list(t.stage_layers)} sum to {sum(t.stage_layers)}, "
                  f"model {model.name} has {model.num_hidden_layers}")
+        # megatron-core core_r0.12.1 transformer_config.py __post_init__: only first/last stage counts, the
+        # middle stages split the rest evenly (pipeline_model_parallel_layout arrives in core_r0.13).
+        _require(len(set(t.stage_layers[1:-1])) <= 1, "stage-layers-expressible",
+                 f"stage layers {list(t.stage_layers)}: megatron-core 0.12 (MindSpeed core_r0.12.1) can only "
+                 "make the first and last stage uneven; the middle stages must hold the same number of layers")
     else:
         _require(model.num_hidden_layers % t.pp == 0, "pp-divides-layers",
                  f"pp={t.pp} does not divide {model.num_hidden_layers} layers; give stage_layers")
+    if t.recompute is not None:
+        rc = t.recompute
+        _require(rc.method in RECOMPUTE_METHODS, "recompute-method",
+                 f"recompute method {rc.method!r} is not one of {', '.join(RECOMPUTE_METHODS)}")
+        # megatron-core: recompute_num_layers must be between 1 and the layers of a pipeline rank
+        most = max(t.stage_layers) if t.stage_layers else model.num_hidden_layers // t.pp
+        _require(1 <= rc.num_layers <= most, "recompute-num-layers",
+                 f"recompute num_layers={rc.num_layers} must be between 1 and the {most} layers of a stage")
     _require(world_size % r.instance_size == 0, "rollout-world-divisible",
              f"world size {world_size} is not divisible by the rollout instance tp*dp = {r.tp}*{r.dp} = "
              f"{r.instance_size}")

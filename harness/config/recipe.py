@@ -87,50 +87,68 @@ def _hydra_value(value: str) -> str:
     return value if re.fullmatch(r"[\w./-]+", value) else _hydra_str(value)
 
 
-def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
-    """Megatron-core's `pipeline_model_parallel_layout` string: `E` embedding, `t` decoder layer, `L`
-    loss, `|` between stages (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
-    stages = [f"t*{n}" for n in stage_layers]
-    stages[0] = "E" + stages[0]
-    stages[-1] += "L"
-    return "|".join(stages)
-
-
 def stage_overrides(train: TrainParallel) -> list[str]:
     """Per-stage layer counts as Megatron TransformerConfig fields passed through verl's
-    `override_transformer_config` (mbridge builds the TransformerConfig from it).
+    `override_transformer_config` (mbridge builds the TransformerConfig from it):
 
     - uniform stages: nothing (Megatron splits num_layers / pp);
-    - uneven first/last with a uniform middle (A2: 3, 4 x 14, 2): num_layers_in_{first,last}_pipeline_stage;
-    - anything else (A3: 7,7,8,8,8,8,8,7 -- MindSpeed's --num-layer-list): Megatron >= 0.13's
-      `pipeline_model_parallel_layout`, the only per-stage form verl reads
-      (verl/utils/megatron_utils.py get_transformer_layer_offset). A Megatron-core without that field
-      rejects it by name when mbridge builds the TransformerConfig, so the job fails at start, not silently.
+    - uneven first/last with a uniform middle (A2: 3, 4 x 14, 2; A3: 6, 8 x 6, 7):
+      `num_layers_in_{first,last}_pipeline_stage`, which megatron-core core_r0.12.1 has
+      (transformer_config.py) and verl reads (verl 0.9.1 verl/utils/megatron_utils.py
+      get_transformer_layer_offset). core_r0.12.1 has no `pipeline_model_parallel_layout`, so
+      `validate_plan` refuses any other split (rule stage-layers-expressible).
     """
     layers = train.stage_layers
     if not layers or len(set(layers)) == 1:
         return []
     prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config"
-    middle = layers[1:-1]
     if len(layers) == 2:
         # pp=2: there is no middle; the first-stage count alone fixes the split (the last takes the rest).
         return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}"]
-    if len(set(middle)) == 1:
-        return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}",
-                f"{prefix}.num_layers_in_last_pipeline_stage={layers[-1]}"]
-    return [f"{prefix}.pipeline_model_parallel_layout={_hydra_str(pipeline_layout(layers))}"]
+    return [f"{prefix}.num_layers_in_first_pipeline_stage={layers[0]}",
+            f"{prefix}.num_layers_in_last_pipeline_stage={layers[-1]}"]
+
+
+def recompute_overrides(train: TrainParallel) -> list[str]:
+    """The plan's activation recompute, always explicit (verl's megatron engine defaults it to null, so a recipe
+    that says nothing runs without recompute while a memory model may assume it). Keys of verl 0.9.1
+    trainer/config/engine/megatron.yaml `override_transformer_config`; values as megatron-core
+    TransformerConfig takes them."""
+    prefix = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    rc = train.recompute
+    if rc is None:
+        return [f"{prefix}.recompute_granularity=null", f"{prefix}.recompute_method=null",
+                f"{prefix}.recompute_num_layers=null"]
+    return [f"{prefix}.recompute_granularity=full", f"{prefix}.recompute_method={rc.method}",
+            f"{prefix}.recompute_num_layers={rc.num_layers}"]
+
+
+def npu_training_overrides() -> list[str]:
+    """What the Megatron engine needs on Ascend (MindSpeed on megatron-core core_r0.12.1):
+
+    - `use_flash_attn=True`: MindSpeed's fused attention (torch_npu.npu_fusion_attention), as verl's Ascend quick
+      start (docs/ascend_tutorial/ascend_quick_start.rst) and the r1_ascend DeepSeek-V3 671B recipe
+      (recipe/r1_ascend/run_deepseekv3_671b_grpo_megatron_npu.sh) set it; verl 0.9.1's MindSpeed engine
+      (verl/workers/engine/mindspeed/transformer_impl.py `_mindspeed_repatch`) would default it on too, explicit
+      here so the plan says what runs. It is the path of seed 001's softmax-scale bug (MindSpeed
+      v2.2.0_core_r0.12.1 flash_attention/adaptor.py), so suites/precision/test_training_softmax_scale.py probes it.
+    - `vanilla_mbridge=True`: verl 0.9.1 defaults to Megatron-Bridge (verl/workers/engine/megatron/
+      transformer_impl.py `_build_tf_config`), whose releases need megatron-core >= 0.15 and transformers < 5
+      (megatron-bridge 0.3.1 metadata): neither fits MindSpeed's core_r0.12.1 nor verl's transformers >= 5.5.3.
+    """
+    return ["+actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn=True",
+            "actor_rollout_ref.actor.megatron.vanilla_mbridge=True"]
 
 
 def recipe_env(scale: Scale) -> dict[str, str]:
-    """Environment of the verl job for a scale. Only NPU scales need any."""
+    """Environment of the verl job for a scale. Only NPU scales need any.
+
+    No PYTORCH_NPU_ALLOC_CONF=expandable_segments:True: vllm-ascend's sleep-mode allocator, which verl's rollout
+    uses, asserts it is off (vllm-ascend v0.23.0 vllm_ascend/device_allocator/camem.py `CaMemAllocator.__init__`;
+    vllm_ascend/platform.py sets it only when sleep mode is off: "We should not set this ... in RL")."""
     if scale.hardware.kind != "npu":
         return {}
-    env = {
-        "HCCL_BUFFSIZE": str(HCCL_BUFFSIZE_MB),
-        # seed 001: rollout/old_logp/ref/update phases free and re-allocate tens of GB each step;
-        # expandable segments keep the caching allocator from fragmenting HBM between phases.
-        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
-    }
+    env = {"HCCL_BUFFSIZE": str(HCCL_BUFFSIZE_MB)}
     if scale.nodes > 1:
         # HCCL's default 120 s link set-up timeout is too short for 16-32 nodes connecting at once.
         env["HCCL_CONNECT_TIMEOUT"] = "1800"
@@ -138,8 +156,9 @@ def recipe_env(scale: Scale) -> dict[str, str]:
         # Alignment scales (no throughput target) run deterministic (seed 001 method 3, seed 003): fixed
         # seeds and deterministic HCCL/matmul, so curves can be compared with the GPU baseline. The
         # throughput scale (seed 002, 120 TPS/card) does not: deterministic reductions cost speed.
-        # VLLM_ENABLE_V1_MULTIPROCESSING only matters to the harness's in-process engines, not to verl.
-        env.update({k: v for k, v in DETERMINISTIC_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+        # Seed 003 sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in all three of its scenarios (HCCL, LCCL, one card):
+        # the engine's process model changes sampling and tensor distribution.
+        env.update(DETERMINISTIC_ENV)
     return env
 
 
@@ -200,6 +219,8 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         f"{mg}.use_mbridge=True",
         f"{mg}.use_dist_checkpointing=False",
         *stage_overrides(t),
+        *recompute_overrides(t),
+        *(npu_training_overrides() if scale.hardware.kind == "npu" else []),
         # --- rollout: vLLM (vllm-ascend on NPU)
         f"{ro}.name=vllm",
         f"{ro}.tensor_model_parallel_size={r.tp}",

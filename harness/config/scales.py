@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from harness.config.hardware import PROFILES, HardwareProfile
 from harness.config.models import MODELS, ModelSpec
-from harness.config.plans import ParallelPlan, RolloutParallel, TrainParallel, validate_plan
+from harness.config.plans import ParallelPlan, Recompute, RolloutParallel, TrainParallel, validate_plan
 from harness.errors import BadInput
 
 TIERS = ("tiny", "layer", "reduced", "moonlight", "full")
@@ -74,14 +74,29 @@ class Scale:
         validate_plan(self.plan, self.model, self.devices)
 
 
-def _plan(tp, pp, ep=1, etp=1, cp=1, stage_layers=(), rtp=1, rdp=1, rep=1) -> ParallelPlan:
-    return ParallelPlan(TrainParallel(tp, pp, ep, etp, cp, tuple(stage_layers)), RolloutParallel(rtp, rdp, rep))
+def _plan(tp, pp, ep=1, etp=1, cp=1, stage_layers=(), rtp=1, rdp=1, rep=1, recompute=None) -> ParallelPlan:
+    return ParallelPlan(TrainParallel(tp, pp, ep, etp, cp, tuple(stage_layers), recompute),
+                        RolloutParallel(rtp, rdp, rep))
+
+
+def _recompute_every_layer(layers_per_stage: int) -> Recompute:
+    """Full recompute of every layer, one checkpoint per layer (Megatron `block` with num_layers >= the layers of
+    any stage): seed 002 recomputes 8 layers per stage of 7-8 ("重计算改为8层"), as verl's r1_ascend 671B recipe
+    does (recompute_granularity=full, recompute_method=block, recompute_num_layers=8)."""
+    return Recompute(method="block", num_layers=layers_per_stage)
 
 
 _DSV3 = MODELS["deepseek-v3"]
 # Seed 001, Atlas 800T A2 256 cards: TP8 PP16 EP16 ETP1, first stage 3 layers, last 2, middle 4;
 # rollout TP8 EP64 (EP spans an instance of 64 devices, so DP8 inside it).
-_A2_FULL_PLAN = _plan(8, 16, 16, 1, 1, TrainParallel.uniform_middle(61, 16, 3, 2), rtp=8, rdp=8, rep=64)
+_A2_FULL_PLAN = _plan(8, 16, 16, 1, 1, TrainParallel.uniform_middle(61, 16, 3, 2), rtp=8, rdp=8, rep=64,
+                      recompute=_recompute_every_layer(4))
+# Seed 002's A3 split is 7,7,8,8,8,8,8,7 (MindSpeed's --num-layer-list, set by MindSpeed-LLM's checkpoint
+# converter); megatron-core core_r0.12.1 -- MindSpeed's line -- has no pipeline_model_parallel_layout (core_r0.13+)
+# and MindSpeed's --num-layer-list never reaches verl's TransformerConfig, so the closest split it can express is
+# first/last-stage counts with an even middle: 6,8,8,8,8,8,8,7, exactly what verl's r1_ascend 671B recipe runs on
+# A3 256 dies (num_layers_in_first_pipeline_stage=6, num_layers_in_last_pipeline_stage=7). Same largest stage (8).
+A3_STAGE_LAYERS = TrainParallel.uniform_middle(61, 8, 6, 7)
 
 SCALES: dict[str, Scale] = {s.name: s for s in (
     Scale("tiny", "tiny", MODELS["tiny-dsv3"], PROFILES["cpu"], 1, 1, _plan(1, 1),
@@ -92,11 +107,11 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
           description="one full-size DSV3 decoder layer (dense and MoE) sharded as on A2 256 cards; "
                       "1 card, or CPU with fake tensors"),
     Scale("reduced-a2", "reduced", MODELS["deepseek-v3-4l"], PROFILES["a2"], 8, 1,
-          _plan(8, 1, 8, 1, rtp=8, rdp=1, rep=8),
+          _plan(8, 1, 8, 1, rtp=8, rdp=1, rep=8, recompute=_recompute_every_layer(4)),
           DapoBatch(gbs=16, n=4, max_prompt_length=1024, max_response_length=1024),
           description="DSV3 dims, 4 layers (3 dense + 1 MoE), one Atlas 800T A2 node"),
     Scale("moonlight-a2", "moonlight", MODELS["moonlight-16b-a3b"], PROFILES["a2"], 16, 2,
-          _plan(4, 2, 8, 1, stage_layers=(14, 13), rtp=4, rdp=4, rep=16),
+          _plan(4, 2, 8, 1, stage_layers=(14, 13), rtp=4, rdp=4, rep=16, recompute=_recompute_every_layer(14)),
           DapoBatch(gbs=32, n=8, max_prompt_length=2048, max_response_length=4096),
           description="Moonlight-16B-A3B DAPO alignment run on two A2 nodes"),
     Scale("full-a2-gbs32", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
@@ -105,13 +120,16 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
     Scale("full-a2-gbs128", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
           DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192, micro_batch_size_per_device=2),
           description="seed 001 case 2: GBS 128, 2k -> 8k (the vanilla MLA prefill OOM)"),
-    # Seed 002, Atlas A3 128 cards = 256 dies: TP4 PP8 EP8, layers 7,7,8,8,8,8,8,7; rollout TP2 DP64
-    # EP128 (two instances of 128 dies); GBS 512, n 16, 1k/3k, graph mode -> 120 TPS per card.
+    # Seed 002, Atlas A3 128 cards = 256 dies: TP4 PP8 EP8, layers 6,8,...,8,7 (A3_STAGE_LAYERS: the seed's
+    # 7,7,8,8,8,8,8,7 cannot be expressed on core_r0.12.1); rollout TP2 DP64 EP128 (two instances of 128 dies);
+    # GBS 512, n 16, 1k/3k, graph mode, recompute 8 layers per stage -> 120 TPS per card.
     Scale("full-a3", "full", _DSV3, PROFILES["a3"], 256, 16,
-          _plan(4, 8, 8, 1, stage_layers=(7, 7, 8, 8, 8, 8, 8, 7), rtp=2, rdp=64, rep=128),
+          _plan(4, 8, 8, 1, stage_layers=A3_STAGE_LAYERS, rtp=2, rdp=64, rep=128, recompute=_recompute_every_layer(8)),
           DapoBatch(gbs=512, n=16, max_prompt_length=1024, max_response_length=3072),
           targets=Targets(tps_per_card=120.0),
-          description="seed 002: DSV3 671B on Atlas A3 128 cards (256 dies), 120 TPS/card with graph mode"),
+          description="seed 002: DSV3 671B on Atlas A3 128 cards (256 dies), 120 TPS/card with graph mode; "
+                      "stages 6,8,8,8,8,8,8,7 (the seed's 7,7,8,8,8,8,8,7 is not expressible on megatron-core "
+                      "0.12: first/last stage counts only)"),
 )}
 
 # The scale a tier marker selects when --scale is not given, per detected hardware profile.

@@ -2,12 +2,14 @@
 
 `HFTrainingModel` is transformers' DeepseekV3ForCausalLM (the reference: eager attention, k/v expanded through
 kv_b_proj, scale from `yarn_apply_mscale`). Megatron-core / MindSpeed MLA (the NPU training stack whose
-softmax scale was wrong, seed 001 精度问题2) are reached through `megatron_mla_softmax_scale`, imported lazily
-and used behind `requires(packages=[...])`.
+softmax scale was wrong, seed 001 精度问题2) are measured by `training_scale`, which runs
+harness.engines.megatron_probe in a subprocess (behind `requires(packages=[...])` in the suites).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -60,25 +62,53 @@ class HFTrainingModel:
         return logits[len(prompt) - 1: len(prompt) - 1 + len(response)].log_softmax(-1)
 
 
-def megatron_mla_softmax_scale(spec: ModelSpec) -> float:
-    """The softmax scale Megatron-core's MLA self-attention computes for `spec`, read from a module built on the
-    meta device (MindSpeed patches this module on NPU: import mindspeed first to read MindSpeed's value).
-    Needs megatron-core with its parallel state initialised; call it only behind
-    `requires(packages=["megatron.core"])`. Not exercised on the CPU CI (megatron-core is not pinned there)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.spec_utils import build_module
-    from megatron.core.transformer.transformer_config import MLATransformerConfig
+@dataclass(frozen=True)
+class TrainingScale:
+    """What harness.engines.megatron_probe measured on one training stack: the scale the MLA module computes and
+    every scale that reached the attention kernel (MindSpeed: torch_npu.npu_fusion_attention's `scale=`)."""
 
-    rope = spec.rope_scaling
-    config = MLATransformerConfig(
-        num_layers=1, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
-        q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_head_dim=spec.qk_nope_head_dim,
-        qk_pos_emb_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
-        rope_type="yarn" if rope else "rope", rotary_scaling_factor=rope.factor if rope else 1.0,
-        mscale=rope.mscale if rope else 1.0, mscale_all_dim=rope.mscale_all_dim if rope else 1.0,
-        original_max_position_embeddings=rope.original_max_position_embeddings if rope else 4096,
-    )
-    attn_spec = get_gpt_layer_local_spec(multi_latent_attention=True).submodules.self_attention
-    with torch.device("meta"):
-        attn = build_module(attn_spec, config=config, layer_number=1)
-    return float(attn.softmax_scale)
+    stack: str
+    model: str
+    module_scale: float
+    kernel_scales: tuple[float, ...]
+    versions: dict
+
+    @property
+    def name(self) -> str:
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v)
+        return f"{self.stack} MLA ({versions})"
+
+
+def training_scale(stack: str, model: str, *, models: tuple[str, ...] = (), timeout_s: float = 600.0) -> TrainingScale:
+    """What the probe of `stack` (megatron | mindspeed) measured for `model`, run in a subprocess (MindSpeed's adaptor
+    patches the whole process: never in the caller's) together with `models` (one import of the stack; cached per
+    stack and model set). HarnessError in one line when it fails."""
+    found = _training_scales(stack, tuple(sorted({model, *models})), timeout_s)
+    return found[model]
+
+
+@functools.lru_cache(maxsize=8)
+def _training_scales(stack: str, models: tuple[str, ...], timeout_s: float) -> dict[str, TrainingScale]:
+    import json
+    import subprocess
+    import sys
+
+    from harness.errors import HarnessError
+
+    model = ", ".join(models)
+    argv = [sys.executable, "-m", "harness.engines.megatron_probe", "--stack", stack, "--model", *models]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise HarnessError(f"{stack} scale probe for {model}: no answer in {timeout_s:.0f} s") from None
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]  # the stacks print their own lines too
+    try:
+        doc = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"{stack} scale probe for {model} exited {done.returncode}: {tail}") from None
+    if "error" in doc:
+        raise HarnessError(f"{stack} scale probe for {model}: {doc['error']}")
+    return {r["model"]: TrainingScale(stack=stack, model=r["model"], module_scale=r["module_scale"],
+                                      kernel_scales=tuple(r["kernel_scales"]), versions=r.get("versions", {}))
+            for r in doc["results"]}

@@ -28,6 +28,13 @@ DASHBOARD_PORT = 8265
 LAST_TEMP_DIR: list[str] = []
 LAST_ENV: list[dict] = []
 _INIT_SCRIPT = 'ip link set lo up && "$@"'  # PID 1 of the namespace: brings lo up, runs argv, reaps orphans
+# The user's Ray state must not reach a throwaway cluster (issue 16: a ~/.ray/auth_token from another cluster made
+# `launch --local` fail after 60 s with a 3-line token message). Ray 2.60 turns token auth on for `ray start` when
+# RAY_AUTH_MODE is unset and a token exists (ray/_private/authentication/authentication_token_setup.py
+# maybe_enable_token_auth_if_token_available; the token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+# ~/.ray/auth_token), and RAY_ADDRESS redirects clients. The cluster lives in a loopback-only private network
+# namespace, so nobody else can reach it: authentication off, explicitly.
+USER_RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")
 VICTIM_RESOURCE = "victim"
 VICTIM_NODE_MANAGER_PORT = 62111
 
@@ -46,7 +53,20 @@ def isolated() -> bool:
     return os.environ.get(ISOLATED_ENV) == "1" and interfaces() == ["lo"] and os.getppid() == 1
 
 
-def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+def isolated_env(base: dict[str, str]) -> dict[str, str]:
+    """`base` without the user's Ray settings (USER_RAY_ENV) and with authentication off."""
+    env = {k: v for k, v in base.items() if k not in USER_RAY_ENV}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    return env
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def run_isolated(argv: list[str], *, timeout_s: float | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `argv` under PID 1 of fresh network and PID namespaces with only loopback up (needs root, util-linux
     `unshare` and iproute2 `ip`). Output passes through; returns the finished process."""
     if os.environ.get(ISOLATED_ENV) == "1":  # never nest: each level would add a PID namespace (max depth 32)
@@ -61,7 +81,7 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subproce
                        "--ray-address")
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
                "sh", "-c", _INIT_SCRIPT, "sh", *argv]
-    env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**isolated_env(dict(os.environ if env is None else env)), ISOLATED_ENV: "1"}
     return subprocess.run(command, env=env, timeout=timeout_s, check=False)
 
 
@@ -75,7 +95,8 @@ def local_cluster(num_cpus: int = 2):
     ray = str(Path(sys.executable).with_name("ray"))
     temp = tempfile.mkdtemp(prefix="rh-ray-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 chars
     LAST_TEMP_DIR[:] = [temp]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**isolated_env(dict(os.environ)),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     # fast node-failure detection (GCS health checks every 1 s, dead after 3 misses) so a lost node shows in seconds
     env.update(RAY_health_check_initial_delay_ms="1000", RAY_health_check_period_ms="1000",
                RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
@@ -85,8 +106,7 @@ def local_cluster(num_cpus: int = 2):
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise BadInput(f"`ray start --head` failed ({done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+            raise BadInput(f"`ray start --head` failed ({done.returncode}): {_last_line(done.stderr or done.stdout)}")
         url = f"http://127.0.0.1:{DASHBOARD_PORT}"
         _wait_for_job_server(url)
         LAST_ENV[:] = [env]
@@ -128,7 +148,7 @@ def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
         except Exception as exc:
             if time.monotonic() > deadline:
                 raise BadInput(f"the local Ray job server at {url} did not come up in {timeout_s:.0f} s "
-                               f"({exc})") from None
+                               f"({type(exc).__name__}: {_last_line(str(exc))})") from None
             time.sleep(0.5)
 
 
@@ -188,6 +208,8 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
     proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results,
+             "user_ray_state": {"home_token": (Path.home() / ".ray" / "auth_token").is_file(),
+                                "auth_mode": os.environ.get("RAY_AUTH_MODE")},
              "times": times,
              "ray_processes_after_stop": _ray_processes()}
     write_json_atomic(out / "proof.json", proof)
@@ -216,7 +238,7 @@ def add_victim_node() -> None:
                            "--node-manager-port", str(VICTIM_NODE_MANAGER_PORT), "--disable-usage-stats"],
                           env=LAST_ENV[0], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise BadInput(f"could not join the victim node: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        raise BadInput(f"could not join the victim node: {_last_line(done.stderr or done.stdout)}")
 
 
 def kill_victim_node(url: str, job_id: str, timeout_s: float = 60.0) -> str:

@@ -13,6 +13,7 @@ The job ends with one verdict -- succeeded, failed, timeout, node-lost, stopped 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import time
@@ -22,7 +23,9 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
+from harness.launch.address import check_dashboard, dashboard_url
 from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
+from harness.redact import redact_url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
@@ -86,11 +89,24 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                    env=dict(recipe.env), resume=resume)
 
 
+DEFAULT_STEPS = {"tiny": 4}  # every other tier: DEFAULT_STEPS_VERL
+DEFAULT_STEPS_VERL = 20
+
+
+def check_steps(steps: int | None) -> int | None:
+    """`--steps`: None (the scale's default) or a positive count; BadInput otherwise (issue 16: -3 went into the
+    manifest and 0 silently became 20)."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise BadInput(f"--steps {steps}: must be a positive number of training steps (omit it for the default)")
+    return steps
+
+
 def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, **kw) -> JobSpec:
     """The job `launch --scale NAME` submits: the lab for tiny, verl's DAPO for every other scale."""
+    steps = check_steps(steps)
     if scale.tier == "tiny":
-        return lab_job(run_dir, steps=steps or 4)
-    return verl_job(scale, run_dir, steps=steps or 20, resume=resume, **kw)
+        return lab_job(run_dir, steps=steps or DEFAULT_STEPS["tiny"])
+    return verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, **kw)
 
 
 @dataclass(frozen=True)
@@ -161,15 +177,17 @@ def verdict(status: str, *, steps_done: int, total: int, lost_nodes: tuple[str, 
 
 
 def _client(address: str):
+    """The Jobs API client of the dashboard `address` names (harness.launch.address: one meaning of
+    --ray-address), after a bounded reachability check (one line, not minutes of retries)."""
     from ray.job_submission import JobSubmissionClient
 
-    url = address if "://" in address else f"http://{address}"
-    if url.startswith("ray://"):
-        raise BadInput(f"--ray-address {address}: the Jobs API needs the dashboard address (http://HEAD:8265), not ray://")
+    url = dashboard_url(address)
+    check_dashboard(url)
+    headers = {"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"} if os.environ.get("RAY_AUTH_TOKEN") else None
     try:
-        return JobSubmissionClient(url), url
+        return JobSubmissionClient(url, headers=headers), url
     except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
-        raise BadInput(f"--ray-address {address}: no Ray job server answers there ({type(exc).__name__}); "
+        raise BadInput(f"--ray-address {redact_url(url)}: no Ray job server answers there ({type(exc).__name__}); "
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
 
 
@@ -233,7 +251,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                                submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                              f"{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
-    _write_launch(run_dir, {"job_id": job_id, "address": url, "verdict": "running",
+    shown = redact_url(url)  # launch.json and the verdict line are shared: no token from the address
+    _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running",
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     start = time.monotonic()
     last_node_check = start
@@ -273,11 +292,11 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                     if not status.is_terminal():
                         client.stop_job(job_id)
                     result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
-                                          spec.total_steps, time.monotonic() - start, url)
+                                          spec.total_steps, time.monotonic() - start, shown)
     except KeyboardInterrupt:
         client.stop_job(job_id)
         result = LaunchResult("stopped", job_id, str(run_dir), "interrupted by the user", progress.steps_done,
-                              spec.total_steps, time.monotonic() - start, url)
+                              spec.total_steps, time.monotonic() - start, shown)
     finally:
         _keep_logs(client, job_id, run_dir)
         if result is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from harness.config.hardware import GiB
 from harness.config.models import ModelSpec
+from harness.config.plans import Recompute
 from harness.config.scales import Scale
 from harness.errors import BadInput
 from harness.findings import Finding
@@ -29,9 +30,6 @@ PHASES = ("rollout", "prefill", "old_log_prob", "ref_log_prob", "update")
 class MemoryOptions:
     """Knobs of the run that set memory but are not part of a Scale. Defaults follow seed 001's job."""
 
-    # Megatron --recompute-granularity full --recompute-method block: each stage keeps only its input
-    # [s/TP, b, h] per in-flight micro batch and re-runs one layer at a time in backward (seed 001).
-    full_recompute: bool = True
     # verl megatron offload: params/grads live on the host outside the phases that need them;
     # MindSpeed optimizer_cpu_offload (seed 001, optimizer_offload_fraction=1) keeps Adam on the host.
     param_offload: bool = True
@@ -207,6 +205,21 @@ def loss_bytes(*, tokens: int, vocab: int, shards: int = 1, copies: float = 1) -
     return tokens * vocab / shards * FP32 * copies
 
 
+def stage_activation_bytes(acts: list[float], layer_input: float, recompute: Recompute | None) -> tuple[float, float]:
+    """(bytes one micro batch keeps for backward on a stage, peak bytes of re-running one checkpointed unit) for the
+    stage's per-layer activations `acts`, as megatron-core core_r0.12.1 `TransformerBlock._checkpointed_forward`
+    runs the plan's recompute (harness.config.plans.Recompute): `uniform` keeps one input per chunk of num_layers
+    layers and re-runs a whole chunk; `block` checkpoints the first num_layers layers one by one."""
+    if recompute is None:
+        return sum(acts), 0.0
+    n = recompute.num_layers
+    if recompute.method == "uniform":
+        chunks = [acts[i:i + n] for i in range(0, len(acts), n)]
+        return len(chunks) * layer_input, max(sum(c) for c in chunks)
+    checkpointed = acts[:n]
+    return len(checkpointed) * layer_input + sum(acts[n:]), max(checkpointed)
+
+
 def model_activation_bytes(spec: ModelSpec, *, tokens: int, tp: int, full_recompute: bool,
                            vocab: int | None = None) -> float:
     """Seed 001's total activation of one micro batch through all layers plus the (vocab-parallel) loss,
@@ -342,12 +355,12 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
         c = actor_state_bytes(scale, stage, phase, o)
         if phase == "update":
             in_flight = min(t.pp - stage, microbatches)  # 1F1B warm-up depth
-            if o.full_recompute:
-                c["activations"] = in_flight * layer_input_bytes(spec, tokens=tokens, tp=t.tp, cp=t.cp)
-                c["recompute"] = max(layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
-            else:
-                c["activations"] = in_flight * sum(
-                    layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers)
+            acts = [layer_activation_bytes(spec, i, tokens=tokens, tp=t.tp, cp=t.cp) for i in layers]
+            kept, recompute = stage_activation_bytes(acts, layer_input_bytes(spec, tokens=tokens, tp=t.tp, cp=t.cp),
+                                                     t.recompute)
+            c["activations"] = in_flight * kept
+            if recompute:
+                c["recompute"] = recompute
         else:
             # forward only (no grad): activations die with their layer; one layer's worth (bounded by
             # what it would keep for backward) is live at a time

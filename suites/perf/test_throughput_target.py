@@ -15,6 +15,7 @@ import statistics
 import pytest
 
 from harness.config.roofline import roofline
+from harness.config.scales import SCALES
 from harness.markers import skip_or_fail
 from harness.metrics.keys import PHASE_ORDER, STEP_TIME, THROUGHPUT, TIMING_PREFIX
 from harness.metrics.throughput import check_regression, check_target, graph_mode, throughput
@@ -79,9 +80,11 @@ def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
             phase_coverage=statistics.median(coverage[s] for s in tp.window))
 
 
+# Selected by scale, not by hardware marker: only scales with a TPS target (full-a3, seed 002) have one to meet;
+# an `a3` marker would select it on an A2 nightly too and fail there under --strict-hardware (issue 11).
 @pytest.mark.full
-@pytest.mark.a3
 @pytest.mark.nightly
+@pytest.mark.scales(*sorted(name for name, s in SCALES.items() if s.targets.tps_per_card is not None))
 def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_property, expect):
     run = _run(pytestconfig, "run_dir")
     # seed 002 reaches 120 only with vLLM graph mode; an eager run must not be measured against it.

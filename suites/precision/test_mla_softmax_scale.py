@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from fixtures.engines import PROMPTS, SCALE_MODELS, SCALE_SPECS
-from harness.markers import requires
 from harness.mla.checks import check_scale, compare_logprobs
 from harness.mla.derive import softmax_scale, wrong_scales
 
@@ -52,26 +51,3 @@ def test_outputs_follow_right_scale(engine_kind, mla_spec, fresh_rollout, hf_tra
                          f"(qk_nope+qk_rope)^-0.5*mscale^2 = {right:.7f}")
     # Sensitivity guard: the same tolerance must reject the MindSpeed scale, or this check could not fail.
     assert not vs_wrong.ok, f"the v_head_dim scale is within tolerance too ({vs_wrong.message()})"
-
-
-@pytest.mark.layer
-@requires(packages=["megatron.core"])
-@pytest.mark.parametrize("model", ["deepseek-v3", "moonlight"])
-def test_megatron_mla_scale_is_closed_form(model, expect):
-    """Training side: Megatron-core's MLA softmax scale (MindSpeed patches it on NPU) for the real configs."""
-    from harness.engines.training import megatron_mla_softmax_scale
-
-    expect(check_scale("megatron-core MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model])))
-
-
-@pytest.mark.layer
-@pytest.mark.npu
-@requires(hardware="npu", packages=["mindspeed", "megatron.core", "torch_npu"])
-@pytest.mark.parametrize("model", ["deepseek-v3", "moonlight"])
-def test_mindspeed_mla_scale_is_closed_form(model, expect):
-    """MindSpeed's patched MLA (the seed 001 bug: 1/sqrt(kv_channels=128) instead of 1/sqrt(192)*mscale^2)."""
-    import mindspeed.megatron_adaptor  # noqa: F401  (applies MindSpeed's patches to megatron-core)
-
-    from harness.engines.training import megatron_mla_softmax_scale
-
-    expect(check_scale("mindspeed MLA", SCALE_SPECS[model], megatron_mla_softmax_scale(SCALE_SPECS[model])))

