@@ -61,12 +61,22 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None) -> subproce
                        "--ray-address")
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
                "sh", "-c", _INIT_SCRIPT, "sh", *argv]
-    env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Token auth off: the cluster is reachable only on this namespace's loopback, and Ray >= 2.5x turns token auth
+    # on for any `ray start` that finds a ~/.ray/auth_token (a local `ray.init()` writes one), which the Jobs
+    # client here would then lack.
+    env = {**os.environ, ISOLATED_ENV: "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     return subprocess.run(command, env=env, timeout=timeout_s, check=False)
 
 
+# Logical resources of the local head node. verl counts only GPU/NPU resources when it places its workers
+# (verl/single_controller/ray/base.py), so the CPU tier's verl run needs one logical GPU; its V1 trainer starts
+# more single-CPU actors (TaskRunner, TransferQueue, agent loop, reward, vLLM server) than this machine has cores.
+LOCAL_CPUS = 8
+LOCAL_GPUS = 1
+
+
 @contextmanager
-def local_cluster(num_cpus: int = 2):
+def local_cluster(num_cpus: int = LOCAL_CPUS, num_gpus: int = LOCAL_GPUS):
     """`ray start --head` on 127.0.0.1 inside run_isolated's namespaces; yields the dashboard URL (its
     session dir is `LAST_TEMP_DIR[0]`). Always stops the cluster (`ray stop --force`) and removes its temp dir."""
     if not isolated():
@@ -81,6 +91,7 @@ def local_cluster(num_cpus: int = 2):
                RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
     start = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
              "--dashboard-port", str(DASHBOARD_PORT), "--include-dashboard", "true", "--num-cpus", str(num_cpus),
+             "--num-gpus", str(num_gpus),
              "--temp-dir", temp, "--disable-usage-stats"]
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, check=False)
