@@ -91,6 +91,11 @@ class LayerwiseReloadExtension(vLLMColocateWorkerExtension):
         apply_buffer_updates(model, buffers)
         repacked = repack_cpu_moe_experts(model)
         if fault == "stale-absorbed":
+            from vllm.model_executor.utils import replace_parameter
+
+            # Own storage, re-registered after every sync: upstream's W_UV / W_UK_T alias kv_b_proj (so writing the
+            # old values in place would also make prefill stale) and its reload copies fresh values into whatever
+            # tensor is registered (so a tensor kept from the previous sync would not stay stale).
             for owner, name, stale in self._stale_absorbed:
-                setattr(owner, name, stale)
+                replace_parameter(owner, name, stale.clone())
         logger.info("harness layerwise reload: %d MoE layers re-packed, fault %s", repacked, fault)
