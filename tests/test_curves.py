@@ -136,3 +136,20 @@ def test_cli_compare_and_record_exit_codes(tmp_path, capsys):
     assert cli_main(["compare", golden, golden]) == 2  # a golden cannot be the candidate
     assert cli_main(["compare", good, golden, "--metric", "actor/nope"]) == 2
     capsys.readouterr()
+
+
+def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
+    """`baseline record --tolerance` writes a tighter band into the golden (the tiny verl golden's fp32
+    rollout/actor agreement); a malformed one is bad input naming the option."""
+    from harness.metrics.baseline import load_baseline
+
+    refs = [_write_filelogger(tmp_path / f"gpu{i}.jsonl", make_run(f"gpu{i}", gpu_like, seed=i)) for i in range(2)]
+    golden = tmp_path / "golden.json"
+    metric = "critic/rewards/mean"
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden),
+                     "--tolerance", f"{metric}:band_atol=0.001,trend_steps=5"]) == 0
+    tol = load_baseline(golden).metrics[metric].tolerance
+    assert (tol.band_atol, tol.trend_steps, tol.window_atol) == (0.001, 5, 0.05)
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                     "--tolerance", f"{metric}:nope=1"]) == 2
+    assert "--tolerance" in capsys.readouterr().err

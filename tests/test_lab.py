@@ -27,9 +27,9 @@ FP_SEEDS = range(100, 110)  # independent of the golden's seeds 0-4 and the suit
 
 @pytest.fixture(scope="module")
 def golden():
-    from fixtures.dapo import TINY_GOLDEN
+    from fixtures.dapo import TINY_LAB_GOLDEN
 
-    return load_baseline(TINY_GOLDEN)
+    return load_baseline(TINY_LAB_GOLDEN)
 
 
 def _short_run(tmp_path_factory, steps: int, seed: int, fault: str):

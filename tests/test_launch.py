@@ -35,12 +35,28 @@ def test_verdicts(status, kw, expected):
         assert decided[1] == "exit code 137: Killed"
 
 
-def test_tiny_job_is_the_lab(tmp_path):
-    spec = job_for_scale(get_scale("tiny"), tmp_path / "run", steps=3)
-    assert shlex.split(spec.entrypoint)[:3] == ["python", "-m", "harness.lab"] and "--steps 3" in spec.entrypoint
+def test_tiny_job_is_verls_main_ppo_on_cpu(tmp_path):
+    """The tiny job prepares its inputs, then runs exactly the plan's verl command (`plan --scale tiny`)."""
+    scale = get_scale("tiny")
+    spec = job_for_scale(scale, tmp_path / "run", steps=3, seed=7)
+    prepare, verl = spec.entrypoint.split(" && ")
+    assert shlex.split(prepare)[:3] == ["python", "-m", "harness.launch.tiny_verl"] and "--seed 7" in prepare
+    words = shlex.split(verl)
+    recipe = dapo_recipe(scale, model_path=str((tmp_path / "run" / "inputs" / "model").resolve()),
+                         data_dir=str((tmp_path / "run" / "inputs" / "data").resolve()))
+    assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert words[3:3 + len(recipe.overrides)] == list(recipe.overrides), "the plan's overrides, in the plan's order"
+    assert "trainer.total_training_steps=3" in words and "data.seed=7" in words
     env = spec.runtime_env()
     assert env["env_vars"]["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "run" / "metrics.jsonl").resolve())
+    assert env["env_vars"].items() >= recipe.env.items() and recipe.env["VERL_PLATFORM"] == "cpu"
     assert ".venv" in env["excludes"] and env["working_dir"]
+    faulty = job_for_scale(scale, tmp_path / "bad", steps=3, fault="stale-absorbed")
+    assert faulty.env["HARNESS_ROLLOUT_FAULT"] == "stale-absorbed" and "--fault stale-absorbed" in faulty.entrypoint
+    with pytest.raises(BadInput, match="--fault"):
+        job_for_scale(scale, tmp_path / "bad2", fault="no-such-fault")
+    with pytest.raises(BadInput, match="only into the tiny"):
+        job_for_scale(get_scale("reduced-a2"), tmp_path / "bad3", fault="stale-absorbed")
 
 
 def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):

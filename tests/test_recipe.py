@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from harness.config import recipe as recipe_module
+from harness.config.cpu_tier import ENV as CPU_ENV
 from harness.config.hardware import DETERMINISTIC_ENV
 from harness.config.recipe import (
     HCCL_BUFFSIZE_MB,
@@ -36,7 +37,21 @@ def composed(request):
 def test_recipe_composes_with_dapo_settings(composed):
     scale, recipe, cfg = composed
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    mg = actor.megatron
+    cpu = scale.hardware.kind == "cpu"  # the CPU tier trains with FSDP2 (harness.config.cpu_tier)
+    if cpu:
+        engine = {"strategy": (actor.strategy, "fsdp2"),
+                  "fp32 mixed precision": (dict(actor.fsdp_config.mixed_precision),
+                                           {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}),
+                  "no megatron section override": ("megatron" in actor, False)}
+    else:
+        mg = actor.megatron
+        engine = {"strategy": (actor.strategy, "megatron"),
+                  "use_mbridge": (mg.use_mbridge, True),
+                  "tp": (mg.tensor_model_parallel_size, scale.plan.train.tp),
+                  "pp": (mg.pipeline_model_parallel_size, scale.plan.train.pp),
+                  "ep": (mg.expert_model_parallel_size, scale.plan.train.ep),
+                  "etp": (mg.expert_tensor_parallel_size, scale.plan.train.etp),
+                  "cp": (mg.context_parallel_size, scale.plan.train.cp)}
     expected = {
         "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, "grpo"),
         "use_kl_loss": (actor.use_kl_loss, False),
@@ -51,18 +66,12 @@ def test_recipe_composes_with_dapo_settings(composed):
         "overlong.len": (cfg.reward.reward_kwargs.overlong_buffer_cfg.len,
                          scale.batch.overlong_buffer_len or scale.batch.max_response_length // 4),
         "max_resp_len": (cfg.reward.reward_kwargs.max_resp_len, scale.batch.max_response_length),
-        "strategy": (actor.strategy, "megatron"),
-        "use_mbridge": (mg.use_mbridge, True),
-        "tp": (mg.tensor_model_parallel_size, scale.plan.train.tp),
-        "pp": (mg.pipeline_model_parallel_size, scale.plan.train.pp),
-        "ep": (mg.expert_model_parallel_size, scale.plan.train.ep),
-        "etp": (mg.expert_tensor_parallel_size, scale.plan.train.etp),
-        "cp": (mg.context_parallel_size, scale.plan.train.cp),
+        **engine,
         "rollout.name": (rollout.name, "vllm"),
         "rollout.tp": (rollout.tensor_model_parallel_size, scale.plan.rollout.tp),
         "rollout.dp": (rollout.data_parallel_size, scale.plan.rollout.dp),
         "rollout.ep": (rollout.expert_parallel_size, scale.plan.rollout.ep),
-        "enforce_eager": (rollout.enforce_eager, not scale.graph_mode),
+        "enforce_eager": (rollout.enforce_eager, cpu or not scale.graph_mode),
         "chunked_prefill": (rollout.enable_chunked_prefill, True),
         "load_format": (rollout.load_format, scale.load_format),
         "n": (rollout.n, scale.batch.n),
@@ -76,6 +85,8 @@ def test_recipe_composes_with_dapo_settings(composed):
 
 def test_stage_layers_reach_megatron(composed):
     scale, _, cfg = composed
+    if scale.hardware.kind == "cpu":
+        pytest.skip("the CPU tier trains with FSDP2, not Megatron (harness.config.cpu_tier)")
     otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
     layers = scale.plan.train.stage_layers
     # megatron-core core_r0.12.1 (MindSpeed's line) has no pipeline_model_parallel_layout
@@ -139,7 +150,7 @@ def test_npu_training_overrides(name):
 
 def test_env_per_scale():
     a3, a2, tiny = (dapo_recipe(get_scale(n)).env for n in ("full-a3", "full-a2-gbs128", "tiny"))
-    assert tiny == {}, "a CPU scale needs no Ascend environment"
+    assert tiny == CPU_ENV, "a CPU scale needs no Ascend environment, only the CPU tier's (harness.config.cpu_tier)"
     assert a3["HCCL_BUFFSIZE"] == a2["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
     # alignment runs are deterministic, VLLM_ENABLE_V1_MULTIPROCESSING=0 included (seed 003, all three
     # scenarios); the 120 TPS/card throughput run is not

@@ -80,6 +80,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if alignment.aligned else 1
 
 
+def _tolerances(specs) -> dict:
+    """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over the metric's defaults."""
+    import dataclasses
+
+    from harness.metrics.baseline import CurveTolerance, default_tolerance
+
+    numeric = {f.name for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int")}
+    out = {}
+    for spec in specs:
+        metric, _, fields = spec.rpartition(":")
+        try:
+            pairs = dict(item.split("=", 1) for item in fields.split(","))
+            if not metric or not pairs.keys() <= numeric:
+                raise ValueError
+            values = {k: type(getattr(default_tolerance(metric), k))(float(v)) for k, v in pairs.items()}
+        except ValueError:
+            raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
+                           f"{', '.join(sorted(numeric))}") from None
+        out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
+    return out
+
+
 def cmd_baseline_record(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -94,7 +116,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     metrics = tuple(args.metric) if args.metric else tuple(m for m in ALIGN_METRICS if all(m in r for r in runs))
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
-    baseline = Baseline.from_runs(runs, metrics)
+    baseline = Baseline.from_runs(runs, metrics, tolerances=_tolerances(args.tolerance or ()))
     baseline.save(out, force=args.force)
     for w in (w for r in runs for w in r.meta.warnings):
         console.print(f"[yellow]warning[/] {w}")
@@ -125,4 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--force", action="store_true", help="replace an existing baseline")
     r.add_argument("--metric", action="append", help="metric to record (repeatable; default: the alignment set)")
     r.add_argument("--lenient", action="store_true", help="accept log irregularities as warnings")
+    r.add_argument("--tolerance", action="append", metavar="METRIC:FIELD=VALUE[,...]",
+                   help="override a metric's default tolerance (repeatable), e.g. "
+                        "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6")
     r.set_defaults(func=cmd_baseline_record)

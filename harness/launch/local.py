@@ -85,8 +85,15 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None,
     return subprocess.run(command, env=env, timeout=timeout_s, check=False)
 
 
+# Logical resources of the local head node. verl counts only GPU/NPU resources when it places its workers
+# (verl/single_controller/ray/base.py), so the CPU tier's verl run needs one logical GPU; its V1 trainer starts
+# more single-CPU actors (TaskRunner, TransferQueue, agent loop, reward, vLLM server) than this machine has cores.
+LOCAL_CPUS = 8
+LOCAL_GPUS = 1
+
+
 @contextmanager
-def local_cluster(num_cpus: int = 2):
+def local_cluster(num_cpus: int = LOCAL_CPUS, num_gpus: int = LOCAL_GPUS):
     """`ray start --head` on 127.0.0.1 inside run_isolated's namespaces; yields the dashboard URL (its
     session dir is `LAST_TEMP_DIR[0]`). Always stops the cluster (`ray stop --force`) and removes its temp dir."""
     if not isolated():
@@ -102,6 +109,7 @@ def local_cluster(num_cpus: int = 2):
                RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
     start = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
              "--dashboard-port", str(DASHBOARD_PORT), "--include-dashboard", "true", "--num-cpus", str(num_cpus),
+             "--num-gpus", str(num_gpus),
              "--temp-dir", temp, "--disable-usage-stats"]
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, check=False)

@@ -1,8 +1,9 @@
 """Submit a scale's DAPO job to an existing Ray cluster through the Ray Jobs API, watch it, collect it.
 
-The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.config.recipe overrides>`) on every scale
-but `tiny`, which runs the harness's DAPO lab (`python -m harness.lab`). The harness never schedules
-work itself: Ray places the job, verl places its workers.
+The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.config.recipe overrides>`) on every scale;
+at `tiny` it runs on CPU after a preparation step that writes the tiny model, tokenizer and data into the run
+directory (harness.launch.tiny_verl). The harness never schedules work itself: Ray places the job, verl places
+its workers.
 
 While the job runs, a rich progress bar shows steps done / total, the ETA and the latest reward and
 throughput, read from the FileLogger jsonl through harness.metrics.ingest (the run directory must be on
@@ -89,8 +90,7 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                    env=dict(recipe.env), resume=resume)
 
 
-DEFAULT_STEPS = {"tiny": 4}  # every other tier: DEFAULT_STEPS_VERL
-DEFAULT_STEPS_VERL = 20
+DEFAULT_STEPS_VERL = 20  # every scale but tiny (tiny: harness.launch.tiny_verl.DEFAULT_STEPS)
 
 
 def check_steps(steps: int | None) -> int | None:
@@ -101,11 +101,17 @@ def check_steps(steps: int | None) -> int | None:
     return steps
 
 
-def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, **kw) -> JobSpec:
-    """The job `launch --scale NAME` submits: the lab for tiny, verl's DAPO for every other scale."""
+def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, seed: int = 0,
+                  fault: str | None = None, **kw) -> JobSpec:
+    """The job `launch --scale NAME` submits: verl's DAPO (at tiny: on CPU, `seed` and a seeded rollout `fault`
+    through harness.launch.tiny_verl)."""
     steps = check_steps(steps)
     if scale.tier == "tiny":
-        return lab_job(run_dir, steps=steps or DEFAULT_STEPS["tiny"])
+        from harness.launch.tiny_verl import DEFAULT_STEPS, tiny_job
+
+        return tiny_job(run_dir, steps=steps or DEFAULT_STEPS, seed=seed, fault=fault)
+    if fault is not None:
+        raise BadInput(f"--fault {fault}: rollout faults are seeded only into the tiny CPU run")
     return verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, **kw)
 
 

@@ -74,7 +74,9 @@ def test_amx_mla_weight_sync(vllm_cpu, mla_spec, mla_weights, mla_model_dirs):
                                        "fused_experts.process_weights_after_loading on the first load), so synced "
                                        "expert weights stay in checkpoint layout; flips to XPASS when fixed")
 def test_vllm_cpu_moe_weight_update(vllm_cpu):
-    """Not MLA, but it breaks every MoE weight sync on vLLM CPU: a synced MoE model must match a fresh one."""
+    """Not MLA, but it breaks every MoE weight sync on vLLM CPU: a synced MoE model must match a fresh one.
+    Upstream's own layerwise reload (`sync="vllm-reload"`); the harness's CPU adapter re-applies the prepack
+    (`sync="reload"`, tests/test_vllm_moe_reload.py), and so does the verl rollout's worker extension."""
     from harness.engines.reference import ReferenceEngine
     from harness.engines.vllm import VLLMEngine
     from harness.engines.weights import random_state_dict
@@ -82,7 +84,7 @@ def test_vllm_cpu_moe_weight_update(vllm_cpu):
     spec = TINY  # layer 1 is MoE
     old, new = random_state_dict(spec, seed=0), random_state_dict(spec, seed=1)
     golden = ReferenceEngine(spec, new).sample(PROMPTS, 2, full_logprobs=True)
-    with VLLMEngine(spec, old, backend="CPU_MLA") as engine:
+    with VLLMEngine(spec, old, backend="CPU_MLA", sync="vllm-reload") as engine:
         engine.load_weights(new.items())
         synced = engine.sample(PROMPTS, 2, full_logprobs=True)
     alignment = compare_logprobs(f"{engine.name} MoE after sync vs fresh reference", synced.dist_logprobs,

