@@ -668,7 +668,25 @@ def _assemble(files: list[_Records], issues: _Issues) -> dict[str, Series]:
 
 def _columns(files: list[_Records], keep: dict[int, np.ndarray]) -> dict[str, Series]:
     """Per metric: the kept (step, value) pairs of every file, ordered by step, as Series. Series with the same
-    steps share one steps tuple."""
+    steps share one steps tuple. Each column's arrays are released once its Series is built, and the usual case
+    (one file, nothing dropped, a metric logged from the first record on) converts the arrays straight into
+    tuples: the peak stays near the size of the Series themselves."""
+    f = files[0]
+    if len(files) > 1 or not keep[id(f)].all() or not (np.diff(np.frombuffer(f.steps, dtype=np.int64)) > 0).all():
+        return _columns_general(files, keep)
+    order = list(f.columns)
+    full = None
+    series = {}
+    for key in order:
+        column = f.columns[key]
+        if column.index is None and column.first == 0 and len(column.values) == len(f):
+            full = full or tuple(f.steps)
+            series[key] = Series(full, tuple(f.columns.pop(key).values))
+    series.update(_columns_general(files, keep))
+    return {key: series[key] for key in order if key in series}
+
+
+def _columns_general(files: list[_Records], keep: dict[int, np.ndarray]) -> dict[str, Series]:
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for f in files:
         steps = np.frombuffer(f.steps, dtype=np.int64)
