@@ -42,12 +42,12 @@ def test_bench_ingest_2000_steps_300_metrics(benchmark, logs):
     assert len(run.series) == METRICS and len(run[ALIGN_METRICS[0]]) == STEPS
 
 
-LONG_LINES = 200_000
+LONG_LINES = 100_000
 
 
 @pytest.fixture(scope="module")
 def long_logs(tmp_path_factory):
-    """200k steps x 5 metrics, ~186 bytes a line like the 2M-line log of issue 16: FileLogger and console."""
+    """100k steps x 5 metrics, ~240 bytes a line like the 2M-line log of issue 16: FileLogger and console."""
     import sys
     from pathlib import Path
 
