@@ -225,7 +225,7 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
         bad = [(s, v) for s, v in values.items() if not v > 0 or not math.isfinite(v)]
         if bad:  # a zero step time divides by zero; a negative one is not a time
             raise BadInput(f"{source}: step {bad[0][0]} has {what} = {bad[0][1]!r} ({len(bad)} steps not a positive "
-                           "finite number); fix the log or ingest only the good steps")
+                           "finite number); fix or drop those steps in the log")
     steps = sorted(s for s in times if s in tokens)
     if not steps:
         raise BadInput(f"run {run.name!r}: {STEP_TIME} and the token counts share no step")
