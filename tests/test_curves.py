@@ -1,8 +1,13 @@
-"""Self-tests of harness.metrics.curves and harness.metrics.baseline: each statistic fails on the shape it exists for
-(seed 001's -0.8 vs -0.6, a windowed offset, spikes, NaN, a run that stops early) and passes on a run drawn
-like the references; baselines round-trip, refuse overwrite and unknown schema versions; the CLI exits 0/1/2."""
+"""Self-tests of harness.metrics.curves, .baseline and .stats: each statistic fails on the shape it exists for (seed
+001's -0.8 vs -0.6, a windowed offset, spikes, NaN, a run that stops early) and passes on a run drawn like the
+references; bands from few runs are Student-t prediction intervals (the old k*std per step is the seeded bug),
+robust to one bad reference, and below 3 runs an explicit non-failing UNCALIBRATED verdict; windows count from the
+first logged step (resumed runs); same-seed runs compare exactly; rollout_probs_diff floors follow the precision;
+sanity limits need no baseline; goldens round-trip and refuse malformed or unknown-version files; the CLI exits
+0/1/2 with one line naming the file or option."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -11,18 +16,20 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.errors import BadInput
-from harness.metrics import curves
-from harness.metrics.baseline import SCHEMA_VERSION, Baseline, load_baseline
+from harness.metrics import curves, stats
+from harness.metrics.baseline import SCHEMA_VERSION, Baseline, CurveTolerance, default_tolerance, load_baseline
+from harness.metrics.keys import ROLLOUT_PROBS_DIFF
 from harness.metrics.run import Run, RunMeta, Series
 
 REWARD = "critic/rewards/mean"
 
 
-def make_run(name, fn, steps=30, noise=0.02, seed=0, metric=REWARD) -> Run:
+def make_run(name, fn, steps=30, noise=0.02, seed=0, metric=REWARD, first=1, extra=None) -> Run:
     rng = random.Random(seed)
-    s = tuple(range(1, steps + 1))
+    s = tuple(range(first, first + steps))
     return Run(name, {metric: Series(s, tuple(fn(x) + rng.gauss(0, noise) for x in s))},
-               RunMeta(scale="tiny", hardware="cpu", versions={"verl": "0.9.1"}, sources=(f"{name}.jsonl",)))
+               RunMeta(scale="tiny", hardware="cpu", versions={"verl": "0.9.1"}, sources=(f"{name}.jsonl",),
+                       extra={"seed": seed, **(extra or {})}))
 
 
 def gpu_like(step):  # seed 001: the GPU baseline reached -0.6 after 10 steps, then kept rising
@@ -40,7 +47,7 @@ def gpu_baseline():
 
 def test_seed001_shape_fails_and_says_where(gpu_baseline):
     alignment = curves.compare(make_run("npu", npu_after_two_fixes, seed=99), gpu_baseline)
-    assert not alignment.aligned
+    assert alignment.state == curves.MISALIGNED and not alignment.ok
     failed = {v.statistic: v for v in alignment.failures}
     assert {"band", "window-mean", "trend"} <= set(failed), alignment.summary()
     trend = failed["trend"]
@@ -55,23 +62,63 @@ def test_a_run_drawn_like_the_references_passes(gpu_baseline):
         assert alignment.aligned, alignment.summary() + "; ".join(v.message() for v in alignment.failures)
 
 
-def test_single_baseline_run_uses_verl_nightly_window_tolerance():
-    ref = Baseline.from_runs([make_run("ref", gpu_like, noise=0.0)], (REWARD,))
-    near = curves.compare(make_run("near", lambda s: gpu_like(s) + 0.03, noise=0.0), ref)
-    far = curves.compare(make_run("far", lambda s: gpu_like(s) + 0.07, noise=0.0), ref)
-    assert near.aligned, near.summary()
-    (window,) = [v for v in far.failures if v.statistic == "window-mean"]
-    assert window.tolerance == pytest.approx(0.05) and abs(window.value - window.reference) == pytest.approx(0.07)
+def test_band_is_a_calibrated_student_t_interval_and_the_old_k_std_is_not():
+    """On Gaussian noise the pooled Student-t prediction interval holds its nominal rate; the old per-step
+    4*std*sqrt(1+1/N) from 3 runs (the seeded bug: 24 % false alarms on clean lab runs) does not."""
+    rng, n, confidence, trials = random.Random(7), 3, 0.99, 4000
+    ours = old = 0
+    for _ in range(trials):
+        block = [[rng.gauss(0, 1) for _ in range(n)] for _ in range(5)]  # a step and 2 neighbours each side
+        s, df = stats.robust_spread([[v - stats.centre(col) for v in col] for col in block])
+        assert df == 10
+        new, column = rng.gauss(0, 1), block[2]
+        ours += abs(new - stats.centre(column)) > stats.prediction_half_width(s, df, n, confidence)
+        mean = sum(column) / n
+        sd = math.sqrt(sum((v - mean) ** 2 for v in column) / (n - 1))
+        old += abs(new - mean) > 4 * sd * math.sqrt(1 + 1 / n)
+    nominal = 1 - confidence
+    assert ours / trials < 2 * nominal, f"pooled Student-t band exceeded {ours / trials:.2%} (nominal {nominal:.0%})"
+    assert old / trials > 4 * nominal, f"the old k*std band exceeded only {old / trials:.2%}"
+    assert stats.t_quantile(10, 0.99) == pytest.approx(3.169, abs=1e-3)  # textbook t(10), two-sided 99 %
 
 
-def test_band_allows_a_few_outliers_not_more(gpu_baseline):
+def test_one_bad_reference_does_not_widen_every_band():
+    good = [make_run(f"r{i}", gpu_like, seed=i) for i in range(4)]
+    bad = make_run("bad", lambda s: gpu_like(s) + 1.0, seed=9)  # e.g. a reference from a broken build
+    clean = Baseline.from_runs(good, (REWARD,)).metrics[REWARD]
+    spoiled = Baseline.from_runs([*good, bad], (REWARD,)).metrics[REWARD]
+    widths = [spoiled.half_width(i) / clean.half_width(i) for i in range(len(clean.steps))]
+    # clipped at 2.5 robust SDs, the bad run adds a bounded amount (most at the curve's ends, where fewer steps pool)
+    assert max(widths) < 3.0, f"one bad run widened the band {max(widths):.1f}x"
+    assert max(abs(a - b) for a, b in zip(spoiled.center, clean.center, strict=True)) < 0.05  # the median holds
+    # the seeded bug: mean +- k*std per step, as before, is widened ~25x by the same run
+    column = [gpu_like(10) + v for v in (0.0, 0.01, -0.01, 0.02, 1.0)]
+    mean = sum(column) / 5
+    assert 4 * math.sqrt(sum((v - mean) ** 2 for v in column) / 4) > 10 * clean.half_width(9)
+
+
+@pytest.mark.parametrize("n_runs", [1, 2])
+def test_fewer_than_three_runs_is_uncalibrated_not_misaligned(n_runs):
+    ref = Baseline.from_runs([make_run(f"ref{i}", gpu_like, noise=0.0) for i in range(n_runs)], (REWARD,))
+    far = curves.compare(make_run("far", lambda s: gpu_like(s) + 0.3, noise=0.0), ref)
+    assert far.state == curves.UNCALIBRATED and far.ok and not far.failures, far.summary()
+    assert f"floors only: {n_runs} reference run" in far.summary() and "3 needed" in far.summary()
+    window = next(v for v in far.verdicts if v.statistic == "window-mean")
+    assert window.passed is None and not window.calibrated and "beyond the floors" in window.detail
+    assert window.tolerance == pytest.approx(0.05)  # verl nightly's |d reward| <= 0.05 is the floor
+    # non-finite values and the sanity limits need no spread: they still fail
+    nan = curves.compare(make_run("nan", lambda s: math.nan if s == 12 else gpu_like(s), noise=0.0), ref)
+    assert nan.state == curves.MISALIGNED and "non-finite at steps [12]" in nan.failures[0].detail
+
+
+def test_band_allows_a_stretch_of_outliers_not_more(gpu_baseline):
     def spiky(steps):
         return lambda s: gpu_like(s) + (0.5 if s in steps else 0.0)
 
-    assert curves.compare(make_run("one-spike", spiky({20}), seed=7), gpu_baseline).aligned
-    bad = curves.compare(make_run("spikes", spiky({16, 19, 22, 25}), seed=7), gpu_baseline)
-    (band,) = [v for v in bad.failures if v.statistic == "band"]
-    assert band.detail.startswith("4 of 30 steps outside the band (allowed 3)")
+    assert curves.compare(make_run("stretch", spiky(set(range(18, 24))), seed=7), gpu_baseline).aligned
+    bad = curves.compare(make_run("spikes", spiky(set(range(16, 23))), seed=7), gpu_baseline)
+    band = next(v for v in bad.failures if v.statistic == "band")
+    assert band.detail.startswith("7 of 30 steps outside the band (allowed 6)")
 
 
 def test_nan_always_fails_the_band(gpu_baseline):
@@ -80,39 +127,140 @@ def test_nan_always_fails_the_band(gpu_baseline):
     assert "non-finite at steps [12]" in band.detail
 
 
-def test_run_that_stops_early_fails_unless_partial_allowed(gpu_baseline):
+def test_run_that_stops_early_says_so_and_fails_unless_partial_allowed(gpu_baseline):
     short = make_run("short", gpu_like, steps=8, seed=5)
     strict = curves.compare(short, gpu_baseline)
     assert not strict.aligned and {v.statistic for v in strict.failures} == {"window-mean", "trend"}
+    window = next(v for v in strict.failures if v.statistic == "window-mean")
+    assert "cannot fill the window 5-14" in window.detail and "it has 4 of its 10 steps" in window.detail
     partial = curves.compare(short, gpu_baseline, allow_partial=True)
     assert partial.aligned and {v.statistic for v in partial.verdicts if v.passed is None} == {"window-mean", "trend"}
 
 
-def test_missing_metric_fails_coverage(gpu_baseline):
-    run = make_run("other", gpu_like, metric="actor/pg_loss")
-    (v,) = curves.compare(run, gpu_baseline).failures
-    assert v.statistic == "coverage" and "does not log critic/rewards/mean" in v.detail
+def test_window_counts_from_the_first_logged_step_of_a_resumed_run():
+    # references logged steps 1-130; the candidate resumed from a step-100 checkpoint logs from 101 (verl restores
+    # global_steps), so its window is 105-114 and its trend 101-110, judged against the references' same steps
+    refs = Baseline.from_runs([make_run(f"r{i}", gpu_like, steps=130, seed=i) for i in range(4)], (REWARD,))
+    resumed = make_run("resumed", gpu_like, steps=30, first=101, seed=40)
+    alignment = curves.compare(resumed, refs)
+    assert alignment.aligned, alignment.summary()
+    where = {v.statistic: v.where for v in alignment.verdicts}
+    assert where["window-mean"] == "steps 105-114" and where["trend"] == "steps 101-110"
+    shifted = curves.compare(make_run("shifted", lambda s: gpu_like(s) + 0.2, steps=30, first=101, seed=41), refs)
+    assert {"window-mean"} <= {v.statistic for v in shifted.failures}
+    short = curves.compare(make_run("short", gpu_like, steps=8, first=101, seed=42), refs)
+    window = next(v for v in short.verdicts if v.statistic == "window-mean")
+    assert "logged steps 101-108: it cannot fill the window 105-114" in window.detail and window.passed is False
+
+
+def test_same_seed_runs_compare_exactly():
+    runs = [make_run(f"lab-s{i}", gpu_like, seed=i) for i in range(3)]
+    golden = Baseline.from_runs(runs, (REWARD,))
+    again = make_run("lab-s1-again", gpu_like, seed=1)  # deterministic per seed: the same values
+    assert curves.compare_exact(again, golden).aligned
+    values = list(again[REWARD].values)
+    values[6] += 1e-12
+    nudged = dataclasses.replace(again, series={REWARD: Series(again[REWARD].steps, tuple(values))})
+    (verdict,) = curves.compare_exact(nudged, golden).failures
+    assert verdict.where == "step 7" and "1 of 30 steps differ from lab-s1" in verdict.detail
+    with pytest.raises(BadInput, match="no run of seed 9"):
+        curves.compare_exact(make_run("other", gpu_like, seed=9), golden)
+
+
+def _probs_run(name, level, seed, precision):
+    return make_run(name, lambda s: level, noise=level * 0.02, seed=seed, metric=ROLLOUT_PROBS_DIFF,
+                    extra={"precision": precision})
+
+
+def test_rollout_probs_diff_floors_and_limits_follow_the_precision():
+    # a healthy bf16 Ascend run logs ~4.4e-3: the size of the fp32 lab's stale-weights fault
+    bf16 = Baseline.from_runs([_probs_run(f"npu{i}", 4.4e-3, i, "bf16") for i in range(3)], (ROLLOUT_PROBS_DIFF,))
+    assert bf16.precision == "bf16"
+    assert curves.compare(_probs_run("npu-new", 4.4e-3, 10, "bf16"), bf16).aligned
+    fp32 = Baseline.from_runs([_probs_run(f"lab{i}", 1e-7, i, "fp32") for i in range(3)], (ROLLOUT_PROBS_DIFF,))
+    stale = curves.compare(_probs_run("stale", 4.4e-3, 11, "fp32"), fp32)
+    assert {(v.statistic) for v in stale.failures} >= {"band", "sanity"}, stale.summary()
+    assert default_tolerance(ROLLOUT_PROBS_DIFF, "fp32").band_atol < 4.4e-3 < default_tolerance(
+        ROLLOUT_PROBS_DIFF, "bf16").band_atol * 10
+    mixed = curves.compare(_probs_run("npu", 4.4e-3, 12, "bf16"), fp32)
+    assert any("precision bf16 differs from the baseline's fp32" in n for n in mixed.notes)
+
+
+def test_sanity_limits_need_no_baseline():
+    healthy = _probs_run("bf16", 4.4e-3, 1, "bf16")
+    assert all(v.passed for v in curves.check_sanity(healthy))
+    (limit,) = curves.check_sanity(_probs_run("bf16-garbled", 0.2, 1, "bf16"))
+    assert limit.passed is False and "outside [0, 0.05]" in limit.detail and "NeMo-RL" in limit.detail
+    (reward,) = curves.check_sanity(make_run("odd", lambda s: 1.5, noise=0.0))
+    assert reward.passed is False and "DAPO reward range" in reward.detail
 
 
 def test_baseline_roundtrip_refuses_overwrite_and_unknown_versions(gpu_baseline, tmp_path):
     path = gpu_baseline.save(tmp_path / "golden.json")
     loaded = load_baseline(path)
     ref = loaded.metrics[REWARD]
-    assert ref.steps == tuple(range(1, 31)) and ref.n_runs == 5
+    assert ref.steps == tuple(range(1, 31)) and ref.n_runs == 5 and [r.seed for r in ref.runs] == [0, 1, 2, 3, 4]
     assert ref.center == pytest.approx(gpu_baseline.metrics[REWARD].center)
+    assert [ref.half_width(i) for i in range(30)] == pytest.approx(
+        [gpu_baseline.metrics[REWARD].half_width(i) for i in range(30)])
     doc = json.loads(path.read_text())
-    assert {"start_step", "end_step", "step_interval", "values"} <= set(doc["metrics"][REWARD])  # Megatron shape
+    assert {"start_step", "end_step", "step_interval", "values", "runs"} <= set(doc["metrics"][REWARD])  # Megatron
     assert doc["provenance"]["hardware"] == "cpu" and doc["provenance"]["date"]
     with pytest.raises(BadInput, match="already exists; pass --force"):
         gpu_baseline.save(path)
-    doc["schema_version"] = SCHEMA_VERSION + 1
-    path.write_text(json.dumps(doc))
-    with pytest.raises(BadInput, match=f"schema_version {SCHEMA_VERSION + 1} is not supported"):
+    for version in (1, SCHEMA_VERSION + 1):  # version 1 (mean/std bands) is refused too: re-record it
+        path.write_text(json.dumps({**doc, "schema_version": version}))
+        with pytest.raises(BadInput, match=f"schema_version {version} is not supported.*re-record"):
+            load_baseline(path)
+
+
+def _mutate(doc, how):
+    metric = doc["metrics"][REWARD]
+    if how == "n_runs 0":
+        metric["n_runs"] = 0
+    elif how == "n_runs negative":
+        metric["n_runs"] = -3
+    elif how == "metrics as a list":
+        doc["metrics"] = [metric]
+    elif how == "tolerance as strings":
+        metric["tolerance"]["band_atol"] = "0.1"
+    elif how == "all-null series":
+        for run in metric["runs"]:
+            run["values"] = [None] * len(run["values"])
+    elif how == "window of one step":
+        metric["tolerance"]["window"] = [5]
+    elif how == "max_outliers 5.0":
+        metric["tolerance"]["max_outliers"] = 5.0
+    elif how == "NaN value":
+        metric["runs"][0]["values"][3] = float("nan")
+    elif how == "values edited":
+        metric["values"][3] += 0.5
+    elif how == "confidence 1":
+        metric["tolerance"]["confidence"] = 1
+    elif how == "unknown tolerance key":
+        metric["tolerance"]["band_k"] = 4.0
+    return doc
+
+
+@pytest.mark.parametrize("how", ["n_runs 0", "n_runs negative", "metrics as a list", "tolerance as strings",
+                                 "all-null series", "window of one step", "max_outliers 5.0", "NaN value",
+                                 "values edited", "confidence 1", "unknown tolerance key"])
+def test_malformed_golden_is_one_line_exit_2(gpu_baseline, tmp_path, capsys, how):
+    path = tmp_path / "golden.json"
+    doc = _mutate(gpu_baseline.to_json(), how)
+    path.write_text(json.dumps(doc))  # json.dumps writes NaN as the NaN token Python's json reads back
+    with pytest.raises(BadInput, match="golden.json"):
         load_baseline(path)
+    run = tmp_path / "run.jsonl"
+    _write_filelogger(run, make_run("run", gpu_like, seed=3))
+    assert cli_main(["compare", str(run), str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "golden.json" in err[0], err
 
 
 def _write_filelogger(path, run: Run):
-    lines = [json.dumps({"step": s, "data": {m: run[m].as_dict()[s] for m in run.series}}) for s in run.steps]
+    lines = [json.dumps({"step": s, "data": {m: run[m].as_dict()[s] for m in run.series if s in run[m].as_dict()}})
+             for s in run.steps]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -122,20 +270,69 @@ def test_cli_compare_and_record_exit_codes(tmp_path, capsys):
     good = _write_filelogger(tmp_path / "good.jsonl", make_run("good", gpu_like, seed=50))
     bad = _write_filelogger(tmp_path / "npu.jsonl", make_run("npu", npu_after_two_fixes, seed=51))
     golden = str(tmp_path / "golden.json")
-    # one reference run per file: separate runs, not segments of one
-    assert cli_main(["baseline", "record", *refs[:1], "--out", golden]) == 0
-    assert cli_main(["baseline", "record", *refs[:1], "--out", golden]) == 2  # no overwrite without --force
+    assert cli_main(["baseline", "record", *refs, "--out", golden]) == 0
+    assert "self-check (leave-one-out): 0 of 3 runs flagged" in capsys.readouterr().out
+    assert cli_main(["baseline", "record", *refs, "--out", golden]) == 2  # no overwrite without --force
     assert "--force" in capsys.readouterr().err
     assert cli_main(["compare", good, golden]) == 0
     assert "good vs golden: ALIGNED" in capsys.readouterr().out
     assert cli_main(["compare", bad, *refs, "--json", "--plot", str(tmp_path / "cmp.png")]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["aligned"] is False and any(v["statistic"] == "trend" and v["passed"] is False for v in out["verdicts"])
+    # with 3 runs the slope rests on 3 values (t with 2 df): the band and the window catch seed 001's gap
+    assert out["state"] == "MISALIGNED" and any(v["statistic"] == "window-mean" and v["passed"] is False
+                                               for v in out["verdicts"])
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
-    assert cli_main(["compare", str(tmp_path / "missing.jsonl"), golden]) == 2
-    assert cli_main(["compare", golden, golden]) == 2  # a golden cannot be the candidate
-    assert cli_main(["compare", good, golden, "--metric", "actor/nope"]) == 2
+    assert cli_main(["compare", good, refs[0]]) == 0  # one reference run: uncalibrated, never failing
+    assert "UNCALIBRATED (floors only: 1 reference run" in capsys.readouterr().out
+    assert cli_main(["compare", good]) == 0  # no baseline: the sanity limits only
+    assert "vs sanity limits: ALIGNED" in capsys.readouterr().out
+    for argv in (["compare", str(tmp_path / "missing.jsonl"), golden],
+                 ["compare", golden, golden],  # a golden cannot be the candidate
+                 ["compare", good, golden, "--metric", "actor/nope"],
+                 ["compare", good, golden, "--plot", str(tmp_path)],  # onto a directory
+                 ["compare", good, golden, "--plot", str(tmp_path / "no" / "cmp.png")],
+                 ["baseline", "record", *refs, "--out", str(tmp_path)],
+                 ["baseline", "record", *refs, "--out", str(tmp_path / "missing-dir" / "g.json")]):
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, (argv, err)
+
+
+def test_record_refuses_a_reference_that_disagrees_and_nan_runs(tmp_path, capsys):
+    refs = [_write_filelogger(tmp_path / f"r{i}.jsonl", make_run(f"r{i}", gpu_like, seed=i)) for i in range(4)]
+    odd = _write_filelogger(tmp_path / "odd.jsonl", make_run("odd", npu_after_two_fixes, seed=8))
+    golden = tmp_path / "golden.json"
+    assert cli_main(["baseline", "record", *refs, odd, "--out", str(golden)]) == 2
+    err = capsys.readouterr().err
+    assert "reference run odd disagrees with the other 4" in err and "--keep-flagged" in err and not golden.exists()
+    assert cli_main(["baseline", "record", *refs, odd, "--out", str(golden), "--keep-flagged"]) == 0
+    check = json.loads(golden.read_text())["provenance"]["self_check"]
+    assert [f["run"] for f in check["flagged"]] == ["odd"] and check["false_alarm_rate"] == pytest.approx(0.2)
     capsys.readouterr()
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"step": 1, "data": {"critic/rewards/mean": 0.1}}\n{"step": 2, "data": {"critic/rewards/mean": '
+                   'null}}\n')
+    assert cli_main(["baseline", "record", *refs, str(nan), "--out", str(tmp_path / "g2.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "critic/rewards/mean is nan at step 2" in err[0]
+    assert "diverged run cannot be a reference" in err[0]
+
+
+def test_plot_puts_failures_first_and_survives_mathtext_names(tmp_path):
+    weird = "$\\undefinedcmd$/loss"  # matplotlib would parse $...$ as mathtext and raise
+    refs = [make_run(f"r{i}", gpu_like, seed=i, metric=weird) for i in range(3)]
+    refs = [dataclasses.replace(r, series={**r.series, REWARD: make_run("x", gpu_like, seed=i).series[REWARD]})
+            for i, r in enumerate(refs)]
+    golden = Baseline.from_runs(refs, (REWARD, weird), {weird: CurveTolerance(band_atol=0.1)})
+    cand = make_run("cand", npu_after_two_fixes, seed=5)
+    cand = dataclasses.replace(cand, series={**cand.series, weird: make_run("w", gpu_like, seed=6).series[REWARD]})
+    alignment = curves.compare(cand, golden, (weird, REWARD))
+    png = curves.plot(alignment, cand, golden, tmp_path / "cmp.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    data = curves.band_series(cand, golden, (weird, REWARD), alignment)
+    assert data[REWARD]["verdict"].startswith("FAIL") and data[weird]["verdict"] == "ok"
+    assert data[REWARD]["candidate_name"] == "cand" and data[REWARD]["outside_steps"]
+    assert data[REWARD]["baseline_name"].endswith("(3 runs)")
 
 
 def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):

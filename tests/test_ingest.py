@@ -1,6 +1,8 @@
 """Self-tests of harness.metrics.ingest on logs written by verl's own writers (FileLogger, console
-LocalLogger, the TensorBoard adapter's SummaryWriter) and on broken copies of them: truncated, corrupt,
-resumed, duplicate steps, NaN. Each broken input must produce a message naming file:line."""
+LocalLogger through Ray's driver printing, the TensorBoard adapter's SummaryWriter) and on broken copies of
+them: truncated, corrupt, resumed, duplicate steps, NaN, wrapped lines, appended notes, values that are not
+numbers, bad CSV bytes and cells, bad meta.json. Each broken input must produce a message naming file:line;
+lenient ingest keeps the good pairs of a bad line and counts what it skipped."""
 from __future__ import annotations
 
 import math
@@ -110,8 +112,12 @@ def test_corrupt_line(tmp_path, monkeypatch):
 def test_console_corrupt_value(tmp_path):
     path = write_console(tmp_path / "train.log", range(1, 3))
     path.write_text(path.read_text().replace("actor/pg_loss:np.float64(2.01)", "actor/pg_loss:np.float64(2.0#"))
-    with pytest.raises(BadInput, match=r"train\.log:2: corrupt metrics line at 'actor/pg_loss"):
+    with pytest.raises(BadInput, match=r"train\.log:2: corrupt metrics pair 'actor/pg_loss"):
         load_run(path)
+    lenient = load_run(path, strict=False)  # the good pairs of the bad line are kept
+    assert lenient["critic/rewards/mean"].steps == (1, 2) and lenient["actor/pg_loss"].steps == (2,)
+    assert (lenient.meta.skipped_lines, lenient.meta.skipped_pairs) == (0, 1)
+    assert "lenient ingest skipped 0 lines and 1 key:value pairs" in lenient.meta.warnings[-1]
 
 
 def test_nan_is_kept_and_reported(tmp_path, monkeypatch):
@@ -182,3 +188,160 @@ def test_meta_json_beside_logs(tmp_path, monkeypatch):
     assert (run.name, run.meta.scale, run.meta.versions["verl"], run.meta.extra["seed"]) == ("lab-s0", "tiny",
                                                                                              "0.9.1", 0)
     assert os.path.basename(run.meta.sources[0]) == "m.jsonl"
+
+
+# ---------------------------------------------------------------- real-world verl log shapes (tests/verl_logs.py)
+def test_ray_prefixed_coloured_console_of_a_resumed_run(tmp_path):
+    from verl_logs import KEYS, step_metrics, write_console_log
+
+    path = write_console_log(tmp_path / "driver.log", range(101, 116))
+    text = path.read_text()
+    assert "\x1b[36m(TaskRunner pid=2787)\x1b[0m step:101 - " in text and "np.float64(" in text
+    run = load_run(path)
+    assert run["critic/rewards/mean"].steps == tuple(range(101, 116)) and set(run.series) == set(KEYS)
+    assert all(run[k].as_dict()[s] == float(v) for s in range(101, 116) for k, v in step_metrics(s).items())
+    assert run.meta.warnings == ()
+
+
+@pytest.mark.parametrize("width", [41, 80, 97, 120, 200])
+def test_lines_wrapped_mid_key_are_joined_and_notes_ignored(tmp_path, width):
+    from verl_logs import step_metrics, write_console_log
+
+    path = write_console_log(tmp_path / "pasted.log", range(101, 106), wrap_width=width,
+                             note={103: "   <-- reward jumps here (rerun after OOM)"})
+    assert any(len(line) == width for line in path.read_text().splitlines())
+    run = load_run(path)
+    assert all(run[k].as_dict()[s] == float(v) for s in range(101, 106) for k, v in step_metrics(s).items())
+    warnings = "\n".join(run.meta.warnings)
+    assert "wrapped over" in warnings and "pasted.log:" in warnings
+    assert "text after the last value ignored: '<-- reward jumps" in warnings  # (its own wrapped tail is not metrics)
+
+
+def test_lenient_keeps_the_good_pairs_of_a_bad_line_and_counts_what_it_skipped(tmp_path):
+    from verl_logs import console_line
+
+    good = [console_line(s) for s in (1, 2, 3)]
+    lines = [good[0], good[1].replace("actor/pg_loss:np.float64(0.002)", "actor/pg_loss:np.float64(0.0#"),
+             good[2].replace("timing_s/step:12.5", "timing_s/step:n/a"), "step:x - broken", good[2]]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BadInput, match=r"train\.log:2: corrupt metrics pair 'actor/pg_loss"):
+        load_run(path)
+    run = load_run(path, strict=False)
+    assert run["critic/rewards/mean"].steps == (1, 2, 3) and run["actor/pg_loss"].steps == (1, 3)
+    assert len(run["response_length/mean"]) == 3  # 6 good pairs of each bad line kept, not dropped with the line
+    assert (run.meta.skipped_lines, run.meta.skipped_pairs) == (1, 2)  # the duplicate step 3; two bad pairs
+    assert run.meta.warnings[-1].startswith("lenient ingest skipped 1 lines and 2 key:value pairs")
+
+
+def test_verl_nightly_baseline_summary(tmp_path):
+    from harness.metrics.ingest import is_summary_file, load_summary
+
+    path = tmp_path / "baseline_ppo_qwen3-8b_fsdp_npu.txt"
+    path.write_text("# mean of steps 5-14\ncritic/rewards/mean: 0.6125\nperf/throughput: 1234.5\n"
+                    "timing_s/step: 88.1\n")
+    assert is_summary_file(path) and not is_summary_file(write_console(tmp_path / "train.log", range(1, 3)))
+    summary = load_summary(path)
+    assert summary.values == {"critic/rewards/mean": 0.6125, "perf/throughput": 1234.5, "timing_s/step": 88.1}
+    assert summary.window == (5, 14) and "verl Ascend nightly" in summary.statistic
+    with pytest.raises(BadInput, match="nightly baseline summary.*pass it as the BASELINE"):
+        load_run(path)
+    path.write_text("critic/rewards/mean: 0.6\ncritic/rewards/mean: 0.7\n")
+    with pytest.raises(BadInput, match=r"\.txt:2: 'critic/rewards/mean' appears twice"):
+        load_summary(path)
+
+
+def test_device_named_in_a_console_log_is_remembered(tmp_path):
+    path = tmp_path / "job.log"
+    path.write_text("| 0     910B3               | OK            | 95.7        45                0    / 0 |\n"
+                    + write_console(tmp_path / "x.log", range(1, 3)).read_text())
+    assert load_run(path).meta.hardware_in_logs == {"a2": f"{path}:1"}
+
+
+# ---------------------------------------------------------------- bad input: one line naming file:line (issue 16)
+@pytest.mark.parametrize("line, match", [
+    ('{"step": 1, "data": {"a": 1' + "0" * 400 + "}}", r"m\.jsonl:1: a is 1000.*too big for a float"),
+    ('{"step": Infinity, "data": {"a": 1.0}}', r"m\.jsonl:1: corrupt line"),
+    ('{"step": 1e400, "data": {"a": 1.0}}', r"m\.jsonl:1: corrupt line"),
+    ('{"step": true, "data": {"a": 1.0}}', r"m\.jsonl:1: corrupt line.*step must be an integer"),
+    ('{"step": 1, "data": {"a": true}}', r"m\.jsonl:1: a is bool 'True', not a number"),
+    ('[1, 2]', r"m\.jsonl:1: corrupt line"),
+])
+def test_filelogger_values_that_are_not_numbers(tmp_path, line, match):
+    path = tmp_path / "m.jsonl"
+    path.write_text(line + "\n" + '{"step": 2, "data": {"a": 2.0}}\n')
+    with pytest.raises(BadInput, match=match):
+        load_run(path)
+    assert load_run(path, strict=False)["a"].as_dict()[2] == 2.0
+
+
+def test_csv_bad_bytes_huge_cells_duplicate_columns_and_bad_steps(tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_bytes(b"_step,loss\n1,0.5\n2,\xff\xfe\n")
+    with pytest.raises(BadInput, match=r"export\.csv:3: bytes that are not UTF-8"):
+        load_run(path)
+    path.write_text("_step,loss\n1,0.5\n2," + "9" * 200_000 + "\n")
+    with pytest.raises(BadInput, match=r"export\.csv:3: unreadable CSV row \(field larger than field limit"):
+        load_run(path)
+    path.write_text("Step,run - loss,run - loss\n1,0.5,0.6\n")
+    with pytest.raises(BadInput, match=r"export\.csv:1: column 'loss' appears twice \(columns 2 and 3\)"):
+        load_run(path)
+    for step in ("inf", "1e400", "1.5", "-2"):
+        path.write_text(f"_step,loss\n{step},0.5\n3,0.7\n")
+        with pytest.raises(BadInput, match=r"export\.csv:2: step .* is not a whole number"):
+            load_run(path)
+
+
+def test_csv_that_is_not_a_wandb_export_is_read_with_a_warning(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,critic/rewards/mean\n1,0.1\n2,0.2\n")
+    run = load_run(path)
+    assert run["critic/rewards/mean"].values == (0.1, 0.2)
+    assert any("metrics.csv:1: not a wandb export" in w for w in run.meta.warnings)
+    path.write_text("_step,_runtime,critic/rewards/mean\n1,3.0,0.1\n")
+    assert load_run(path).meta.warnings == ()
+
+
+def test_steps_out_of_order_in_one_file_are_merged_with_a_warning(tmp_path, monkeypatch):
+    path = write_filelogger(tmp_path / "m.jsonl", [1, 2, 3, 5, 4, 6], monkeypatch)
+    run = load_run(path)
+    assert run["critic/rewards/mean"].steps == (1, 2, 3, 4, 5, 6)
+    assert any("m.jsonl:5: step 4 after step 5: steps out of order" in w for w in run.meta.warnings)
+
+
+@pytest.mark.parametrize("meta, match", [
+    ("[1, 2]", "a JSON object expected"),
+    ('"tiny"', "a JSON object expected"),
+    ('{"devices": "abc"}', r'"devices" is "abc", not a positive whole number'),
+    ('{"devices": 0}', r'"devices" is 0'),
+    ('{"devices": true}', r'"devices" is true'),
+    ('{"versions": {"verl": 9}}', "package names to version strings"),
+    ('{"scale": 3}', r'"scale" is 3'),
+])
+def test_bad_meta_json(tmp_path, monkeypatch, meta, match):
+    write_filelogger(tmp_path / "m.jsonl", range(1, 3), monkeypatch)
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(BadInput, match=match):
+        load_run(tmp_path)
+
+
+def test_ingest_streams_in_bounded_memory(tmp_path):
+    """A FileLogger log is read line by line into 8-byte columns: the peak stays within 2x the series it
+    returns (the whole-file read took 3.5 GiB for a 373 MiB log; issue 16). The timing is a benchmark."""
+    import gc
+    import json
+    import tracemalloc
+
+    path = tmp_path / "big.jsonl"
+    with path.open("w") as f:
+        for step in range(1, 40_001):
+            f.write(json.dumps({"step": step, "data": {k: step * 0.001 + i for i, k in enumerate(METRICS)}}) + "\n")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run = load_run(path)
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(run["actor/pg_loss"]) == 40_000
+    assert peak <= 2 * retained, f"peak {peak / 2**20:.1f} MiB for {retained / 2**20:.1f} MiB of series"

@@ -20,7 +20,7 @@ BUGGY_STEPS = 3
 
 def test_cli_measures_a_lab_run_as_verl_does(tiny_lab_run, capsys):
     run_dir = Path(tiny_lab_run.meta.sources[0]).parent
-    assert main(["throughput", str(run_dir), "--hardware", "cpu", "--devices", "1", "--json"]) == 0
+    assert main(["throughput", str(run_dir), "--hardware", "cpu", "--devices", "1", "--json", "--per-step"]) == 0
     doc = json.loads(capsys.readouterr().out)
     logged = tiny_lab_run["perf/throughput"].as_dict()
     tokens = tiny_lab_run["perf/total_num_tokens"].as_dict()

@@ -210,3 +210,96 @@ def test_a_perf_throughput_not_computed_as_verl_does_is_refused(tmp_path):
     with pytest.raises(BadInput,
                        match=r"perf/throughput is not tokens / \(step time x devices\).*implies 6.07 devices"):
         throughput(load_run(path), PROFILES["cpu"], devices=1, sequences=64)
+
+
+# ---------------------------------------------------------------- statistic, phases, hardware, options (issues 14, 16)
+def _run_of(steps: dict[int, dict], meta=None):
+    from harness.metrics.run import Run, RunMeta, Series
+
+    keys = sorted({k for d in steps.values() for k in d})
+    series = {k: Series(tuple(s for s in sorted(steps) if k in steps[s]),
+                        tuple(steps[s][k] for s in sorted(steps) if k in steps[s])) for k in keys}
+    return Run("r", series, meta or RunMeta(sources=("r.jsonl",)))
+
+
+def _checkpointing_run(first=1, n=20):
+    """A run that saves a checkpoint every 10th step (which then takes 40 s longer) -- the log shape where the
+    median and verl's nightly mean differ by more than the 5 % budget."""
+    steps = {}
+    for s in range(first, first + n):
+        ckpt = 40.0 if s % 10 == 0 else 0.0
+        steps[s] = {"timing_s/step": 100.0 + ckpt, "perf/total_num_tokens": 1.0e6, "timing_s/gen": 60.0,
+                    **({"timing_s/save_checkpoint": ckpt} if ckpt else {})}
+    return _run_of(steps)
+
+
+def test_statistic_is_stated_and_nightly_uses_the_5th_to_14th_logged_steps():
+    run = _checkpointing_run(first=101)  # resumed at step 101: the nightly window is 105-114
+    median = throughput(run, PROFILES["a2"], devices=8)
+    nightly = throughput(run, PROFILES["a2"], devices=8, statistic="nightly")
+    assert nightly.window == tuple(range(105, 115)) and nightly.statistic == "nightly"
+    assert "mean of steps 105-114 (verl Ascend nightly)" in nightly.statistic_text
+    assert median.statistic_text.startswith("median of steps 102-120")
+    steady, checkpoint = 1.0e6 / (100 * 8), 1.0e6 / (140 * 8)  # TPS/card of a plain step and a checkpoint step
+    assert median.tps_per_card == pytest.approx(steady)
+    assert nightly.tps_per_card == pytest.approx((9 * steady + checkpoint) / 10)  # 2.9 % below the median
+    save = next(p for p in nightly.phases if p.name == "save_checkpoint")
+    assert save.steps == 1 and save.share == pytest.approx(40 / 140)  # its share of the step it ran in, not 185 %
+    assert all(0 <= p.share <= 1 for p in median.phases)
+    with pytest.raises(BadInput, match=r"cannot fill verl's nightly window 105-114.*has 4 of its 10 steps"):
+        throughput(_checkpointing_run(first=101, n=8), PROFILES["a2"], devices=8, statistic="nightly")
+
+
+def test_regression_against_a_nightly_summary_uses_the_nightly_statistic(tmp_path, capsys):
+    run_path = tmp_path / "run.jsonl"
+    run = _checkpointing_run()
+    _log_with_verl(run_path, [{k: run[k].as_dict()[s] for k in run.series if s in run[k].as_dict()}
+                              for s in range(1, 21)])
+    capsys.readouterr()  # verl's FileLogger announces itself on stdout
+    nightly_tps = (9 * 1.0e6 / (100 * 8) + 1.0e6 / (140 * 8)) / 10  # verl's perf/throughput, mean of steps 5-14
+    summary = tmp_path / "baseline_run.txt"
+    summary.write_text(f"perf/throughput: {nightly_tps}\ncritic/rewards/mean: 0.5\n")
+    args = ["throughput", str(run_path), "--hardware", "a2", "--devices", "8", "--baseline", str(summary), "--json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["statistic"] == "nightly" and doc["baseline"]["statistic"] == "nightly" and doc["baseline"]["passed"]
+    assert "per_step" not in doc  # the summary only, unless --per-step
+    summary.write_text(f"perf/throughput: {nightly_tps * 1.08}\n")  # the run is 7.4 % slower than this baseline
+    assert main(args) == 1
+
+
+def test_a3_profile_on_a_run_that_says_a2_warns(seed_run, tmp_path, capsys):
+    (seed_run.parent / "meta.json").write_text('{"hardware": "a2"}')
+    try:
+        assert main(["throughput", str(seed_run), "--hardware", "a3", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        (warning,) = doc["warnings"]
+        assert "meta.json says a2 (1 die(s) per card)" in warning and "off by 2x" in warning
+    finally:
+        (seed_run.parent / "meta.json").unlink()
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--devices", "0"], "--devices 0"), (["--sequences", "-8"], "--sequences -8"), (["--warmup", "-1"], "--warmup"),
+    (["--target", "nan"], "--target nan"), (["--target", "inf"], "--target inf"), (["--target", "-1"], "--target -1"),
+    (["--tolerance", "1.5"], "--tolerance 1.5")])
+def test_bad_options_are_one_line_exit_2(seed_run, capsys, argv, option):
+    assert main(["throughput", str(seed_run), "--hardware", "a3", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and option in err[0], err
+
+
+def test_zero_or_negative_step_times_are_refused(tmp_path):
+    for bad in (0.0, -3.0):
+        path = tmp_path / "run.jsonl"
+        _log_with_verl(path, [{"timing_s/step": 10.0, "perf/total_num_tokens": 1000.0},
+                              {"timing_s/step": bad, "perf/total_num_tokens": 1000.0}])
+        with pytest.raises(BadInput, match=r"run\.jsonl: step 2 has timing_s/step = "):
+            throughput(load_run(path), PROFILES["a2"], devices=1)
+
+
+def test_json_prints_the_summary_unless_per_step(seed_run, capsys):
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--json"]) == 0
+    assert "per_step" not in json.loads(capsys.readouterr().out)
+    assert main(["throughput", str(seed_run), "--hardware", "a3", "--json", "--per-step"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["per_step"]) == 2

@@ -1,7 +1,10 @@
 """`ascend-rl-harness compare` and `ascend-rl-harness baseline record`.
 
-compare CANDIDATE BASELINE... : the candidate is a run (log file or run directory); the baseline is one golden
-file or one or more reference runs (their spread sets the bands). Exit 0 aligned, 1 misaligned, 2 bad input.
+compare CANDIDATE [BASELINE...] : the candidate is a run (log file or run directory); the baseline is one golden
+file, one verl Ascend nightly baseline summary (`key: value` per metric), or one or more reference runs (their
+spread sets the bands); with no baseline only the absolute sanity limits apply. `--exact` compares a run with the
+reference run of the same seed value for value. Exit 0 aligned (or uncalibrated: fewer than 3 reference runs,
+floors only), 1 misaligned, 2 bad input.
 """
 from __future__ import annotations
 
@@ -10,6 +13,21 @@ import json
 from pathlib import Path
 
 from harness.errors import BadInput
+
+MAX_PRINTED_WARNINGS = 20
+
+
+def output_file(value: str, option: str) -> Path:
+    """A file the command will write: not a directory, in a directory that exists (checked before any long
+    ingest, and instead of a traceback from the atomic rename)."""
+    path = Path(value)
+    if path.is_dir():
+        raise BadInput(f"{option} {path}: is a directory; name a file in it")
+    if path.exists() and not path.is_file():
+        raise BadInput(f"{option} {path}: exists and is not a regular file")
+    if not path.parent.is_dir():
+        raise BadInput(f"{option} {path}: directory {path.parent} does not exist; create it first")
+    return path
 
 
 def _load_runs(paths: list[str], lenient: bool, status) -> list:
@@ -23,15 +41,17 @@ def _load_runs(paths: list[str], lenient: bool, status) -> list:
 
 
 def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient: bool, status):
-    """One golden file, or reference runs turned into a Baseline (tolerances from their spread)."""
+    """(Baseline | Summary, reference Runs): one golden file, one nightly summary, or reference runs turned into a
+    Baseline (bands from their spread)."""
     from harness.metrics.baseline import ALIGN_METRICS, Baseline, is_baseline_file, load_baseline
+    from harness.metrics.ingest import is_summary_file, load_summary
 
-    goldens = [p for p in paths if is_baseline_file(p)]
-    if goldens:
+    special = [p for p in paths if is_baseline_file(p) or is_summary_file(p)]
+    if special:
         if len(paths) > 1:
-            raise BadInput(f"{goldens[0]}: a golden baseline file must be the only BASELINE (got {len(paths)}); "
-                           "pass either one golden file or reference runs")
-        return load_baseline(goldens[0]), []
+            raise BadInput(f"{special[0]}: a golden baseline or nightly summary must be the only BASELINE (got "
+                           f"{len(paths)}); pass either one such file or reference runs")
+        return (load_baseline(special[0]) if is_baseline_file(special[0]) else load_summary(special[0])), []
     runs = _load_runs(paths, lenient, status)
     wanted = metrics or tuple(m for m in ALIGN_METRICS if all(m in r for r in runs))
     if not wanted:
@@ -42,42 +62,67 @@ def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from harness.metrics import curves
-    from harness.metrics.baseline import is_baseline_file
+    from harness.metrics.baseline import Baseline, is_baseline_file
+    from harness.metrics.ingest import is_summary_file
+    from harness.metrics.run import Summary
 
     console = Console(stderr=args.json)
-    if is_baseline_file(args.candidate):
-        raise BadInput(f"{args.candidate}: a golden baseline cannot be the candidate; pass a run's logs or directory")
+    if is_baseline_file(args.candidate) or is_summary_file(args.candidate):
+        raise BadInput(f"{args.candidate}: a golden baseline or nightly summary cannot be the candidate; pass a run's "
+                       "logs or directory")
+    plot = output_file(args.plot, "--plot") if args.plot else None
     metrics = tuple(args.metric) if args.metric else None
     with console.status("loading runs") as status:
         (candidate,) = _load_runs([args.candidate], args.lenient, status)
-        baseline, ref_runs = resolve_baseline(args.baselines, metrics, args.lenient, status)
-    alignment = curves.compare(candidate, baseline, metrics, allow_partial=args.allow_partial)
-    warnings = [w for run in (candidate, *ref_runs) for w in run.meta.warnings]
-    if args.plot:
-        curves.plot(alignment, candidate, baseline, args.plot)
-    if args.json:
-        print(json.dumps({"aligned": alignment.aligned, "candidate": candidate.name, "baseline": baseline.name,
-                          "verdicts": [v.to_json() for v in alignment.verdicts], "warnings": warnings,
-                          "plot": args.plot}, indent=2))
+        baseline, ref_runs = resolve_baseline(args.baselines, metrics, args.lenient, status) if args.baselines else (
+            None, [])
+    if args.exact and not isinstance(baseline, Baseline):
+        raise BadInput("--exact needs a golden file or reference runs that record their seeds")
+    if plot and not isinstance(baseline, Baseline):
+        raise BadInput("--plot draws the candidate against a band: pass a golden file or reference runs")
+    if isinstance(baseline, Summary):
+        alignment = curves.compare_summary(candidate, baseline, metrics)
+    elif baseline is None:
+        verdicts = curves.check_sanity(candidate, metrics=metrics)
+        if not verdicts:
+            raise BadInput(f"{args.candidate}: logs none of the metrics with sanity limits; pass a BASELINE")
+        alignment = curves.CurveAlignment(candidate=candidate.name, baseline="sanity limits", verdicts=verdicts)
+    elif args.exact:
+        alignment = curves.compare_exact(candidate, baseline, metrics, allow_partial=args.allow_partial)
     else:
-        table = Table(title=f"{candidate.name} vs {baseline.name}")
+        alignment = curves.compare(candidate, baseline, metrics, allow_partial=args.allow_partial)
+    warnings = [w for run in (candidate, *ref_runs) for w in run.meta.warnings]
+    if plot:
+        curves.plot(alignment, candidate, baseline, plot)
+    if args.json:
+        print(json.dumps({"aligned": alignment.aligned, "state": alignment.state, "ok": alignment.ok,
+                          "candidate": candidate.name, "baseline": alignment.baseline, "n_runs": alignment.n_runs,
+                          "verdicts": [v.to_json() for v in alignment.verdicts], "notes": list(alignment.notes),
+                          "warnings": warnings, "plot": str(plot) if plot else None}, indent=2))
+    else:
+        table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"))
         for col in ("metric", "statistic", "where", "result", "detail"):
             table.add_column(col, overflow="fold")
         for v in alignment.verdicts:
-            result = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]skip[/]"}[v.passed]
-            table.add_row(v.metric, v.statistic, v.where, result, v.detail)
+            result = {True: "[green]ok[/]", False: "[red]FAIL[/]",
+                      None: "[yellow]skip[/]" if v.calibrated else "[yellow]uncalibrated[/]"}[v.passed]
+            table.add_row(escape(v.metric), v.statistic, escape(v.where), result, escape(v.detail))
         console.print(table)
-        for w in warnings[:20]:
-            console.print(f"[yellow]warning[/] {w}")
-        if len(warnings) > 20:
-            console.print(f"[yellow]... {len(warnings) - 20} more warnings[/] (see --json)")
-        if args.plot:
-            console.print(f"plot: {args.plot}")
-        console.print(("[green]" if alignment.aligned else "[red]") + alignment.summary() + "[/]")
-    return 0 if alignment.aligned else 1
+        for w in warnings[:MAX_PRINTED_WARNINGS]:
+            console.print(f"[yellow]warning[/] {escape(w)}")
+        if len(warnings) > MAX_PRINTED_WARNINGS:
+            console.print(f"[yellow]... {len(warnings) - MAX_PRINTED_WARNINGS} more warnings[/] (see --json)")
+        for note in alignment.notes:
+            console.print(f"[yellow]{escape(note)}[/]")
+        if plot:
+            console.print(f"plot: {escape(str(plot))}")
+        colour = {curves.ALIGNED: "green", curves.UNCALIBRATED: "yellow"}.get(alignment.state, "red")
+        console.print(f"[{colour}]{escape(alignment.summary())}[/]")
+    return 0 if alignment.ok else 1
 
 
 def _tolerances(specs) -> dict:
@@ -104,11 +149,13 @@ def _tolerances(specs) -> dict:
 
 def cmd_baseline_record(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
+    from harness.metrics import curves, stats
     from harness.metrics.baseline import ALIGN_METRICS, Baseline
 
     console = Console()
-    out = Path(args.out)
+    out = output_file(args.out, "--out")
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:
@@ -117,36 +164,61 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
     baseline = Baseline.from_runs(runs, metrics, tolerances=_tolerances(args.tolerance or ()))
+    check = curves.self_check(baseline, runs)
+    if check is not None and check.flagged and not args.keep_flagged:
+        run, failure = check.flagged[0]
+        raise BadInput(f"reference run {run} disagrees with the other {len(runs) - 1} ({failure}); "
+                       f"{len(check.flagged)} of {len(runs)} runs flagged: inspect and drop it, or pass --keep-flagged")
+    if check is not None:
+        baseline.provenance["self_check"] = check.to_json()
     baseline.save(out, force=args.force)
     for w in (w for r in runs for w in r.meta.warnings):
-        console.print(f"[yellow]warning[/] {w}")
-    console.print(f"[green]baseline written[/] {out}: {len(metrics)} metrics from {len(runs)} run(s), steps "
-                  f"{min(b.steps[0] for b in baseline.metrics.values())}-"
-                  f"{max(b.steps[-1] for b in baseline.metrics.values())}")
+        console.print(f"[yellow]warning[/] {escape(w)}")
+    steps = [s for b in baseline.metrics.values() for s in (b.steps[0], b.steps[-1])]
+    console.print(f"[green]baseline written[/] {escape(str(out))}: {len(metrics)} metrics from {len(runs)} run(s), "
+                  f"steps {min(steps)}-{max(steps)}, precision {baseline.precision or 'unknown'}")
+    if check is None:
+        console.print(f"[yellow]{len(runs)} run(s): fewer than {stats.MIN_CALIBRATED_RUNS}, so compares against this "
+                      "baseline are UNCALIBRATED (floors only, never failing); record at least "
+                      f"{stats.MIN_CALIBRATED_RUNS} runs[/]")
+    else:
+        console.print(f"self-check (leave-one-out): {len(check.flagged)} of {len(runs)} runs flagged against the "
+                      f"others, false-alarm rate {check.false_alarm_rate:.0%}")
+        for run, failure in check.flagged:
+            console.print(f"[yellow]flagged (kept: --keep-flagged)[/] {escape(run)}: {escape(failure)}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="align a run's curves with a baseline (exit 0 aligned, 1 misaligned)")
     p.add_argument("candidate", help="the run under test: a verl log file or run directory")
-    p.add_argument("baselines", nargs="+", metavar="BASELINE", help="one golden file, or reference run(s)")
+    p.add_argument("baselines", nargs="*", metavar="BASELINE",
+                   help="one golden file, one verl nightly summary (key: value), or reference run(s); none: only "
+                        "the absolute sanity limits")
     p.add_argument("--metric", action="append", help="metric to compare (repeatable; default: the alignment set)")
+    p.add_argument("--exact", action="store_true",
+                   help="same-seed exact mode: the candidate must equal the reference run of its seed at every step")
     p.add_argument("--json", action="store_true", help="print verdicts as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a candidate-vs-band plot")
     p.add_argument("--lenient", action="store_true",
-                   help="accept truncated/corrupt log lines and duplicate steps as warnings instead of errors")
+                   help="skip corrupt lines/pairs, truncated lines and duplicate steps (counted in the warnings) "
+                        "instead of refusing the log")
     p.add_argument("--allow-partial", action="store_true",
-                   help="skip (not fail) window/trend statistics the candidate has not reached yet")
+                   help="skip (not fail) window/trend statistics the candidate has not reached yet; --exact: "
+                        "compare the steps the candidate logged")
     p.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("baseline", help="golden baselines for curve alignment")
     bsub = b.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
-    r = bsub.add_parser("record", help="derive a golden baseline (curves + tolerances) from reference runs")
-    r.add_argument("runs", nargs="+", metavar="RUN", help="reference runs (log files or run directories)")
+    r = bsub.add_parser("record", help="derive a golden baseline (curves + tolerances) from reference runs; a "
+                                       "leave-one-out self-check refuses runs that disagree with the others")
+    r.add_argument("runs", nargs="+", metavar="RUN", help="reference runs (log files or run directories), 3 or more")
     r.add_argument("--out", required=True, help="golden JSON file to write")
     r.add_argument("--force", action="store_true", help="replace an existing baseline")
+    r.add_argument("--keep-flagged", action="store_true",
+                   help="record even when the self-check flags a run (the flags are kept in the provenance)")
     r.add_argument("--metric", action="append", help="metric to record (repeatable; default: the alignment set)")
-    r.add_argument("--lenient", action="store_true", help="accept log irregularities as warnings")
+    r.add_argument("--lenient", action="store_true", help="skip log irregularities (counted in the warnings)")
     r.add_argument("--tolerance", action="append", metavar="METRIC:FIELD=VALUE[,...]",
                    help="override a metric's default tolerance (repeatable), e.g. "
                         "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6")

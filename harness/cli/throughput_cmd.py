@@ -1,31 +1,55 @@
 """`ascend-rl-harness throughput RUN`: tokens/s per device (verl's perf/throughput) and per card of a verl run,
-beside the roofline and the scale's target. Exit 0 on target (or no target), 1 below it, 2 bad input."""
+beside the roofline, the scale's target and (with --baseline) a baseline run or verl nightly summary.
+Exit 0 on target and no regression (or nothing to check), 1 below either, 2 bad input."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from harness.config.hardware import PROFILES
 from harness.errors import BadInput
 
 
+def _validate(devices, sequences, warmup, target, tolerance) -> None:
+    """Option values argparse's types let through: each refused naming the option (`--devices 0` used to be
+    ignored, `--target -1` passed a run with TPS -12.3)."""
+    for option, value in (("--devices", devices), ("--sequences", sequences)):
+        if value is not None and value < 1:
+            raise BadInput(f"{option} {value}: must be a positive whole number")
+    if warmup < 0:
+        raise BadInput(f"--warmup {warmup}: must be >= 0")
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise BadInput(f"--target {target}: must be a positive finite TPS/card")
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise BadInput(f"--tolerance {tolerance}: must be a fraction in [0, 1) (0.05 = verl nightly's -5 %)")
+
+
 def throughput_document(paths: list[str], hardware: str | None, devices: int | None, sequences: int | None,
-                        warmup: int, scale_name: str | None, target: float | None) -> dict:
-    """What `throughput --json` prints: Throughput.to_dict() + target, roofline and verdict."""
+                        warmup: int, scale_name: str | None, target: float | None, *, statistic: str = "median",
+                        baseline: str | None = None, tolerance: float | None = None, per_step: bool = True) -> dict:
+    """What `throughput --json` prints: Throughput.to_dict() + target, roofline, baseline and verdicts."""
     from harness.config.roofline import roofline
     from harness.config.scales import get_scale
-    from harness.metrics.ingest import load_run
+    from harness.metrics.ingest import is_summary_file, load_run, load_summary
     from harness.metrics.keys import PROMPT_LENGTH, RESPONSE_LENGTH
-    from harness.metrics.throughput import check_target, throughput
+    from harness.metrics.throughput import baseline_tps_per_card, check_regression, check_target, throughput
 
     run = load_run(*paths)
     scale = get_scale(scale_name or run.meta.scale) if scale_name or run.meta.scale else None
     name = hardware or run.meta.hardware or (scale.hardware.name if scale else None)
     if name not in PROFILES:
         raise BadInput(f"--hardware {name!r}: pass one of {', '.join(PROFILES)} (dies per card and peak come from it)")
+    profile = PROFILES[name]
     sequences = sequences or (scale.batch.sequences if scale else None)
-    tp = throughput(run, PROFILES[name], devices=devices or run.meta.devices, sequences=sequences, warmup=warmup)
-    doc = tp.to_dict()
+    reference = None
+    if baseline is not None:
+        reference = load_summary(baseline) if is_summary_file(baseline) else load_run(baseline)
+        if is_summary_file(baseline):
+            statistic = "nightly"  # the summary holds verl's mean of steps 5-14: measure the run the same way
+    tp = throughput(run, profile, devices=devices or run.meta.devices, sequences=sequences, warmup=warmup,
+                    statistic=statistic)
+    doc = tp.to_dict(per_step=per_step)
     target = target if target is not None else (scale.targets.tps_per_card if scale else None)
     doc["target"] = target
     doc["roofline"] = None
@@ -43,12 +67,22 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
     if target is not None:
         v = check_target(tp, target)
         doc["verdict"] = {"passed": v.ok, "message": v.message()}
+    doc["baseline"] = None
+    if reference is not None:
+        value, kind = baseline_tps_per_card(reference, profile, sequences=sequences, warmup=warmup)
+        tol = tolerance if tolerance is not None else (scale.targets.regression_tolerance if scale else 0.05)
+        v = check_regression(tp, value, tol, baseline_statistic=kind)
+        doc["baseline"] = {"source": baseline, "tps_per_card": value, "statistic": kind, "passed": v.ok,
+                           "message": v.message()}
     return doc
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
+    _validate(args.devices, args.sequences, args.warmup, args.target, args.tolerance if args.tolerance is not None
+              else 0.05)
     doc = throughput_document(args.run, args.hardware, args.devices, args.sequences, args.warmup, args.scale,
-                              args.target)
+                              args.target, statistic=args.statistic, baseline=args.baseline,
+                              tolerance=args.tolerance, per_step=args.per_step or not args.json)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -56,40 +90,59 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title=f"throughput of {doc['run']} ({doc['devices']} devices = {doc['cards']} "
-                            f"{doc['hardware']} cards)")
-        for col in ("step", "tokens", "step s", "TPS/device (verl)", "TPS/card"):
-            table.add_column(col, justify="right")
-        for p in doc["per_step"]:
-            mark = " (warm-up)" if p["step"] in doc["warmup"] else ""
-            table.add_row(f"{p['step']}{mark}", f"{p['tokens']:.0f}", f"{p['step_time_s']:.2f}",
-                          f"{p['tps_per_device']:.1f}", f"{p['tps_per_card']:.1f}")
         console = Console()
-        console.print(table)
-        console.print(f"[bold]TPS/card {doc['tps_per_card']:.1f}[/] (median of steps {doc['window'][0]}-"
-                      f"{doc['window'][-1]}), TPS/device {doc['tps_per_device']:.1f}")
+        if args.per_step:
+            table = Table(title=escape(f"throughput of {doc['run']} ({doc['devices']} devices = {doc['cards']} "
+                                       f"{doc['hardware']} cards)"))
+            for col in ("step", "tokens", "step s", "TPS/device (verl)", "TPS/card"):
+                table.add_column(col, justify="right")
+            window = set(doc["window"])
+            for p in doc["per_step"]:
+                mark = "" if p["step"] in window else " (not in window)"
+                table.add_row(f"{p['step']}{mark}", f"{p['tokens']:.0f}", f"{p['step_time_s']:.2f}",
+                              f"{p['tps_per_device']:.1f}", f"{p['tps_per_card']:.1f}")
+            console.print(table)
+        console.print(escape(f"throughput of {doc['run']}: {doc['devices']} devices = {doc['cards']} "
+                             f"{doc['hardware']} cards, {len(doc['per_step'])} steps (--per-step lists them)"))
+        console.print(f"[bold]TPS/card {doc['tps_per_card']:.1f}[/] ({escape(doc['statistic_text'])}), "
+                      f"TPS/device {doc['tps_per_device']:.1f}")
         for ph in doc["phases"]:
-            console.print(f"  {ph['name']:>14}: {ph['seconds']:9.2f} s  {ph['share']:6.1%}")
+            console.print(f"  {escape(ph['name']):>14}: {ph['seconds']:9.2f} s  {ph['share']:6.1%} of the "
+                          f"{ph['steps']} window steps it ran in")
         if doc["roofline"]:
             r = doc["roofline"]
             console.print(f"roofline {r['tps_per_card_limit']:.0f} TPS/card ({r['flops_per_token']['total'] / 1e9:.0f} "
                           f"GFLOP/token at {r['peak_tflops_per_card']:g} TFLOPS/card; measured {r['fraction']:.1%})"
                           if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
-        if doc["verdict"]:
-            ok = doc["verdict"]["passed"]
-            console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/]: "
-                          f"{escape(doc['verdict']['message'])}")
-    return 0 if doc["verdict"] is None or doc["verdict"]["passed"] else 1
+        for w in doc["warnings"]:
+            console.print(f"[yellow]warning[/] {escape(w)}")
+        for key in ("verdict", "baseline"):
+            if doc[key]:
+                ok = doc[key]["passed"]
+                verdict = "[green]PASS[/]" if ok else "[red]FAIL[/]"
+                console.print(f"{verdict}: {escape(doc[key]['message'])}")
+    failed = [k for k in ("verdict", "baseline") if doc[k] and not doc[k]["passed"]]
+    return 1 if failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.metrics.throughput import STATISTICS
+
     p = sub.add_parser("throughput", help="TPS per device (verl) and per card of a verl run, beside the roofline")
     p.add_argument("run", nargs="+", metavar="RUN", help="run directory or log file(s) (segments of one run)")
     p.add_argument("--hardware", choices=sorted(PROFILES), help="hardware profile (default: the run's meta.json)")
     p.add_argument("--devices", type=int, help="torch devices of the run (dies on A3); default: verl's own count")
     p.add_argument("--sequences", type=int, help="GBS x n, only for runs without perf/total_num_tokens")
-    p.add_argument("--warmup", type=int, default=1, help="leading steps to skip (default 1)")
+    p.add_argument("--warmup", type=int, default=1, help="leading steps the median skips (default 1)")
+    p.add_argument("--statistic", choices=STATISTICS, default="median",
+                   help="median of the steps after --warmup (default), or nightly: verl's Ascend nightly mean of the "
+                        "5th-14th logged steps (forced when --baseline is a nightly summary)")
     p.add_argument("--scale", help="scale of the run: roofline and default target")
     p.add_argument("--target", type=float, help="TPS/card the run must reach (default: the scale's target)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--baseline", metavar="REF",
+                   help="a baseline run, or a verl nightly baseline summary (key: value): no regression beyond "
+                        "--tolerance")
+    p.add_argument("--tolerance", type=float, help="allowed relative regression (default: the scale's, else 0.05)")
+    p.add_argument("--per-step", action="store_true", help="list every step (JSON: the per_step rows)")
+    p.add_argument("--json", action="store_true", help="print JSON (the summary; --per-step adds the rows)")
     p.set_defaults(func=cmd_throughput)

@@ -1,10 +1,14 @@
-"""Golden baselines for curve alignment: per metric, the reference curve in Megatron's golden-values shape
-(start_step, end_step, step_interval, values) plus the spread of N reference runs, the tolerances, and
-provenance (hardware, versions, date, source runs).
+"""Golden baselines for curve alignment: per metric, every reference run's curve (with its seed), the
+tolerances, and provenance (hardware, precision, versions, date, source runs, the self-check).
 
-Megatron derives its golden tolerances from repeated runs; verl's Ascend nightly compares the mean of
-steps 5-14 with fixed margins. A `Baseline` carries both: with one reference run the spread is zero and
-the tolerance table's floors apply; with several, the bands widen to mean +- k*std.
+Schema version 2 stores the per-run curves themselves; the centre, the pooled spread and the bands
+(harness.metrics.stats) are derived from them when a golden is loaded, so the statistics can never drift from
+the data, a same-seed run can be compared exactly (Megatron's deterministic test), and windows are placed where
+the candidate's logged steps put them. "values" keeps Megatron's golden-values shape (start_step, end_step,
+step_interval, values = the centre) for people and tools that read it; the loader checks it against the runs.
+
+Several goldens coexist under baselines/<scale>/ (baselines/tiny/dapo_lab.json from the lab, a verl one beside
+it); provenance names the source ("lab", "verl"), the precision and the runs' config.
 """
 from __future__ import annotations
 
@@ -14,31 +18,64 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
+from functools import cached_property, reduce
 from pathlib import Path
 
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_json_atomic
+from harness.metrics import stats
+from harness.metrics.keys import GRAD_NORM, PG_LOSS, RESPONSE_LENGTH, REWARD, ROLLOUT_PROBS_DIFF
 from harness.metrics.run import Run, Series
 
 SCHEMA = "ascend-rl-harness/baseline"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std)
+
+
+def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = math.inf, integer: bool = False,
+            low_open: bool = False, high_open: bool = False):
+    """doc[key] validated as a finite number (not a bool or string) in its range; BadInput naming it."""
+    value = doc[key]
+    kinds = (int,) if integer else (int, float)
+    ok = type(value) in kinds and _finite(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise BadInput(f"{where}: tolerance {key} is {value!r}; it must be a{'n integer' if integer else ' number'} "
+                       f"in {bounds}")
+    return value
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond float range (JSON allows 400 digits)
+        return False
 
 
 @dataclass(frozen=True)
 class CurveTolerance:
     """How far a candidate may sit from the reference, per statistic (data, not code).
 
-    band: per-step half-width = max(band_atol, band_rtol*|ref|, band_k*std*sqrt(1+1/n)); up to
-      `max_outliers` (fraction of compared steps, at least one step) may fall outside (Megatron).
-    window: `window_stat` of steps window[0]..window[1] within max(window_atol, window_rtol*|ref|, k*spread)
-      (verl Ascend nightly: mean of steps 5-14, |d reward| <= 0.05).
-    trend: least-squares slope over the first `trend_steps` steps within max(trend_atol, k*spread).
+    band: per-step half-width = max(band_atol, band_rtol*|centre|, Student-t prediction half-width at
+      `confidence` from the spread pooled over `pool` neighbouring steps each side); up to `max_outliers`
+      (fraction of compared steps, at least one step) may fall outside (Megatron).
+    window: `window_stat` of the window[0]-th..window[1]-th logged steps (counted from the candidate's first
+      logged step, so a run resumed at step 101 is judged on 105-114) within max(window_atol,
+      window_rtol*|ref|, prediction half-width of the runs' window statistics) (verl Ascend nightly: mean of steps
+      5-14, |d reward| <= 0.05).
+    trend: least-squares slope over the first `trend_steps` logged steps within max(trend_atol, prediction
+      half-width of the runs' slopes).
     """
 
     band_atol: float
     band_rtol: float = 0.0
-    band_k: float = 4.0
-    max_outliers: float = 0.1
+    # Per statistic. Measured on the tiny lab (scripts/measure-false-alarms, 24 clean seeds, 1,500 random 3-run
+    # baselines): 0.99 / 10 % outliers flagged 16 % of clean runs, 0.998 / 20 % flags ~2 %. Clean RL seeds
+    # sometimes take another mode for a stretch of steps (one lab seed's response length sits 0.8 below the
+    # others for 7 steps): the band allows that stretch, the window and trend still see a sustained shift.
+    confidence: float = 0.998
+    max_outliers: float = 0.2
+    pool: int = 2
     window: tuple[int, int] = (5, 14)
     window_stat: str = "mean"
     window_atol: float = 0.05
@@ -47,139 +84,352 @@ class CurveTolerance:
     trend_atol: float = 0.01
 
     def __post_init__(self):
-        if self.window_stat not in ("mean", "median"):
-            raise BadInput(f"tolerance window_stat {self.window_stat!r}: use mean or median")
-        if self.window[0] > self.window[1] or self.trend_steps < 2:
-            raise BadInput(f"tolerance window {self.window} must be (start <= end), trend_steps >= 2")
+        self.validate(dataclasses.asdict(self), "tolerance")
 
+    @staticmethod
+    def validate(doc: dict, where: str) -> None:
+        for key in ("band_atol", "band_rtol", "window_atol", "window_rtol", "trend_atol"):
+            _number(doc, key, where)
+        # max_outliers is a fraction of the steps: 5.0 would allow every step outside (MISALIGNED read as ALIGNED)
+        _number(doc, "max_outliers", where, high=1.0, high_open=True)
+        _number(doc, "confidence", where, low=0.5, high=1.0, low_open=True, high_open=True)
+        _number(doc, "pool", where, high=50, integer=True)
+        _number(doc, "trend_steps", where, low=2, high=10_000, integer=True)
+        window = doc["window"]
+        if (not isinstance(window, (list, tuple)) or len(window) != 2 or any(type(w) is not int for w in window)
+                or not 1 <= window[0] <= window[1]):
+            raise BadInput(f"{where}: tolerance window {window!r} must be [first, last] logged steps, "
+                           "1 <= first <= last (verl's nightly: [5, 14])")
+        if doc["window_stat"] not in ("mean", "median"):
+            raise BadInput(f"{where}: tolerance window_stat {doc['window_stat']!r}: use mean or median")
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> CurveTolerance:
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where}: tolerance must be an object, got {type(doc).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown or "band_atol" not in doc:
+            raise BadInput(f"{where}: tolerance keys {unknown or ['band_atol (missing)']} are not "
+                           f"{', '.join(sorted(known))}")
+        full = {**{f.name: f.default for f in dataclasses.fields(cls) if f.name != "band_atol"}, **doc}
+        cls.validate(full, where)
+        return cls(**{**full, "window": tuple(full["window"])})
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "window": list(self.window)}
+
+
+# rollout_probs_diff_mean (mean |p_rollout - p_actor| of the sampled tokens) is float noise on a healthy run, and
+# float noise depends on the precision: ~1e-7 in the fp32 lab, ~4.4e-3 on a healthy bf16 NPU run -- as large as
+# the fp32 lab's stale-weights fault. One floor for both either flags every healthy bf16 run or misses the lab's
+# faults, so the floors follow the baseline's precision. bf16/fp16: verl's Ascend nightly allows 5 % relative.
+_PROBS_DIFF_BF16 = CurveTolerance(band_atol=2e-3, band_rtol=0.05, window_atol=1e-3, window_rtol=0.05, trend_atol=2e-4)
+PRECISION_TOLERANCES: dict[str, dict[str, CurveTolerance]] = {
+    "fp32": {ROLLOUT_PROBS_DIFF: CurveTolerance(band_atol=1e-4, band_rtol=0.05, window_atol=5e-5, window_rtol=0.05,
+                                                trend_atol=1e-5)},
+    "bf16": {ROLLOUT_PROBS_DIFF: _PROBS_DIFF_BF16},
+    "fp16": {ROLLOUT_PROBS_DIFF: _PROBS_DIFF_BF16},
+}
+PRECISIONS = tuple(PRECISION_TOLERANCES)
 
 # Defaults per metric (used by `baseline record` and when comparing against raw runs). Reward: verl's
-# nightly |d| <= 0.05 on the windowed mean; rollout_probs_diff: a healthy rollout matches the actor to
-# float noise (~1e-7 in fp32 at tiny scale, ~1e-3 in bf16), the real faults move it by 1e-2 or more.
+# nightly |d| <= 0.05 on the windowed mean. rollout_probs_diff: the bf16 floors unless the precision is known.
 DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
-    "critic/rewards/mean": CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
-    "response_length/mean": CurveTolerance(band_atol=0.5, band_rtol=0.1, window_atol=0.25, window_rtol=0.05,
-                                      trend_atol=0.05),
-    "actor/pg_loss": CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
-    "actor/grad_norm": CurveTolerance(band_atol=0.5, band_rtol=0.3, window_atol=0.25, window_rtol=0.15, trend_atol=0.1),
-    "training/rollout_probs_diff_mean": CurveTolerance(band_atol=2e-3, band_rtol=0.05, window_atol=1e-3,
-                                                  window_rtol=0.05, trend_atol=2e-4),
+    REWARD: CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
+    RESPONSE_LENGTH: CurveTolerance(band_atol=0.5, band_rtol=0.1, window_atol=0.25, window_rtol=0.05,
+                                    trend_atol=0.05),
+    PG_LOSS: CurveTolerance(band_atol=0.1, window_atol=0.05, trend_atol=0.01),
+    GRAD_NORM: CurveTolerance(band_atol=0.5, band_rtol=0.3, window_atol=0.25, window_rtol=0.15, trend_atol=0.1),
+    ROLLOUT_PROBS_DIFF: _PROBS_DIFF_BF16,
 }
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 
 
-def default_tolerance(metric: str) -> CurveTolerance:
+def default_tolerance(metric: str, precision: str | None = None) -> CurveTolerance:
+    """The metric's tolerance; rollout_probs_diff's floors follow the precision (bf16 when unknown: the
+    production NPU precision, and the wider floor)."""
+    if metric in PRECISION_TOLERANCES.get(precision or "bf16", {}):
+        return PRECISION_TOLERANCES[precision or "bf16"][metric]
     try:
         return DEFAULT_TOLERANCES[metric]
     except KeyError:
         raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}") from None
 
 
-def window_stat(series: Series, tol: CurveTolerance) -> float | None:
-    """The windowed mean/median of `series`, None when the window has no steps."""
-    values = [v for v in series.window(*tol.window).values if math.isfinite(v)]
-    if not values:
+@dataclass(frozen=True)
+class SanityLimit:
+    """An absolute bound a healthy run stays within, with or without a baseline (NeMo-RL's nightly
+    tests/check_metrics.py conditions, e.g. `mean(data["train/token_mult_prob_error"]) < 1.1`): at most
+    `max_outliers` of the steps (a fraction) outside [low, high]; a non-finite value always fails."""
+
+    metric: str
+    low: float
+    high: float
+    max_outliers: float
+    source: str
+
+
+SANITY_LIMITS: tuple[SanityLimit, ...] = (
+    # verl's DAPO reward: math_dapo's score is +1/-1, the overlong penalty adds down to -overlong_penalty_factor
+    # (1.0 in verl's DAPO recipes): a mean reward outside [-2, 1] is not a DAPO reward.
+    SanityLimit(REWARD, -2.0, 1.0, 0.0, "DAPO reward range: math_dapo score +-1, overlong penalty >= -1"),
+    SanityLimit(RESPONSE_LENGTH, 0.0, math.inf, 0.0, "a length is never negative"),
+    SanityLimit(GRAD_NORM, 0.0, math.inf, 0.0, "a norm is never negative; non-finite means the update diverged"),
+    SanityLimit(PG_LOSS, -math.inf, math.inf, 0.0, "a finite policy loss"),
+)
+# Rollout vs actor probabilities of the sampled tokens: NeMo-RL fails a run whose token_mult_prob_error (the
+# probability ratio) averages above 1.1; verl's absolute difference of probabilities is on the same scale.
+# fp32: healthy ~1e-7, every real rollout fault of seed 001 >= 1e-3 in the lab. bf16: healthy ~4.4e-3 (a real
+# Ascend run), so 0.05 is an order of magnitude of margin. A few spikes (5 %, NeMo-RL's ignore_top_p) pass.
+PROBS_DIFF_LIMITS = {"fp32": 1e-3, "bf16": 0.05, "fp16": 0.05}
+
+
+def sanity_limits(precision: str | None) -> tuple[SanityLimit, ...]:
+    high = PROBS_DIFF_LIMITS.get(precision or "bf16", PROBS_DIFF_LIMITS["bf16"])
+    return (*SANITY_LIMITS, SanityLimit(ROLLOUT_PROBS_DIFF, 0.0, high, 0.05,
+                                        f"{precision or 'bf16 (precision unknown)'} rollout/actor mismatch limit; "
+                                        "NeMo-RL: token_mult_prob_error < 1.1"))
+
+
+_DTYPES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+           "float16": "fp16", "fp16": "fp16", "half": "fp16"}
+
+
+def run_precision(run: Run) -> str | None:
+    """The precision a run rolled out in: meta.json "precision", else its verl config's rollout dtype
+    (actor_rollout_ref.rollout.dtype, verl's RolloutConfig), else fp32 for the tiny lab (harness/lab/loop.py
+    builds its engine with dtype=torch.float32); None when nothing says."""
+    extra = run.meta.extra
+    named = extra.get("precision")
+    config = extra.get("config")
+    if named is None and isinstance(config, dict):
+        rollout = (config.get("actor_rollout_ref") or {}).get("rollout") or {}
+        named = rollout.get("dtype") if isinstance(rollout, dict) else None
+    if named is not None:
+        return _DTYPES.get(str(named).lower())
+    return "fp32" if isinstance(extra.get("lab"), dict) else None
+
+
+def run_seed(run: Run) -> int | None:
+    """The seed of a run: meta.json "seed", or the lab config's seed."""
+    extra = run.meta.extra
+    seed = extra.get("seed", (extra.get("lab") or {}).get("seed") if isinstance(extra.get("lab"), dict) else None)
+    return seed if type(seed) is int else None
+
+
+def window_steps(first_step: int, tol: CurveTolerance) -> tuple[int, int]:
+    """The window as absolute steps for a series whose first logged step is `first_step`."""
+    return first_step + tol.window[0] - 1, first_step + tol.window[1] - 1
+
+
+def window_stat(series: Series, first: int, last: int, stat: str) -> float | None:
+    """mean/median of the series over steps first..last; None unless it logged every step there (finite)."""
+    values = series.window(first, last).values
+    if len(values) != last - first + 1 or not all(map(math.isfinite, values)):
         return None
-    return statistics.fmean(values) if tol.window_stat == "mean" else statistics.median(values)
+    return statistics.fmean(values) if stat == "mean" else statistics.median(values)
 
 
-def slope(series: Series, tol: CurveTolerance) -> float | None:
-    """Least-squares slope (per step) over the first `trend_steps` finite points; None if fewer than 2."""
-    pts = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if math.isfinite(v)][:tol.trend_steps]
+def slope(series: Series) -> float | None:
+    """Least-squares slope (per step) over the series' finite points; None if fewer than 2."""
+    pts = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if math.isfinite(v)]
     if len(pts) < 2:
         return None
     return statistics.linear_regression([s for s, _ in pts], [v for _, v in pts]).slope
 
 
 @dataclass(frozen=True)
+class ReferenceCurve:
+    """One reference run's curve of one metric (finite values, strictly increasing steps) and its seed."""
+
+    name: str
+    seed: int | None
+    series: Series
+
+
+@dataclass(frozen=True)
 class MetricBaseline:
-    """One metric's reference: per-step mean and std over `n_runs` runs, and each run's window/trend statistic."""
+    """One metric's reference: the runs' curves and the tolerance; centre, spread and bands derived."""
 
-    steps: tuple[int, ...]
-    center: tuple[float, ...]
-    std: tuple[float, ...]
-    n_runs: int
-    window_values: tuple[float, ...]
-    trend_values: tuple[float, ...]
+    runs: tuple[ReferenceCurve, ...]
     tolerance: CurveTolerance
+    min_runs: int = stats.MIN_CALIBRATED_RUNS  # runs needed for a calibrated spread (the self-check lowers it)
 
-    def to_json(self) -> dict:
-        # Megatron's golden shape (start_step, end_step, step_interval, values); missing steps are null.
-        start, end = self.steps[0], self.steps[-1]
-        gaps = {b - a for a, b in itertools.pairwise(self.steps)}
-        interval = min(gaps) if gaps else 1
-        grid = list(range(start, end + 1, interval))
-        by_step = dict(zip(self.steps, zip(self.center, self.std, strict=True), strict=True))
-        return {"start_step": start, "end_step": end, "step_interval": interval,
-                "values": [by_step[s][0] if s in by_step else None for s in grid],
-                "std": [by_step[s][1] if s in by_step else None for s in grid],
-                "n_runs": self.n_runs, "window_values": list(self.window_values),
-                "trend_values": list(self.trend_values),
-                "tolerance": {**dataclasses.asdict(self.tolerance), "window": list(self.tolerance.window)}}
+    @property
+    def n_runs(self) -> int:
+        return len(self.runs)
 
-    @classmethod
-    def from_json(cls, doc: dict, where: str) -> MetricBaseline:
-        try:
-            grid = range(doc["start_step"], doc["end_step"] + 1, doc["step_interval"])
-            rows = [(s, v, sd) for s, v, sd in zip(grid, doc["values"], doc["std"], strict=True) if v is not None]
-            tol = dict(doc["tolerance"])
-            tol["window"] = tuple(tol["window"])
-            return cls(steps=tuple(s for s, _, _ in rows), center=tuple(float(v) for _, v, _ in rows),
-                       std=tuple(float(sd) for _, _, sd in rows), n_runs=int(doc["n_runs"]),
-                       window_values=tuple(map(float, doc["window_values"])),
-                       trend_values=tuple(map(float, doc["trend_values"])), tolerance=CurveTolerance(**tol))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadInput(f"{where}: malformed baseline entry ({type(exc).__name__}: {exc}); "
-                           "re-record it with `ascend-rl-harness baseline record`") from None
+    @property
+    def calibrated(self) -> bool:
+        return self.n_runs >= self.min_runs
+
+    @cached_property
+    def steps(self) -> tuple[int, ...]:
+        """Steps every reference run logged: the band is drawn there."""
+        common = reduce(set.intersection, (set(r.series.steps) for r in self.runs[1:]), set(self.runs[0].series.steps))
+        return tuple(sorted(common))
+
+    @cached_property
+    def _columns(self) -> list[list[float]]:
+        maps = [r.series.as_dict() for r in self.runs]
+        return [[m[s] for m in maps] for s in self.steps]
+
+    @cached_property
+    def center(self) -> tuple[float, ...]:
+        return tuple(stats.centre(column) for column in self._columns)
+
+    @cached_property
+    def spreads(self) -> tuple[tuple[float, int], ...]:
+        """(s, df) per step: the robust spread pooled over `pool` neighbouring steps each side."""
+        return tuple(stats.pooled_spreads(self._columns, self.tolerance.pool))
+
+    def half_width(self, i: int, *, calibrated: bool | None = None) -> float:
+        """Band half-width at step index i; floors only when not calibrated (fewer than 3 runs)."""
+        tol = self.tolerance
+        floor = max(tol.band_atol, tol.band_rtol * abs(self.center[i]))
+        if not (self.calibrated if calibrated is None else calibrated):
+            return floor
+        s, df = self.spreads[i]
+        return max(floor, stats.prediction_half_width(s, df, self.n_runs, tol.confidence))
 
     def series(self) -> Series:
         return Series(self.steps, self.center)
 
+    def run_statistics(self, fn) -> list[float | None]:
+        """fn(series) per reference run (None where a run cannot give it)."""
+        return [fn(r.series) for r in self.runs]
+
+    def to_json(self) -> dict:
+        # Megatron's golden shape (start_step, end_step, step_interval, values = the centre) on the grid of every
+        # step any run logged; each run's values on the same grid, null where it did not log the step.
+        every = sorted(set().union(*(r.series.steps for r in self.runs)))
+        start, end = every[0], every[-1]
+        interval = reduce(math.gcd, (b - a for a, b in itertools.pairwise(every)), 0) or 1
+        grid = range(start, end + 1, interval)
+        centre = dict(zip(self.steps, self.center, strict=True))
+        maps = [r.series.as_dict() for r in self.runs]
+        return {"start_step": start, "end_step": end, "step_interval": interval,
+                "values": [centre.get(s) for s in grid], "n_runs": self.n_runs,
+                "runs": [{"name": r.name, "seed": r.seed, "values": [m.get(s) for s in grid]}
+                         for r, m in zip(self.runs, maps, strict=True)],
+                "tolerance": self.tolerance.to_json()}
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> MetricBaseline:
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where}: a metric entry must be an object, got {type(doc).__name__}; re-record it")
+        try:
+            start, end, interval = doc["start_step"], doc["end_step"], doc["step_interval"]
+            runs_doc, values, tolerance = doc["runs"], doc["values"], doc["tolerance"]
+        except KeyError as exc:
+            raise BadInput(f"{where}: missing {exc}; re-record it with `ascend-rl-harness baseline record`") from None
+        if any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0:
+            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, start <= end, "
+                           f"interval >= 1 (got {start!r}, {end!r}, {interval!r})")
+        grid = range(start, end + 1, interval)
+        if not isinstance(runs_doc, list) or not runs_doc:
+            raise BadInput(f"{where}: \"runs\" must be a non-empty list of the reference runs' curves")
+        if "n_runs" in doc and doc["n_runs"] != len(runs_doc):
+            raise BadInput(f"{where}: n_runs is {doc['n_runs']!r} but {len(runs_doc)} runs are stored; re-record it")
+        runs = tuple(_curve_from_json(r, grid, f"{where}: runs[{i}]") for i, r in enumerate(runs_doc))
+        baseline = cls(runs=runs, tolerance=CurveTolerance.from_json(tolerance, where))
+        if not baseline.steps:
+            raise BadInput(f"{where}: the reference runs share no step; re-record it")
+        expected = dict(zip(baseline.steps, baseline.center, strict=True))
+        if not isinstance(values, list) or len(values) != len(grid) or any(
+                not (v is None and s not in expected) and not (
+                    type(v) in (int, float) and s in expected and _finite(v)
+                    and math.isclose(v, expected[s], rel_tol=1e-9, abs_tol=1e-12))
+                for s, v in zip(grid, values, strict=True)):
+            raise BadInput(f"{where}: \"values\" are not the centre of its runs (edited by hand?); re-record it")
+        return baseline
+
+
+def _curve_from_json(doc, grid: range, where: str) -> ReferenceCurve:
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("values"), list):
+        raise BadInput(f"{where}: a run must be {{\"name\": str, \"seed\": int|null, \"values\": [...]}}")
+    seed, values = doc.get("seed"), doc["values"]
+    if seed is not None and type(seed) is not int:
+        raise BadInput(f"{where}: seed {seed!r} is not a whole number")
+    if len(values) != len(grid):
+        raise BadInput(f"{where}: {len(values)} values for {len(grid)} steps of start_step..end_step")
+    pairs = [(s, v) for s, v in zip(grid, values, strict=True) if v is not None]
+    bad = [s for s, v in pairs if type(v) not in (int, float) or not _finite(v)]
+    if bad:
+        raise BadInput(f"{where}: step {bad[0]} holds {dict(pairs)[bad[0]]!r}, not a finite number")
+    if not pairs:
+        raise BadInput(f"{where}: every value is null; re-record the baseline")
+    return ReferenceCurve(name=doc["name"], seed=seed,
+                          series=Series(tuple(s for s, _ in pairs), tuple(float(v) for _, v in pairs)))
+
 
 @dataclass(frozen=True)
 class Baseline:
-    """Reference curves for several metrics plus provenance (hardware, versions, date, source runs)."""
+    """Reference curves for several metrics plus provenance (hardware, precision, versions, date, runs)."""
 
     metrics: dict[str, MetricBaseline]
     provenance: dict = field(default_factory=dict)
     name: str = "baseline"
 
+    @property
+    def precision(self) -> str | None:
+        return self.provenance.get("precision")
+
+    @property
+    def n_runs(self) -> int:
+        return max((m.n_runs for m in self.metrics.values()), default=0)
+
     @classmethod
     def from_runs(cls, runs: list[Run], metrics: tuple[str, ...] = ALIGN_METRICS,
-                  tolerances: dict[str, CurveTolerance] | None = None) -> Baseline:
-        """Derive a baseline from one or more reference runs (steps common to all runs)."""
+                  tolerances: dict[str, CurveTolerance] | None = None, *, source: str | None = None) -> Baseline:
+        """Derive a baseline from reference runs. Their values must be finite: a NaN in a reference is a
+        broken reference, not a band."""
         if not runs:
             raise BadInput("no reference runs given")
-        tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        precisions = {run_precision(r) for r in runs}
+        if len(precisions) > 1:
+            raise BadInput(f"reference runs mix precisions {sorted(map(str, precisions))}; record one per precision")
+        (precision,) = precisions
         out = {}
         for metric in metrics:
-            have = [r for r in runs if metric in r]
-            if len(have) != len(runs):
-                missing = [r.name for r in runs if metric not in r]
+            missing = [r.name for r in runs if metric not in r]
+            if missing:
                 raise BadInput(f"reference run {missing[0]} has no metric {metric!r}; record without it "
                                "(--metric) or pass runs that log it")
-            tol = tolerances.get(metric) or default_tolerance(metric)
-            series = [r[metric] for r in runs]
-            common = sorted(set.intersection(*(set(s.steps) for s in series)))
-            if not common:
+            curves = []
+            for r in runs:
+                series = r[metric]
+                bad = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if not math.isfinite(v)]
+                if bad:
+                    raise BadInput(f"reference run {r.name} ({', '.join(r.meta.sources[:1]) or 'no source'}): "
+                                   f"{metric} is {bad[0][1]} at step {bad[0][0]} ({len(bad)} non-finite values); "
+                                   "a diverged run cannot be a reference")
+                curves.append(ReferenceCurve(name=r.name, seed=run_seed(r), series=series))
+            tol = (tolerances or {}).get(metric) or default_tolerance(metric, precision)
+            baseline = MetricBaseline(runs=tuple(curves), tolerance=tol)
+            if not baseline.steps:
                 raise BadInput(f"reference runs share no steps of {metric!r}")
-            maps = [s.as_dict() for s in series]
-            center, std = [], []
-            for step in common:
-                values = [m[step] for m in maps]
-                center.append(statistics.fmean(values))
-                std.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-            windows = tuple(w for w in (window_stat(s, tol) for s in series) if w is not None)
-            trends = tuple(t for t in (slope(s, tol) for s in series) if t is not None)
-            out[metric] = MetricBaseline(steps=tuple(common), center=tuple(center), std=tuple(std), n_runs=len(runs),
-                                         window_values=windows, trend_values=trends, tolerance=tol)
+            out[metric] = baseline
         first = runs[0].meta
-        provenance = {"runs": [r.name for r in runs], "sources": [src for r in runs for src in r.meta.sources],
+        provenance = {"source": source or ("lab" if "lab" in first.extra else "verl"),
+                      "runs": [r.name for r in runs], "seeds": [run_seed(r) for r in runs],
+                      "sources": [src for r in runs for src in r.meta.sources],
                       "scale": first.scale, "hardware": first.hardware, "devices": first.devices,
-                      "versions": dict(first.versions),
+                      "precision": precision, "versions": dict(first.versions),
+                      # what the runs shared (a candidate that differs is told so); seed and length may differ
+                      "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more")
+
+    def without(self, index: int, *, min_runs: int = stats.MIN_CALIBRATED_RUNS) -> Baseline:
+        """The baseline of every reference run but the index-th (the leave-one-out self-check), calibrated from
+        `min_runs` runs on."""
+        left_out = next(iter(self.metrics.values())).runs[index].name
+        return dataclasses.replace(self, metrics={
+            m: dataclasses.replace(b, runs=b.runs[:index] + b.runs[index + 1:], min_runs=min_runs)
+            for m, b in self.metrics.items()}, name=f"{self.name} without {left_out}")
 
     def to_json(self) -> dict:
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance,
@@ -203,13 +453,19 @@ def is_baseline_file(path: str | Path) -> bool:
 
 
 def load_baseline(path: str | Path) -> Baseline:
-    """Load a golden file; refuses unknown schema versions with a clear message."""
+    """Load a golden file; refuses unknown schema versions and malformed entries with a clear message."""
     path = Path(path)
     doc = read_versioned(path, schema=SCHEMA, version=SCHEMA_VERSION, what="baseline",
-                         hint="re-record it with `ascend-rl-harness baseline record`",
+                         hint="re-record it with `ascend-rl-harness baseline record` (scripts/make-tiny-golden for "
+                              "the tiny lab golden)",
                          missing=f"no such baseline; record one with `ascend-rl-harness baseline record RUN... "
                                  f"--out {path}`")
-    metrics = {m: MetricBaseline.from_json(d, f"{path}: {m}") for m, d in doc.get("metrics", {}).items()}
-    if not metrics:
-        raise BadInput(f"{path}: baseline has no metrics")
-    return Baseline(metrics, doc.get("provenance", {}), name=path.stem)
+    metrics_doc, provenance = doc.get("metrics"), doc.get("provenance", {})
+    if not isinstance(metrics_doc, dict) or not metrics_doc:
+        raise BadInput(f"{path}: \"metrics\" must be an object of metric name -> curves; re-record the baseline")
+    if not isinstance(provenance, dict):
+        raise BadInput(f"{path}: \"provenance\" must be an object; re-record the baseline")
+    metrics = {m: MetricBaseline.from_json(d, f"{path}: {m}") for m, d in metrics_doc.items()}
+    if provenance.get("precision") not in (None, *PRECISIONS):
+        raise BadInput(f"{path}: provenance precision {provenance.get('precision')!r} is not one of {PRECISIONS}")
+    return Baseline(metrics, provenance, name=path.stem)

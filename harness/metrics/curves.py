@@ -1,10 +1,19 @@
-"""Reward-curve alignment: a candidate `Run` against a `Baseline`, per metric, three statistics.
+"""Reward-curve alignment: a candidate `Run` against a `Baseline`, per metric, three statistics, plus absolute
+sanity limits and an exact mode for same-seed runs.
 
-- band: per-step |candidate - reference| within the band; a few outliers allowed (Megatron's golden-values
-  check). Non-finite candidate values always fail (a NaN grad_norm is a finding, not noise).
-- window: mean/median over a steady window (verl's Ascend nightly: mean of steps 5-14, |d reward| <= 0.05).
-- trend: slope over the first k steps. Seed 001: after two fixes the 671B reward went -0.9 -> -0.8 in 10 steps
-  while the GPU baseline reached -0.6: "still misaligned". Per-step noise hides that; the slope does not.
+- band: per-step |candidate - centre| within the band (robust centre, spread pooled over neighbouring steps,
+  Student-t prediction interval: harness.metrics.stats); a few outliers allowed (Megatron's golden-values check).
+  Non-finite candidate values always fail (a NaN grad_norm is a finding, not noise).
+- window: mean/median over a steady window counted from the candidate's first logged step (verl's Ascend nightly:
+  mean of steps 5-14, |d reward| <= 0.05; a run resumed at step 101 is judged on 105-114).
+- trend: slope over the first k logged steps. Seed 001: after two fixes the 671B reward went -0.9 -> -0.8 in 10
+  steps while the GPU baseline reached -0.6: "still misaligned". Per-step noise hides that; the slope does not.
+- sanity: absolute limits that need no baseline (NeMo-RL style), e.g. rollout_probs_diff below the precision's
+  limit, a DAPO reward inside [-2, 1].
+- exact: a run with the seed of one reference run must reproduce it value for value (Megatron's deterministic
+  test): the lab, and verl on CPU, are deterministic per seed.
+With fewer than 3 reference runs the spread is unknown: band/window/trend are then "uncalibrated: floors only"
+(reported, never failing); sanity limits and non-finite values still fail.
 Each `CurveVerdict` names the statistic, where (step or window) and by how much; `plot` draws candidate vs band.
 """
 from __future__ import annotations
@@ -15,25 +24,42 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.findings import Finding
-from harness.metrics.baseline import ALIGN_METRICS, Baseline, MetricBaseline, slope, window_stat
-from harness.metrics.run import Run, Series
+from harness.metrics import stats
+from harness.metrics.baseline import (
+    ALIGN_METRICS,
+    Baseline,
+    MetricBaseline,
+    SanityLimit,
+    default_tolerance,
+    run_precision,
+    run_seed,
+    sanity_limits,
+    slope,
+    window_stat,
+    window_steps,
+)
+from harness.metrics.run import Run, Series, Summary
+
+ALIGNED, MISALIGNED, UNCALIBRATED, NOT_COMPARED = "ALIGNED", "MISALIGNED", "UNCALIBRATED", "NOT COMPARED"
 
 
 @dataclass(frozen=True)
 class CurveVerdict:
-    """One statistic of one metric. `passed` is None when it could not be evaluated (`detail` says why)."""
+    """One statistic of one metric. `passed` is None when it was not judged: not evaluable, or uncalibrated
+    (`calibrated` False: fewer than 3 reference runs, floors only); `detail` says which and why."""
 
     metric: str
-    statistic: str  # band | window-mean | window-median | trend | coverage
+    statistic: str  # band | window-mean | window-median | trend | coverage | sanity | exact
     passed: bool | None
     where: str  # "step 12", "steps 5-14", ...
     detail: str
     value: float | None = None  # the candidate's statistic (band: worst deviation)
     reference: float | None = None
     tolerance: float | None = None
+    calibrated: bool = True
 
     def message(self) -> str:
-        state = {True: "ok", False: "FAIL", None: "skip"}[self.passed]
+        state = {True: "ok", False: "FAIL", None: "skip" if self.calibrated else "uncalibrated"}[self.passed]
         return f"[{state}] {self.metric} {self.statistic} at {self.where}: {self.detail}"
 
     def to_json(self) -> dict:
@@ -42,26 +68,39 @@ class CurveVerdict:
 
 @dataclass(frozen=True)
 class CurveAlignment:
-    """All verdicts of one comparison; aligned when none failed and at least one was evaluated."""
+    """All verdicts of one comparison. state: MISALIGNED when a verdict failed; UNCALIBRATED when the baseline
+    has fewer than 3 runs (floors only: reported, not failing); ALIGNED when at least one verdict passed;
+    NOT COMPARED when nothing could be judged. `notes` are caveats (precision or config differences)."""
 
     candidate: str
     baseline: str
     verdicts: tuple[CurveVerdict, ...]
+    n_runs: int = 0  # reference runs behind the bands
+    notes: tuple[str, ...] = ()
 
     @property
     def failures(self) -> tuple[CurveVerdict, ...]:
         return tuple(v for v in self.verdicts if v.passed is False)
 
     @property
+    def state(self) -> str:
+        if self.failures:
+            return MISALIGNED
+        if any(not v.calibrated for v in self.verdicts):
+            return UNCALIBRATED
+        return ALIGNED if any(v.passed for v in self.verdicts) else NOT_COMPARED
+
+    @property
     def aligned(self) -> bool:
-        return not self.failures and any(v.passed for v in self.verdicts)
+        return self.state == ALIGNED
 
     @property
     def ok(self) -> bool:
-        return self.aligned
+        """Not failing: aligned, or uncalibrated (an explicit 'cannot judge with this few runs', never a FAIL)."""
+        return self.state in (ALIGNED, UNCALIBRATED)
 
     def message(self) -> str:
-        return "\n".join([self.summary(), *(v.message() for v in self.failures)])
+        return "\n".join([self.summary(), *(v.message() for v in self.failures), *self.notes])
 
     def findings(self) -> tuple[Finding, ...]:
         return tuple(Finding(f"curves.{v.statistic}", v.metric, v.where, v.message()) for v in self.failures)
@@ -69,104 +108,177 @@ class CurveAlignment:
     def summary(self) -> str:
         ok = sum(1 for v in self.verdicts if v.passed)
         skipped = sum(1 for v in self.verdicts if v.passed is None)
-        return (f"{self.candidate} vs {self.baseline}: {'ALIGNED' if self.aligned else 'MISALIGNED'} "
-                f"({ok} passed, {len(self.failures)} failed, {skipped} skipped)")
+        head = f"{self.candidate} vs {self.baseline}: {self.state}"
+        if self.state == UNCALIBRATED:
+            beyond = sum(1 for v in self.verdicts if not v.calibrated and "beyond" in v.detail)
+            head += (f" (floors only: {self.n_runs} reference run{'s' * (self.n_runs != 1)}, "
+                     f"{stats.MIN_CALIBRATED_RUNS} needed for calibrated bands; {beyond} statistics beyond the floors)")
+        return f"{head} ({ok} passed, {len(self.failures)} failed, {skipped} not judged)"
 
 
-def _half_width(ref: MetricBaseline, i: int) -> float:
-    tol = ref.tolerance
-    spread = tol.band_k * ref.std[i] * math.sqrt(1 + 1 / ref.n_runs)  # prediction interval for one new run
-    return max(tol.band_atol, tol.band_rtol * abs(ref.center[i]), spread)
+def _uncalibrated(detail: str, n_runs: int) -> str:
+    return f"uncalibrated: floors only ({n_runs} reference run{'s' * (n_runs != 1)}); {detail}"
 
 
 def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     """Per-step band with up to max_outliers (fraction, at least 1) steps outside."""
     cmap = cand.as_dict()
-    rows = [(s, cmap[s], ref.center[i], _half_width(ref, i)) for i, s in enumerate(ref.steps) if s in cmap]
+    rows = [(s, cmap[s], ref.center[i], ref.half_width(i)) for i, s in enumerate(ref.steps) if s in cmap]
     if not rows:
-        return CurveVerdict(metric=metric, statistic="band", passed=None, where="-", detail="no common steps")
-    outside = [(s, c, r, h) for s, c, r, h in rows if not (abs(c - r) <= h)]  # NaN/inf count as outside
+        return CurveVerdict(metric=metric, statistic="band", passed=None, where="-",
+                            detail=f"no common steps (candidate {_span(cand)}, baseline {_span(ref.series())})")
+    outside = [s for s, c, r, h in rows if not (abs(c - r) <= h)]  # NaN/inf count as outside
     allowed = max(1, math.floor(ref.tolerance.max_outliers * len(rows)))
     nonfinite = [s for s, c, _, _ in rows if not math.isfinite(c)]
-    worst = max(rows, key=lambda r: (abs(r[1] - r[2]) - r[3]) if math.isfinite(r[1]) else math.inf)
-    s, c, r, h = worst
-    passed = len(outside) <= allowed and not nonfinite
+    s, c, r, h = max(rows, key=lambda row: (abs(row[1] - row[2]) - row[3]) if math.isfinite(row[1]) else math.inf)
     excess = abs(c - r) - h
     margin = f"{excess:.3g} beyond the band" if not excess <= 0 else f"inside the band by {-excess:.3g}"
     detail = (f"{len(outside)} of {len(rows)} steps outside the band (allowed {allowed}); worst step {s}: "
               f"{c:.4g} vs {r:.4g} +- {h:.3g} ({margin})")
     if nonfinite:
         detail += f"; non-finite at steps {nonfinite[:5]}"
+    passed = len(outside) <= allowed and not nonfinite
+    if not ref.calibrated and not nonfinite:
+        return CurveVerdict(metric=metric, statistic="band", passed=None, where=f"step {s}", value=abs(c - r),
+                            reference=r, tolerance=h, calibrated=False,
+                            detail=_uncalibrated(("within the floors: " if passed else "beyond the floors: ") + detail,
+                                                 ref.n_runs))
     return CurveVerdict(metric=metric, statistic="band", passed=passed, where=f"step {s}", detail=detail,
                         value=abs(c - r), reference=r, tolerance=h)
 
 
-def _spread_tol(values: tuple[float, ...], k: float) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return k * sd * math.sqrt(1 + 1 / len(values))
+def _span(series: Series) -> str:
+    return f"steps {series.steps[0]}-{series.steps[-1]}" if len(series) else "no steps"
+
+
+def _prediction(values: list[float], n_runs: int, confidence: float) -> tuple[float, float]:
+    """(centre, prediction half-width) of one new run's statistic from the reference runs' statistics."""
+    center = stats.centre(values)
+    s, df = stats.robust_spread([[v - center for v in values]])
+    return center, stats.prediction_half_width(s, df, n_runs, confidence)
+
+
+def _judged(metric: str, statistic: str, where: str, value: float, reference: float, bound: float,
+            ref: MetricBaseline, detail: str) -> CurveVerdict:
+    passed = abs(value - reference) <= bound
+    text = f"{detail}: |d| {abs(value - reference):.3g} {'<=' if passed else '>'} {bound:.3g}"
+    if not ref.calibrated:
+        return CurveVerdict(metric=metric, statistic=statistic, passed=None, where=where, value=value,
+                            reference=reference, tolerance=bound, calibrated=False,
+                            detail=_uncalibrated(("within the floors, " if passed else "beyond the floors, ") + text,
+                                                 ref.n_runs))
+    return CurveVerdict(metric=metric, statistic=statistic, passed=passed, where=where, value=value,
+                        reference=reference, tolerance=bound, detail=text)
+
+
+def _unfilled(metric: str, statistic: str, where: str, detail: str, allow_partial: bool) -> CurveVerdict:
+    """A statistic the candidate cannot be judged on because it stops (or starts) short: said, never passed."""
+    return CurveVerdict(metric=metric, statistic=statistic, passed=None if allow_partial else False, where=where,
+                        detail=detail + ("" if allow_partial else "; pass --allow-partial to skip it"))
 
 
 def window(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> CurveVerdict:
     tol = ref.tolerance
-    name, where = f"window-{tol.window_stat}", f"steps {tol.window[0]}-{tol.window[1]}"
-    want = [s for s in ref.steps if tol.window[0] <= s <= tol.window[1]]
-    have = set(cand.window(*tol.window).steps)
-    missing = [s for s in want if s not in have]
-    if not want:
-        return CurveVerdict(metric=metric, statistic=name, passed=None, where=where,
-                            detail="the baseline has no steps in the window")
-    if missing:
-        detail = f"candidate lacks {len(missing)} of {len(want)} window steps (first {missing[0]})"
-        return CurveVerdict(metric=metric, statistic=name, passed=None if allow_partial else False, where=where,
-                            detail=detail)
-    value, reference = window_stat(cand, tol), window_stat(ref.series(), tol)
-    bound = max(tol.window_atol, tol.window_rtol * abs(reference), _spread_tol(ref.window_values, tol.band_k))
+    first, last = window_steps(cand.steps[0], tol)
+    name, where = f"window-{tol.window_stat}", f"steps {first}-{last}"
+    value = window_stat(cand, first, last, tol.window_stat)
+    have = cand.window(first, last)
+    if len(have) < last - first + 1:
+        return _unfilled(metric, name, where, f"candidate logged {_span(cand)}: it cannot fill the window "
+                         f"{first}-{last} (the {tol.window[0]}th-{tol.window[1]}th logged steps); it has "
+                         f"{len(have)} of its {last - first + 1} steps", allow_partial)
     if value is None:
         return CurveVerdict(metric=metric, statistic=name, passed=False, where=where,
-                            detail="candidate window is all non-finite", reference=reference, tolerance=bound)
-    passed = abs(value - reference) <= bound
-    return CurveVerdict(metric=metric, statistic=name, passed=passed, where=where, value=value, reference=reference,
-                        tolerance=bound, detail=f"{value:.4g} vs {reference:.4g}: |d| {abs(value - reference):.3g} "
-                                                f"{'<=' if passed else '>'} {bound:.3g}")
+                            detail="candidate window holds non-finite values")
+    per_run = ref.run_statistics(lambda s: window_stat(s, first, last, tol.window_stat))
+    known = [v for v in per_run if v is not None]
+    if len(known) < len(per_run):
+        return CurveVerdict(metric=metric, statistic=name, passed=None, where=where,
+                            detail=f"{len(per_run) - len(known)} of {len(per_run)} reference runs do not cover steps "
+                                   f"{first}-{last} (baseline {_span(ref.series())})")
+    reference, spread = _prediction(known, ref.n_runs, tol.confidence)
+    bound = max(tol.window_atol, tol.window_rtol * abs(reference), spread if ref.calibrated else 0.0)
+    return _judged(metric, name, where, value, reference, bound, ref, f"{value:.4g} vs {reference:.4g}")
 
 
 def trend(metric: str, cand: Series, ref: MetricBaseline, allow_partial: bool) -> CurveVerdict:
     tol = ref.tolerance
-    first = ref.steps[:tol.trend_steps]
-    where = f"steps {first[0]}-{first[-1]}"
-    cand_first = cand.window(first[0], first[-1])
-    if len(cand_first) < len(first):
-        detail = f"candidate has {len(cand_first)} of the first {len(first)} steps"
-        return CurveVerdict(metric=metric, statistic="trend", passed=None if allow_partial and len(cand_first) >= 2
-                            else False, where=where, detail=detail)
-    value, reference = slope(cand_first, tol), slope(ref.series(), tol)
-    bound = max(tol.trend_atol, _spread_tol(ref.trend_values, tol.band_k))
-    if value is None or reference is None:
+    first = cand.steps[0]
+    head = Series(cand.steps[:tol.trend_steps], cand.values[:tol.trend_steps])
+    last = head.steps[-1]
+    where = f"steps {first}-{last}"
+    if len(head) < tol.trend_steps:
+        return _unfilled(metric, "trend", where, f"candidate has {len(head)} of the first {tol.trend_steps} "
+                         "logged steps the slope is taken over", allow_partial and len(head) >= 2)
+    value = slope(head)
+    per_run = ref.run_statistics(lambda s: slope(s.window(first, last)) if s.window(first, last).steps == head.steps
+                                 else None)
+    known = [v for v in per_run if v is not None]
+    if len(known) < len(per_run):
+        return CurveVerdict(metric=metric, statistic="trend", passed=None, where=where,
+                            detail=f"{len(per_run) - len(known)} of {len(per_run)} reference runs do not log every "
+                                   f"step {first}-{last} (baseline {_span(ref.series())})")
+    if value is None or not all(map(math.isfinite, head.values)):
         return CurveVerdict(metric=metric, statistic="trend", passed=False, where=where, value=value,
-                            reference=reference, tolerance=bound, detail="not enough finite points for a slope")
-    passed = abs(value - reference) <= bound
-    return CurveVerdict(metric=metric, statistic="trend", passed=passed, where=where, value=value,
-                        reference=reference, tolerance=bound,
-                        detail=f"slope {value:+.4g}/step vs {reference:+.4g}/step: |d| {abs(value - reference):.3g} "
-                               f"{'<=' if passed else '>'} {bound:.3g}")
+                            detail="non-finite values in the steps the slope is taken over")
+    reference, spread = _prediction(known, ref.n_runs, tol.confidence)
+    bound = max(tol.trend_atol, spread if ref.calibrated else 0.0)
+    return _judged(metric, "trend", where, value, reference, bound, ref,
+                   f"slope {value:+.4g}/step vs {reference:+.4g}/step")
+
+
+def sanity(limit: SanityLimit, series: Series) -> CurveVerdict:
+    """An absolute limit: at most max_outliers of the steps outside [low, high]; non-finite values fail."""
+    rows = list(zip(series.steps, series.values, strict=True))
+    outside = [(s, v) for s, v in rows if not (limit.low <= v <= limit.high)]
+    nonfinite = [s for s, v in rows if not math.isfinite(v)]
+    allowed = math.floor(limit.max_outliers * len(rows))
+    passed = not nonfinite and len(outside) <= allowed
+    bounds = f"[{limit.low:g}, {limit.high:g}]"
+    if outside:
+        s, v = max(outside, key=lambda sv: math.inf if not math.isfinite(sv[1]) else max(limit.low - sv[1],
+                                                                                          sv[1] - limit.high))
+        detail = f"{len(outside)} of {len(rows)} steps outside {bounds} (allowed {allowed}); worst step {s}: {v:.4g}"
+        where = f"step {s}"
+    else:
+        detail, where = f"all {len(rows)} steps within {bounds}", _span(series)
+    return CurveVerdict(metric=limit.metric, statistic="sanity", passed=passed, where=where,
+                        detail=f"{detail} ({limit.source})", tolerance=limit.high)
+
+
+def check_sanity(candidate: Run, precision: str | None = None, metrics: tuple[str, ...] | None = None
+                 ) -> tuple[CurveVerdict, ...]:
+    """The sanity limits of the candidate's precision (its own when not given) on the metrics it logs."""
+    precision = precision or run_precision(candidate)
+    return tuple(sanity(limit, candidate[limit.metric]) for limit in sanity_limits(precision)
+                 if limit.metric in candidate and (metrics is None or limit.metric in metrics))
+
+
+def _notes(candidate: Run, baseline: Baseline) -> tuple[str, ...]:
+    notes = []
+    mine, theirs = run_precision(candidate), baseline.precision
+    if mine and theirs and mine != theirs:
+        notes.append(f"note: candidate precision {mine} differs from the baseline's {theirs}: rollout_probs_diff "
+                     "floors and limits differ by precision; record a baseline in the candidate's precision")
+    config, lab = baseline.provenance.get("config") or {}, candidate.meta.extra.get("lab")
+    if config and isinstance(lab, dict):
+        differ = sorted(k for k in config if k in lab and lab[k] != config[k])
+        if differ:
+            notes.append(f"note: candidate config differs from the baseline's in {', '.join(differ)} "
+                         f"({', '.join(f'{k} {lab[k]!r} vs {config[k]!r}' for k in differ[:3])})")
+    return tuple(notes)
 
 
 def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None = None, *,
             allow_partial: bool = False) -> CurveAlignment:
-    """Align `candidate` with `baseline` on `metrics` (default: all of the baseline's alignment metrics).
+    """Align `candidate` with `baseline` on `metrics` (default: all of the baseline's alignment metrics), plus the
+    sanity limits of the baseline's precision.
 
-    A candidate that stops before the baseline's window or trend steps fails those statistics unless
-    `allow_partial` (then they are skipped, never silently passed)."""
-    metrics = tuple(metrics) if metrics else tuple(m for m in ALIGN_METRICS if m in baseline.metrics) or tuple(
-        baseline.metrics)
+    A candidate that stops before the window or trend steps fails those statistics unless `allow_partial` (then
+    they are skipped, never silently passed)."""
+    metrics = _metrics(metrics, baseline)
     verdicts = []
     for metric in metrics:
-        if metric not in baseline.metrics:
-            raise BadInput(f"--metric {metric!r}: baseline {baseline.name} has no such metric; "
-                           f"it has {', '.join(baseline.metrics)}")
         ref = baseline.metrics[metric]
         if metric not in candidate:
             verdicts.append(CurveVerdict(metric=metric, statistic="coverage", passed=False, where="-",
@@ -175,26 +287,181 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
         cand = candidate[metric]
         verdicts += [band(metric, cand, ref), window(metric, cand, ref, allow_partial),
                      trend(metric, cand, ref, allow_partial)]
-    return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts))
+    verdicts += check_sanity(candidate, baseline.precision or run_precision(candidate), metrics)
+    return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts),
+                          n_runs=baseline.n_runs, notes=_notes(candidate, baseline))
 
 
-def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> dict:
-    """JSON-ready candidate vs band per metric (for `record_property("curves.series", ...)` and plots)."""
+def _metrics(metrics: tuple[str, ...] | None, baseline: Baseline) -> tuple[str, ...]:
+    metrics = tuple(metrics) if metrics else tuple(m for m in ALIGN_METRICS if m in baseline.metrics) or tuple(
+        baseline.metrics)
+    for metric in metrics:
+        if metric not in baseline.metrics:
+            raise BadInput(f"--metric {metric!r}: baseline {baseline.name} has no such metric; "
+                           f"it has {', '.join(baseline.metrics)}")
+    return metrics
+
+
+def compare_exact(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None = None, *,
+                  allow_partial: bool = False) -> CurveAlignment:
+    """Same-seed exact mode (Megatron's deterministic test): the candidate must reproduce, value for value, the
+    reference run of its own seed on every step that run logged (`allow_partial`: on the steps the candidate
+    logged, a shorter run). Refuses when the seed is unknown or absent."""
+    seed = run_seed(candidate)
+    if seed is None:
+        raise BadInput(f"run {candidate.name}: its meta.json records no seed; exact mode compares same-seed runs")
+    metrics = _metrics(metrics, baseline)
+    verdicts = []
+    for metric in metrics:
+        ref = next((r for r in baseline.metrics[metric].runs if r.seed == seed), None)
+        if ref is None:
+            seeds = sorted({r.seed for r in baseline.metrics[metric].runs if r.seed is not None})
+            raise BadInput(f"--exact: baseline {baseline.name} has no run of seed {seed} (it has seeds {seeds})")
+        if metric not in candidate:
+            verdicts.append(CurveVerdict(metric=metric, statistic="exact", passed=False, where="-",
+                                         detail=f"candidate {candidate.name} does not log {metric}"))
+            continue
+        series = ref.series
+        if allow_partial:  # a shorter run: the reference's steps up to the candidate's last
+            series = series.window(series.steps[0], candidate[metric].steps[-1])
+        verdicts.append(exact(metric, candidate[metric], series, ref.name))
+    return CurveAlignment(candidate=candidate.name, baseline=f"{baseline.name} seed {seed}", verdicts=tuple(verdicts),
+                          n_runs=1)
+
+
+def exact(metric: str, cand: Series, ref: Series, ref_name: str) -> CurveVerdict:
+    """Bitwise equality of the values on every step of `ref`; names the first divergent step."""
+    cmap = cand.as_dict()
+    missing = [s for s in ref.steps if s not in cmap]
+    if missing:
+        return CurveVerdict(metric=metric, statistic="exact", passed=False, where=f"step {missing[0]}",
+                            detail=f"candidate lacks {len(missing)} of the {len(ref)} steps of {ref_name} "
+                                   f"(first {missing[0]})")
+    diverged = [(s, cmap[s], v) for s, v in zip(ref.steps, ref.values, strict=True) if cmap[s] != v]
+    if not diverged:
+        return CurveVerdict(metric=metric, statistic="exact", passed=True, where=_span(ref),
+                            detail=f"all {len(ref)} steps equal {ref_name}'s exactly", tolerance=0.0)
+    s, c, v = diverged[0]
+    return CurveVerdict(metric=metric, statistic="exact", passed=False, where=f"step {s}", value=c, reference=v,
+                        tolerance=0.0, detail=f"{len(diverged)} of {len(ref)} steps differ from {ref_name}; first "
+                                              f"divergent step {s}: {c!r} vs {v!r} (|d| {abs(c - v):.3g})")
+
+
+def compare_summary(candidate: Run, summary: Summary, metrics: tuple[str, ...] | None = None) -> CurveAlignment:
+    """Against verl's Ascend nightly baseline summary (`key: value`, the mean of steps 5-14): the candidate's
+    windowed mean over the same window, with the nightly's tolerances. One reference value per metric is one run:
+    uncalibrated (floors only), reported, never failing; the sanity limits still apply."""
+    wanted = tuple(metrics) if metrics else tuple(m for m in ALIGN_METRICS if m in summary)
+    missing = [m for m in wanted if m not in summary]
+    if missing or not wanted:
+        raise BadInput(f"{summary.source}: the summary has no {missing[0] if missing else 'alignment metric'}; it has "
+                       f"{', '.join(sorted(summary.values)[:8])}")
+    verdicts = []
+    for metric in wanted:
+        if metric not in candidate:
+            verdicts.append(CurveVerdict(metric=metric, statistic="coverage", passed=False, where="-",
+                                         detail=f"candidate {candidate.name} does not log {metric}"))
+            continue
+        cand, tol = candidate[metric], default_tolerance(metric, run_precision(candidate))
+        first = cand.steps[0] + summary.window[0] - 1
+        last = cand.steps[0] + summary.window[1] - 1
+        value, where = window_stat(cand, first, last, "mean"), f"steps {first}-{last}"
+        if value is None:
+            verdicts.append(_unfilled(metric, "window-mean", where, f"candidate logged {_span(cand)}: it cannot fill "
+                                      f"{summary.statistic} at steps {first}-{last}", False))
+            continue
+        reference = summary.values[metric]
+        bound = max(tol.window_atol, tol.window_rtol * abs(reference))
+        passed = abs(value - reference) <= bound
+        verdicts.append(CurveVerdict(
+            metric=metric, statistic="window-mean", passed=None, where=where, value=value, reference=reference,
+            tolerance=bound, calibrated=False,
+            detail=_uncalibrated(f"{'within' if passed else 'beyond'} the floors, {value:.4g} vs {reference:.4g} "
+                                 f"({summary.statistic}): |d| {abs(value - reference):.3g} "
+                                 f"{'<=' if passed else '>'} {bound:.3g}", 1)))
+    verdicts += check_sanity(candidate, metrics=wanted)
+    return CurveAlignment(candidate=candidate.name, baseline=summary.name, verdicts=tuple(verdicts), n_runs=1)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """Leave-one-out check of a baseline's own runs: each compared with the band of the others. The fraction
+    flagged estimates the golden's false-alarm rate on clean runs; a flagged run disagrees with the others."""
+
+    runs: tuple[str, ...]
+    flagged: tuple[tuple[str, str], ...]  # (run, first failure)
+
+    @property
+    def false_alarm_rate(self) -> float:
+        return len(self.flagged) / len(self.runs) if self.runs else 0.0
+
+    def to_json(self) -> dict:
+        return {"runs": len(self.runs), "flagged": [{"run": r, "failure": f} for r, f in self.flagged],
+                "false_alarm_rate": self.false_alarm_rate,
+                "method": "leave-one-out: each run against the band of the others"}
+
+
+def self_check(baseline: Baseline, runs: list[Run]) -> SelfCheck | None:
+    """Leave-one-out over the baseline's runs (the Runs it was built from, same order); None below 3 runs. Each
+    left-out run is judged against the others with the pooled Student-t band even when they are only 2 (the
+    3-run baseline): pooling over neighbouring steps gives the band degrees of freedom, and a self-check that
+    cannot flag anything at the recommended N would be worthless (window and trend rest on 2 values and are wide)."""
+    if len(runs) < stats.MIN_CALIBRATED_RUNS:
+        return None
+    flagged = []
+    for i, run in enumerate(runs):
+        alignment = compare(run, baseline.without(i, min_runs=2), tuple(baseline.metrics), allow_partial=True)
+        if alignment.failures:
+            flagged.append((run.name, alignment.failures[0].message()))
+    return SelfCheck(runs=tuple(r.name for r in runs), flagged=tuple(flagged))
+
+
+def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
+                alignment: CurveAlignment | None = None) -> dict:
+    """JSON-ready candidate vs band per metric (for `record_property("curves.series", ...)` and plots):
+    {metric: {steps, center, lo, hi, candidate_steps, candidate, candidate_name, baseline_name, outside_steps,
+    verdict}}. `candidate_name` / `baseline_name` are what plots label the curves with (CLI plot and report alike);
+    `outside_steps` are the candidate's steps outside the band; `verdict` is "ok", "FAIL: band, trend",
+    "uncalibrated" or "not judged" (from `alignment` when given)."""
     out = {}
     for metric in metrics:
         ref = baseline.metrics[metric]
-        half = [_half_width(ref, i) for i in range(len(ref.steps))]
+        half = [ref.half_width(i) for i in range(len(ref.steps))]
         cand = candidate[metric] if metric in candidate else Series((), ())
+        cmap = cand.as_dict()
+        outside = [s for s, c, h in zip(ref.steps, ref.center, half, strict=True)
+                   if s in cmap and not abs(cmap[s] - c) <= h]
         out[metric] = {"steps": list(ref.steps), "center": list(ref.center),
                        "lo": [c - h for c, h in zip(ref.center, half, strict=True)],
                        "hi": [c + h for c, h in zip(ref.center, half, strict=True)],
                        "candidate_steps": list(cand.steps),
-                       "candidate": [v if math.isfinite(v) else None for v in cand.values]}
+                       "candidate": [v if math.isfinite(v) else None for v in cand.values],
+                       "candidate_name": candidate.name, "baseline_name": f"{baseline.name} ({ref.n_runs} runs)",
+                       "outside_steps": outside,
+                       "verdict": _panel_verdict(alignment, metric) if alignment else None}
     return out
 
 
+def _panel_verdict(alignment: CurveAlignment, metric: str) -> str:
+    mine = [v for v in alignment.verdicts if v.metric == metric]
+    failed = [v.statistic for v in mine if v.passed is False]
+    if failed:
+        return "FAIL: " + ", ".join(failed)
+    if any(not v.calibrated for v in mine):
+        return "uncalibrated"
+    return "ok" if any(v.passed for v in mine) else "not judged"
+
+
+def _tex_safe(text: str) -> str:
+    """Matplotlib parses $...$ in labels as mathtext: a metric named `$\\undefinedcmd$` would crash the plot."""
+    return text.replace("$", r"\$")
+
+
 def plot(alignment: CurveAlignment, candidate: Run, baseline: Baseline, path: str | Path) -> Path:
-    """PNG: per metric, the baseline band (center +- half-width), the candidate, failing steps marked."""
+    """PNG: one panel per metric, failing metrics first; the baseline band and centre, the candidate, its
+    out-of-band steps marked; axis labels; the overall verdict as the title."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,22 +469,28 @@ def plot(alignment: CurveAlignment, candidate: Run, baseline: Baseline, path: st
 
     from harness.io import write_atomic
 
-    metrics = tuple(dict.fromkeys(v.metric for v in alignment.verdicts))
-    data = band_series(candidate, baseline, metrics)
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 2.6 * len(metrics)), squeeze=False)
-    for ax, metric in zip(axes[:, 0], metrics, strict=True):
+    metrics = [m for m in dict.fromkeys(v.metric for v in alignment.verdicts) if m in baseline.metrics]
+    data = band_series(candidate, baseline, tuple(metrics), alignment)
+    rank = {"FAIL": 0, "uncalibrated": 1, "not judged": 2, "ok": 3}
+    metrics.sort(key=lambda m: rank[data[m]["verdict"].split(":")[0]])
+    fig, axes = plt.subplots(max(1, len(metrics)), 1, figsize=(8, 2.8 * max(1, len(metrics))), squeeze=False,
+                             layout="constrained")
+    for ax, metric in zip(axes[:, 0], metrics, strict=False):
         d = data[metric]
-        ax.fill_between(d["steps"], d["lo"], d["hi"], color="tab:blue", alpha=0.2, label="baseline band")
-        ax.plot(d["steps"], d["center"], color="tab:blue", lw=1, label=f"baseline ({baseline.name})")
+        ax.fill_between(d["steps"], d["lo"], d["hi"], color="tab:blue", alpha=0.2, label="band")
+        ax.plot(d["steps"], d["center"], color="tab:blue", lw=1, label=_tex_safe(d["baseline_name"]))
         ax.plot(d["candidate_steps"], [math.nan if v is None else v for v in d["candidate"]], color="tab:orange",
-                lw=1.5, label=f"candidate ({candidate.name})")
-        bad = [v for v in alignment.verdicts if v.metric == metric and v.passed is False]
-        ax.set_title(f"{metric}: " + ("; ".join(f"{v.statistic} FAIL" for v in bad) or "aligned"),
-                     color="tab:red" if bad else "black", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    import io
-
+                lw=1.5, label=_tex_safe(d["candidate_name"]))
+        cmap = dict(zip(d["candidate_steps"], d["candidate"], strict=True))
+        bad = [s for s in d["outside_steps"] if cmap.get(s) is not None]
+        if bad:
+            ax.scatter(bad, [cmap[s] for s in bad], marker="x", color="tab:red", zorder=3, label="outside the band")
+        failing = d["verdict"].startswith("FAIL")
+        ax.set_title(_tex_safe(f"{metric}: {d['verdict']}"), color="tab:red" if failing else "black", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel(_tex_safe(metric), fontsize=7)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(_tex_safe(alignment.summary()), fontsize=9, color="tab:red" if not alignment.ok else "black")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)

@@ -48,7 +48,9 @@ class RunMeta:
 
     `warnings` holds every irregularity ingest accepted (resumed segments, non-finite values, a dropped
     truncated line under lenient ingest) as "file:line: what" strings: nothing is dropped silently, and
-    callers (compare, the report) show them.
+    callers (compare, the report) show them. `skipped_lines` / `skipped_pairs` count what lenient ingest
+    dropped; `hardware_in_logs` maps a hardware profile named by a log line (an Ascend device name) to that
+    "file:line".
     """
 
     scale: str | None = None
@@ -58,6 +60,9 @@ class RunMeta:
     sources: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    skipped_lines: int = 0
+    skipped_pairs: int = 0
+    hardware_in_logs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,18 @@ class Run:
     @property
     def steps(self) -> tuple[int, ...]:
         return tuple(sorted({s for series in self.series.values() for s in series.steps}))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run summarised to one value per metric by a stated statistic: verl's Ascend nightly baseline files hold
+    each metric's mean over steps 5-14 (`window`) of the baseline job, as `key: value` lines."""
+
+    name: str
+    values: dict[str, float]
+    statistic: str
+    window: tuple[int, int]
+    source: str
+
+    def __contains__(self, metric: str) -> bool:
+        return metric in self.values

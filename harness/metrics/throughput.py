@@ -8,15 +8,20 @@ is half the per-card figure the target is stated in: 8192 x (77.8 + 1576.6) / 85
 123.2 TPS/card, while `perf/throughput` reads 61.6. Confusing the two fails or passes the headline
 target by 2x, hence every figure here carries both and names its devices.
 
-The figure of a run is the median over a steady window: warm-up steps (graph capture, allocator
-growth; seed 002 starts at 112 and settles at 120 after ~13 steps) are skipped.
+The figure of a run is a stated statistic over a steady window: by default the median of the steps after
+`warmup` (warm-up steps -- graph capture, allocator growth; seed 002 starts at 112 and settles at 120 after
+~13 steps -- are skipped); "nightly" is verl's Ascend nightly statistic, the mean of the 5th-14th logged steps
+(steps 5-14 of a fresh run, 105-114 of a run resumed at step 101). A comparison with a baseline uses the
+baseline's statistic: on a real log with a checkpoint every 10th step the two differ by 7 %, more than the
+5 % regression budget (issue 14).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from harness.config.hardware import HardwareProfile
+from harness.config.hardware import PROFILES, HardwareProfile
 from harness.errors import BadInput
 from harness.findings import Finding
 from harness.metrics.keys import (
@@ -28,7 +33,7 @@ from harness.metrics.keys import (
     TIMING_PREFIX,
     TOTAL_TOKENS,
 )
-from harness.metrics.run import Run
+from harness.metrics.run import Run, Summary
 
 # How far our per-device figure may sit from verl's own perf/throughput before we say the device count
 # is wrong: both are the same division, so only rounding of logged floats separates them.
@@ -40,7 +45,11 @@ def verl_throughput(total_num_tokens: float, step_time_s: float, n_devices: int)
     return total_num_tokens / (step_time_s * n_devices)
 
 
-@dataclass(frozen=True)
+STATISTICS = ("median", "nightly")
+NIGHTLY_WINDOW = (5, 14)  # verl's Ascend nightly: the 5th..14th logged steps
+
+
+@dataclass(frozen=True, slots=True)
 class StepThroughput:
     step: int
     tokens: float
@@ -51,22 +60,28 @@ class StepThroughput:
 
 @dataclass(frozen=True)
 class Phase:
-    """Median seconds of one `timing_s/<name>` phase over the window, and its share of the step."""
+    """One `timing_s/<name>` phase over the window steps where it occurs (`steps` of them: a checkpoint phase
+    runs every Nth step only): its median seconds there, and its share of those steps' time (sum of the phase /
+    sum of the step times over the same steps, so a phase can never exceed 100 % of a step)."""
 
     name: str
     seconds: float
     share: float
+    steps: int
 
 
 @dataclass(frozen=True)
 class Throughput:
-    """Throughput of one run over its steady window. `tps_per_card` = `tps_per_device` x dies per card."""
+    """Throughput of one run over its steady window. `tps_per_card` = `tps_per_device` x dies per card;
+    `statistic` says how the window's steps were summarised ("median of steps 2-30", "mean of steps 5-14 (verl
+    Ascend nightly)"); `warnings` name what may make the figure wrong (hardware the run's meta or logs contradict,
+    steps skipped)."""
 
     run: str
     hardware: str
     devices: int
     dies_per_card: int
-    window: tuple[int, ...]  # steps the medians are taken over
+    window: tuple[int, ...]  # steps the statistic is taken over
     warmup: tuple[int, ...]  # steps skipped
     tokens_per_step: float
     step_time_s: float
@@ -74,15 +89,28 @@ class Throughput:
     tps_per_card: float
     per_step: tuple[StepThroughput, ...]
     phases: tuple[Phase, ...]
+    statistic: str = "median"  # one of STATISTICS
+    warnings: tuple[str, ...] = ()
 
     @property
     def cards(self) -> int:
         return self.devices // self.dies_per_card
 
-    def to_dict(self) -> dict:
-        """JSON-ready, for `--json`, `record_property("throughput", ...)` and the report."""
+    @property
+    def statistic_text(self) -> str:
+        first, last, n = self.window[0], self.window[-1], len(self.window)
+        if self.statistic == "nightly":
+            return f"mean of steps {first}-{last} (verl Ascend nightly)"
+        return f"median of steps {first}-{last} ({n} steps, {len(self.warmup)} warm-up skipped)"
+
+    def to_dict(self, *, per_step: bool = True) -> dict:
+        """JSON-ready, for `--json`, `record_property("throughput", ...)` and the report; without the per-step
+        rows when `per_step` is False (a 2M-step log's rows are not a summary)."""
         doc = asdict(self)
+        if not per_step:
+            doc.pop("per_step")
         doc["cards"] = self.cards
+        doc["statistic_text"] = self.statistic_text
         return doc
 
 
@@ -107,7 +135,8 @@ def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], device
             raise BadInput(f"run {run.name!r} logs no {THROUGHPUT}; pass --devices (torch devices: dies on A3)")
         return devices
     logged = run[THROUGHPUT].as_dict()
-    implied = [tokens[s] / (times[s] * logged[s]) for s in logged if s in tokens and s in times and logged[s] > 0]
+    implied = [tokens[s] / (times[s] * logged[s]) for s in logged
+               if s in tokens and s in times and logged[s] > 0 and math.isfinite(logged[s])]
     if not implied:
         return devices if devices is not None else _no_overlap(run)
     estimate = statistics.median(implied)
@@ -131,23 +160,75 @@ def _no_overlap(run: Run):
     raise BadInput(f"run {run.name!r}: {TOTAL_TOKENS}, {STEP_TIME} and {THROUGHPUT} share no step")
 
 
+def hardware_warnings(run: Run, profile: HardwareProfile) -> tuple[str, ...]:
+    """Where the run's meta.json or its logs name hardware whose dies per card differ from `profile`'s: TPS/card
+    is then off by that factor (--hardware a3 on an A2 run silently doubled it)."""
+    said = []
+    if run.meta.hardware in PROFILES:
+        said.append((run.meta.hardware, "its meta.json"))
+    said += [(name, f"its log ({where})") for name, where in run.meta.hardware_in_logs.items()]
+    out = []
+    for name, source in said:
+        other = PROFILES[name]
+        if name != profile.name and other.dies_per_card != profile.dies_per_card:
+            out.append(f"run {run.name}: {source} says {name} ({other.dies_per_card} die(s) per card) but TPS/card is "
+                       f"counted for {profile.name} ({profile.dies_per_card} per card): the per-card figure is off by "
+                       f"{profile.dies_per_card / other.dies_per_card:g}x; check --hardware")
+    return tuple(dict.fromkeys(out))
+
+
+def _positive(value, option: str, *, integer: bool = False):
+    if value is None:
+        return None
+    if isinstance(value, bool) or (integer and not isinstance(value, int)) or not (
+            isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise BadInput(f"{option} {value!r}: must be a positive {'whole ' if integer else ''}number")
+    return value
+
+
+def _steady(run: Run, steps: list[int], warmup: int, statistic: str) -> list[int]:
+    """The window's steps for the statistic (see the module docstring); a run that cannot fill it says so."""
+    if statistic == "median":
+        if len(steps) <= warmup:
+            raise BadInput(f"run {run.name!r} has {len(steps)} steps with tokens and step time; "
+                           f"nothing is left after --warmup {warmup}")
+        return steps[warmup:]
+    first, last = steps[0] + NIGHTLY_WINDOW[0] - 1, steps[0] + NIGHTLY_WINDOW[1] - 1
+    window = [s for s in steps if first <= s <= last]
+    if len(window) < last - first + 1:
+        raise BadInput(f"run {run.name!r} logged steps {steps[0]}-{steps[-1]} ({len(steps)} with tokens and step "
+                       f"time): it cannot fill verl's nightly window {first}-{last} (the {NIGHTLY_WINDOW[0]}th-"
+                       f"{NIGHTLY_WINDOW[1]}th logged steps); it has {len(window)} of its {last - first + 1} steps")
+    return window
+
+
 def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None, sequences: int | None = None,
-               warmup: int = 1) -> Throughput:
-    """TPS per device and per card of `run` on `profile` hardware, median over the steps after `warmup`.
+               warmup: int = 1, statistic: str = "median") -> Throughput:
+    """TPS per device and per card of `run` on `profile` hardware, by `statistic` over the steady window:
+    "median" of the steps after `warmup`, or "nightly" (verl's mean of the 5th-14th logged steps).
 
     devices: torch devices of the run (dies on A3); None takes verl's own count from `perf/throughput`.
     sequences: GBS x n, needed only when the run lacks `perf/total_num_tokens`.
     """
     if STEP_TIME not in run:
         raise BadInput(f"run {run.name!r} has no {STEP_TIME}; is it a verl run log?")
-    if warmup < 0:
-        raise BadInput(f"--warmup {warmup}: must be >= 0")
+    if type(warmup) is not int or warmup < 0:
+        raise BadInput(f"--warmup {warmup!r}: must be a whole number >= 0")
+    if statistic not in STATISTICS:
+        raise BadInput(f"--statistic {statistic!r}: use one of {', '.join(STATISTICS)}")
+    _positive(devices, "--devices", integer=True)
+    _positive(sequences, "--sequences", integer=True)
     times = run[STEP_TIME].as_dict()
     tokens = _tokens_per_step(run, sequences)
+    source = run.meta.sources[0] if run.meta.sources else run.name
+    for what, values in ((STEP_TIME, times), ("tokens per step", tokens)):
+        bad = [(s, v) for s, v in values.items() if not v > 0 or not math.isfinite(v)]
+        if bad:  # a zero step time divides by zero; a negative one is not a time
+            raise BadInput(f"{source}: step {bad[0][0]} has {what} = {bad[0][1]!r} ({len(bad)} steps not a positive "
+                           "finite number); fix or drop those steps in the log")
     steps = sorted(s for s in times if s in tokens)
-    if len(steps) <= warmup:
-        raise BadInput(f"run {run.name!r} has {len(steps)} steps with tokens and step time; "
-                       f"nothing is left after --warmup {warmup}")
+    if not steps:
+        raise BadInput(f"run {run.name!r}: {STEP_TIME} and the token counts share no step")
     n = _devices(run, tokens, times, devices, profile)
     if n <= 0 or n % profile.dies_per_card:
         raise BadInput(f"--devices {n}: must be a positive multiple of {profile.dies_per_card} "
@@ -157,28 +238,50 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
                        tps_per_device=verl_throughput(tokens[s], times[s], n),
                        tps_per_card=verl_throughput(tokens[s], times[s], n) * profile.dies_per_card)
         for s in steps)
-    window = per_step[warmup:]
-    step_time = statistics.median(p.step_time_s for p in window)
+    window_steps = _steady(run, steps, warmup, statistic)
+    in_window = set(window_steps)
+    window = [p for p in per_step if p.step in in_window]
+    summarise = statistics.median if statistic == "median" else statistics.fmean
+    step_time = summarise(p.step_time_s for p in window)
     return Throughput(
         run=run.name, hardware=profile.name, devices=n, dies_per_card=profile.dies_per_card,
-        window=tuple(p.step for p in window), warmup=tuple(p.step for p in per_step[:warmup]),
-        tokens_per_step=statistics.median(p.tokens for p in window), step_time_s=step_time,
-        tps_per_device=statistics.median(p.tps_per_device for p in window),
-        tps_per_card=statistics.median(p.tps_per_card for p in window),
-        per_step=per_step, phases=_phases(run, [p.step for p in window], step_time))
+        window=tuple(window_steps), warmup=tuple(s for s in steps if s < window_steps[0]),
+        tokens_per_step=summarise(p.tokens for p in window), step_time_s=step_time,
+        tps_per_device=summarise(p.tps_per_device for p in window),
+        tps_per_card=summarise(p.tps_per_card for p in window),
+        per_step=per_step, phases=_phases(run, window_steps, times), statistic=statistic,
+        warnings=hardware_warnings(run, profile))
 
 
-def _phases(run: Run, window: list[int], step_time: float) -> tuple[Phase, ...]:
+def _phases(run: Run, window: list[int], times: dict[int, float]) -> tuple[Phase, ...]:
     names = [k[len(TIMING_PREFIX):] for k in run.series if k.startswith(TIMING_PREFIX) and k != STEP_TIME]
     names.sort(key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
     out = []
     for name in names:
         values = run[TIMING_PREFIX + name].as_dict()
-        in_window = [values[s] for s in window if s in values]
-        if in_window:
-            seconds = statistics.median(in_window)
-            out.append(Phase(name=name, seconds=seconds, share=seconds / step_time if step_time > 0 else 0.0))
+        occurs = [s for s in window if s in values and math.isfinite(values[s])]
+        if occurs:
+            total = sum(times[s] for s in occurs)
+            out.append(Phase(name=name, seconds=statistics.median(values[s] for s in occurs),
+                             share=sum(values[s] for s in occurs) / total if total > 0 else 0.0, steps=len(occurs)))
     return tuple(out)
+
+
+def baseline_tps_per_card(baseline: Run | Summary, profile: HardwareProfile, *, devices: int | None = None,
+                          sequences: int | None = None, warmup: int = 1) -> tuple[float, str]:
+    """(TPS/card, statistic) of a throughput baseline: a verl nightly summary's perf/throughput (per device, the
+    mean of steps 5-14: "nightly") x dies per card, or a baseline run's figure by the default statistic."""
+    if isinstance(baseline, Summary):
+        if THROUGHPUT not in baseline:
+            raise BadInput(f"{baseline.source}: the nightly summary has no {THROUGHPUT}; it has "
+                           f"{', '.join(sorted(baseline.values)[:8])}")
+        value = baseline.values[THROUGHPUT]
+        _positive(value, f"{baseline.source}: {THROUGHPUT}")
+        return value * profile.dies_per_card, "nightly"
+    tp = throughput(baseline, profile, devices=devices if devices is not None else baseline.meta.devices,
+                    sequences=sequences, warmup=warmup)
+    return tp.tps_per_card, "median"
+
 
 
 @dataclass(frozen=True)
@@ -202,26 +305,35 @@ class ThroughputVerdict:
 
 def check_target(tp: Throughput, target_tps_per_card: float) -> ThroughputVerdict:
     """TPS/card over the steady window must reach the scale's target (seed 002: 120 on A3)."""
-    worst = min(tp.per_step[len(tp.warmup):], key=lambda p: p.tps_per_card)
+    _positive(target_tps_per_card, "--target")
+    in_window = set(tp.window)
+    worst = min((p for p in tp.per_step if p.step in in_window), key=lambda p: p.tps_per_card)
     passed = tp.tps_per_card >= target_tps_per_card
     return ThroughputVerdict(ok=passed, check="target", measured=tp.tps_per_card, limit=target_tps_per_card,
                              where=f"steps {tp.window[0]}-{tp.window[-1]}",
-                             detail=f"{tp.run}: median {tp.tps_per_card:.1f} TPS/card over steps "
-                                    f"{tp.window[0]}-{tp.window[-1]} ({len(tp.window)} steps, {tp.devices} devices = "
-                                    f"{tp.cards} {tp.hardware} cards) {'>=' if passed else '<'} target "
+                             detail=f"{tp.run}: {tp.tps_per_card:.1f} TPS/card ({tp.statistic_text}; {tp.devices} "
+                                    f"devices = {tp.cards} {tp.hardware} cards) {'>=' if passed else '<'} target "
                                     f"{target_tps_per_card:g}; worst step {worst.step}: {worst.tps_per_card:.1f}")
 
 
-def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: float) -> ThroughputVerdict:
-    """No regression beyond `tolerance` (relative; verl Ascend nightly: throughput >= -5%) vs a baseline."""
+def check_regression(tp: Throughput, baseline_tps_per_card: float, tolerance: float, *,
+                     baseline_statistic: str | None = None) -> ThroughputVerdict:
+    """No regression beyond `tolerance` (relative; verl Ascend nightly: throughput >= -5%) vs a baseline figure
+    taken by the same statistic (`baseline_statistic`, when given, must be the candidate's)."""
+    _positive(baseline_tps_per_card, "baseline TPS/card")
+    if type(tolerance) not in (int, float) or not 0 <= tolerance < 1:
+        raise BadInput(f"--tolerance {tolerance!r}: must be a fraction in [0, 1)")
+    if baseline_statistic is not None and baseline_statistic != tp.statistic:
+        raise BadInput(f"the baseline's throughput is a {baseline_statistic} figure but the run's is a {tp.statistic} "
+                       f"one; measure the run with --statistic {baseline_statistic}")
     limit = baseline_tps_per_card * (1.0 - tolerance)
     change = tp.tps_per_card / baseline_tps_per_card - 1.0
     passed = tp.tps_per_card >= limit
     return ThroughputVerdict(ok=passed, check="regression", measured=tp.tps_per_card, limit=limit,
                              where=f"steps {tp.window[0]}-{tp.window[-1]}",
-                             detail=f"{tp.run}: median {tp.tps_per_card:.2f} TPS/card vs baseline "
-                                    f"{baseline_tps_per_card:.2f} ({change:+.1%}, allowed -{tolerance:.0%}) over "
-                                    f"steps {tp.window[0]}-{tp.window[-1]}")
+                             detail=f"{tp.run}: {tp.tps_per_card:.2f} TPS/card vs baseline "
+                                    f"{baseline_tps_per_card:.2f} ({change:+.1%}, allowed -{tolerance:.0%}), both the "
+                                    f"{tp.statistic_text}")
 
 
 def graph_mode(run: Run) -> bool | None:
