@@ -19,6 +19,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.config import cpu_tier
 from harness.errors import BadInput
 from harness.metrics.keys import META_FILE
 
@@ -82,7 +83,9 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
     for split, count in (("train", TRAIN_PROMPTS), ("test", TEST_PROMPTS)):
         pd.DataFrame(make_rows(rng, count, split)).to_parquet(data / f"{split}.parquet")
     meta = {"name": run.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
-            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name}
+            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name,
+            # the rollout's dtype (baselines pick their precision floors from it: harness.metrics.baseline)
+            "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"]}
     write_json_atomic(run / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
     return run
 
