@@ -25,9 +25,9 @@ EXACT_STEPS = 4
 
 @pytest.fixture(scope="module")
 def golden() -> Baseline:
-    from fixtures.dapo import TINY_GOLDEN
+    from fixtures.dapo import TINY_LAB_GOLDEN
 
-    return load_baseline(TINY_GOLDEN)
+    return load_baseline(TINY_LAB_GOLDEN)
 
 
 def _sub(golden: Baseline, keep: tuple[int, ...]) -> Baseline:
