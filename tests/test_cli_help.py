@@ -85,3 +85,23 @@ def test_a_closed_pipe_exits_quietly(argv):
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == b"", err.decode()
+
+
+def test_compare_table_keeps_metric_names_whole_at_80_columns(tmp_path, capsys, monkeypatch):
+    # issue 15.5: the table folded `critic/rewards/mea|n` at 80 columns (a CI log's width)
+    import json
+
+    monkeypatch.setenv("COLUMNS", "80")
+    names = ("critic/rewards/mean", "training/rollout_probs_diff_mean")
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"r{i}.jsonl"
+        path.write_text("".join(json.dumps({"step": s, "data": {names[0]: 0.05 * s + 0.01 * i,
+                                                                names[1]: 0.001 * (1 + 0.1 * i)}}) + "\n"
+                                for s in range(1, 21)))
+        paths.append(str(path))
+    assert main(["compare", *paths]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    for name in names:
+        assert any(line.split() and line.split()[0] == name for line in lines), "\n".join(lines)
