@@ -75,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
         return code
     except UsageError as exc:
-        print(f"{exc.prog}: error: {exc}", file=sys.stderr)
+        print(f"{exc.prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except HarnessError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        where = PROG if args is None else f"{PROG} {args.command}"
+        print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _closed_pipe()
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code == 1 and _stdout_is_devnull():
             return CLOSED_PIPE
         raise
+
+
+def _one_line(message: str) -> str:
+    """The promised one line, whatever the input quoted in it holds (an argument `\r` or a file name with a
+    newline split it): control characters are shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _closed_pipe() -> int:
