@@ -38,33 +38,29 @@ CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pip
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG, description="Test harness and benchmarks for DeepSeek-V3/R1 DAPO with verl on Ascend NPUs.",
-        epilog="`ascend-rl-harness COMMAND --help` gives each command's description, an example and its exit codes.")
+        epilog="exit codes: 0 pass, 1 a verdict failed, 2 bad input, 141 stdout closed early.\n"
+               "`ascend-rl-harness COMMAND --help` gives each command's description, an example and its exit codes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
-    _add_help(sub, ())
+    for path, child in subcommands(parser):
+        doc = HELP.get(" ".join(path))
+        if doc is not None:  # a command without an entry fails tests/test_cli_help.py, not the user
+            child.description = textwrap.fill(doc.description, 78)  # 80-column CI logs
+            child.epilog = doc.epilog()
+            child.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     """(("baseline", "record"), parser), ...: every (nested) subcommand of `parser`, in registration order."""
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
-        for name, child in action.choices.items():
-            yield (*path, name), child
-            yield from subcommands(child, (*path, name))
-
-
-def _add_help(sub: argparse._SubParsersAction, path: tuple[str, ...]) -> None:
-    for name, child in sub.choices.items():
-        doc = HELP.get(" ".join((*path, name)))
-        if doc is not None:  # a command without an entry fails tests/test_cli_help.py, not the user
-            child.description = textwrap.fill(doc.description, 78)  # 80-column CI logs
-            child.epilog = doc.epilog()
-            child.formatter_class = argparse.RawDescriptionHelpFormatter
-        if child._subparsers:
-            for action in child._subparsers._group_actions:
-                _add_help(action, (*path, name))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*path, name), child
+                yield from subcommands(child, (*path, name))
 
 
 def main(argv: list[str] | None = None) -> int:
