@@ -96,11 +96,31 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[CLUSTER_KEY] = {"address": dashboard_url(address) if address else None}
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from None
+    _check_input_paths(config)
     _register_hypothesis_profiles()
     if config.getoption("report_dir"):  # outcomes + record_property measurements -> report.json/.html/.md
         from harness.report.collect import ReportCollector
 
         config.pluginmanager.register(ReportCollector(config, config.getoption("report_dir")), "harness-report")
+
+
+def _check_input_paths(config: pytest.Config) -> None:
+    """--run-dir and --baseline name what the suites assert on: one that is missing, or a directory without verl
+    logs, is a usage error up front (pytest exit 4, `run` exit 2), not a FAIL report from every test that reads
+    it (issue 16). The logs themselves are read, and judged, by the tests."""
+    from harness.metrics.ingest import run_sources
+
+    for option in ("run_dir", "baseline"):
+        path = config.getoption(option)
+        if path is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        if option == "baseline" and os.path.isfile(path):
+            continue  # a golden JSON, a verl nightly summary or a baseline run's log: the suite says which it takes
+        try:
+            run_sources(path)
+        except BadInput as exc:
+            raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
 def _register_hypothesis_profiles() -> None:

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from harness.cli import main
 from harness.lab import FAULTS, LabConfig, run_lab
-from harness.lab.__main__ import main as lab_main
 from harness.metrics import curves
 from harness.metrics.baseline import load_baseline
 from harness.metrics.ingest import load_run
@@ -76,5 +76,5 @@ def test_clean_run_learns_and_writes_verl_filelogger(tiny_lab_run, golden):
 
 
 def test_lab_cli_rejects_bad_input(capsys):
-    assert lab_main(["--steps", "0", "--out", "/nonexistent/never-written"]) == 2
+    assert main(["lab", "--steps", "0", "--out", "/nonexistent/never-written"]) == 2
     assert "--steps" in capsys.readouterr().err

@@ -203,6 +203,19 @@ def test_cli_prints_the_manifest(capsys):
     assert [d["kind"] for d in docs] == ["Service", "Job"]
 
 
+def test_k8s_defaults_are_overridable(capsys):
+    # issue 15.6: image, namespace and the shared PVC each have a stated default and an option
+    assert main(["launch", "--scale", "full-a3", "--k8s", "--image", "reg.example:5000/verl-ascend:v1",
+                 "--namespace", "rl", "--pvc", "rl-shared"]) == 0
+    service, job = yaml.safe_load_all(capsys.readouterr().out)
+    assert service["metadata"]["namespace"] == job["metadata"]["namespace"] == "rl"
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]["spec"]
+        assert {c["image"] for c in pod["containers"]} == {"reg.example:5000/verl-ascend:v1"}
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["rl-shared"]
+
+
 def test_job_spec_without_working_dir():
     spec = JobSpec("x", "true", "/r", 1, working_dir=None)
     assert "working_dir" not in spec.runtime_env()

@@ -3,15 +3,20 @@ each with `register(subparsers)`; they are imported when the parser is built, an
 (torch, verl, vLLM) only inside the command they run, so `--help` stays fast.
 
 Exit codes: 0 pass, 1 a verdict failed, 2 bad input (one line naming the file or option: every HarnessError
-is caught here, once).
+and argparse complaint is caught here, once), 141 stdout closed early (issue 16: `plan ... | true` crashed).
+Each subcommand's --help adds a description, an example and its exit codes from harness/cli/help.py.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import textwrap
 
 from harness import __version__
+from harness.cli.args import Parser, UsageError
+from harness.cli.help import HELP
 from harness.errors import HarnessError
 
 PROG = "ascend-rl-harness"
@@ -25,24 +30,79 @@ COMMAND_MODULES = (
     "harness.cli.report_cmd",  # report
     "harness.cli.launch_cmd",  # launch (Ray Jobs, --k8s manifest, --local loopback-only cluster)
     "harness.cli.doctor_cmd",  # doctor: this machine's stack against harness/config/stacks.py
+    "harness.cli.lab_cmd",  # lab: one tiny DAPO lab run (also `python -m harness.lab`)
 )
+CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pipe stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Test harness and benchmarks for DeepSeek-V3/R1 DAPO with verl on Ascend NPUs.")
+    parser = Parser(
+        prog=PROG, description="Test harness and benchmarks for DeepSeek-V3/R1 DAPO with verl on Ascend NPUs.",
+        epilog="exit codes: 0 pass, 1 a verdict failed, 2 bad input, 141 stdout closed early.\n"
+               "`ascend-rl-harness COMMAND --help` gives each command's description, an example and its exit codes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
+    for path, child in subcommands(parser):
+        doc = HELP.get(" ".join(path))
+        if doc is not None:  # a command without an entry fails tests/test_cli_help.py, not the user
+            child.description = textwrap.fill(doc.description, 78)  # 80-column CI logs
+            child.epilog = doc.epilog()
+            child.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
+def subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(("baseline", "record"), parser), ...: every (nested) subcommand of `parser`, in registration order."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*path, name), child
+                yield from subcommands(child, (*path, name))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = None
     try:
-        return int(args.func(args) or 0)
-    except HarnessError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        args = build_parser().parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
+        return code
+    except UsageError as exc:
+        print(f"{exc.prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except HarnessError as exc:
+        where = PROG if args is None else f"{PROG} {args.command}"
+        print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return _closed_pipe()
+    except SystemExit as exc:
+        # rich's Console.on_broken_pipe already pointed stdout at /dev/null and raises SystemExit(1), which CI
+        # would read as a failed verdict
+        if exc.code == 1 and _stdout_is_devnull():
+            return CLOSED_PIPE
+        raise
+
+
+def _one_line(message: str) -> str:
+    """The promised one line, whatever the input quoted in it holds (an argument `\r` or a file name with a
+    newline split it): control characters are shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`| head`): stop quietly. Python's recipe (docs: signal, "Note on SIGPIPE"):
+    point stdout at /dev/null, so the interpreter's final flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return CLOSED_PIPE
+
+
+def _stdout_is_devnull() -> bool:
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError, AttributeError):  # a captured stdout (tests) has no file descriptor
+        return False

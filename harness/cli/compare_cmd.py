@@ -61,6 +61,7 @@ def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -104,13 +105,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           "verdicts": [v.to_json() for v in alignment.verdicts], "notes": list(alignment.notes),
                           "warnings": warnings, "plot": str(plot) if plot else None}, indent=2))
     else:
-        table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"))
-        for col in ("metric", "statistic", "where", "result", "detail"):
-            table.add_column(col, overflow="fold")
+        # Names never fold (issue 15.5: at 80 columns `critic/rewards/mea|n`): the metric column keeps the longest
+        # name whole, no vertical rules, and only the free-text detail (prefixed with the steps it covers) wraps.
+        table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"), box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("metric", no_wrap=True, min_width=max((len(v.metric) for v in alignment.verdicts), default=6))
+        table.add_column("statistic", no_wrap=True, overflow="ellipsis")
+        table.add_column("result", no_wrap=True)
+        table.add_column("where: detail", overflow="fold", ratio=1)
         for v in alignment.verdicts:
             result = {True: "[green]ok[/]", False: "[red]FAIL[/]",
                       None: "[yellow]skip[/]" if v.calibrated else "[yellow]uncalibrated[/]"}[v.passed]
-            table.add_row(escape(v.metric), v.statistic, escape(v.where), result, escape(v.detail))
+            table.add_row(escape(v.metric), v.statistic, result, escape(f"{v.where}: {v.detail}"))
         console.print(table)
         for w in warnings[:MAX_PRINTED_WARNINGS]:
             console.print(f"[yellow]warning[/] {escape(w)}")

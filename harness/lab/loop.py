@@ -23,74 +23,21 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from harness.config.models import TINY, ModelSpec
+from harness.config.models import ModelSpec
 from harness.engines.base import torch_threads
-from harness.errors import BadInput
 from harness.io import versioned, write_json_atomic
+from harness.lab.config import FAULTS, LabConfig, LabFault
 from harness.metrics.keys import GRAD_NORM, META_FILE, METRICS_FILE, PG_LOSS
 from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
 # verl's n_gpus for compute_throughout_metrics: the lab trains and rolls out in one CPU process (meta.json
 # records the same count as "devices").
 N_DEVICES = 1
-
-
-@dataclass(frozen=True)
-class LabFault:
-    """How a fault flag configures the rollout side."""
-
-    load_format: str = "real"
-    engine_fault: str | None = None  # harness.engines.reference.EngineFault value
-    sync: bool = True
-
-
-FAULTS: dict[str, LabFault] = {
-    "none": LabFault(),
-    "stale-absorbed": LabFault(engine_fault="stale_copy"),
-    "dummy-no-rederive": LabFault(load_format="dummy", engine_fault="stale_copy"),
-    "wrong-scale": LabFault(engine_fault="scale_v_head"),
-    "no-sync": LabFault(sync=False),
-}
-
-
-@dataclass(frozen=True)
-class LabConfig:
-    """One lab run. Defaults: 8 prompts x 8 samples per step, responses up to 4 tokens."""
-
-    steps: int = 30
-    seed: int = 0
-    fault: str = "none"
-    gbs: int = 8  # prompts per step (data.train_batch_size)
-    n: int = 8  # samples per prompt (rollout.n)
-    ppo_mini_batch_size: int = 4  # prompts per optimizer step: 2 updates per step, so clipping is live
-    max_response_length: int = 4
-    overlong_buffer_len: int = 2  # DAPO overlong buffer: responses longer than 4 - 2 tokens are penalised
-    overlong_penalty_factor: float = 1.0
-    max_num_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
-    temperature: float = 1.0
-    lr: float = 1e-3
-    head_scale: float = 0.1  # lm_head init x this: near-uniform first rollouts, so groups have reward variance
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    grad_clip: float = 1.0
-    layers: int = 2
-
-    def __post_init__(self):
-        if self.fault not in FAULTS:
-            raise BadInput(f"--fault {self.fault!r}: use one of {', '.join(FAULTS)}")
-        if self.steps < 1 or self.gbs < 1 or self.n < 2:
-            raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
-
-    def spec(self) -> ModelSpec:
-        from harness.lab.task import VOCAB
-
-        return dataclasses.replace(TINY.with_layers(self.layers), vocab_size=len(VOCAB), name="tiny-dsv3-lab")
 
 
 # ---------------------------------------------------------------- weights: checkpoint names <-> HF modules

@@ -44,6 +44,7 @@ AUTH_SECRET = "ascend-rl-harness-ray-auth"  # Secret with key `token`: Ray's clu
 RING_CONTROLLER = {"ring-controller.atlas": "ascend-910b"}
 ACCELERATOR_TYPE = {"a2": "module-910b-8", "a3": "module-a3-16-super-pod"}
 # RFC 1123 DNS label (Kubernetes namespace names), and an OCI image reference (registry[:port]/path[:tag][@digest]).
+_PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # RFC 1123 subdomain (object names such as PVCs)
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9-]+)*(:[0-9]{1,5})?"
                     r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
@@ -99,12 +100,12 @@ def _container(scale, image: str, role: str, command: str, env: list[dict]) -> d
     return container
 
 
-def _pod(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
+def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str = SHARED_CLAIM) -> dict:
     labels = {"app": _name(scale), "role": role}
     spec = {"restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
             "automountServiceAccountToken": False,
             "containers": [_container(scale, image, role, command, env)],
-            "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+            "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": pvc}},
                         {"name": "dshm", "emptyDir": {"medium": "Memory"}}]}
     if scale.hardware.kind == "npu":
         labels.update(RING_CONTROLLER)
@@ -116,13 +117,17 @@ def _pod(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
 
 
 def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "default",
-             steps: int | None = None) -> list[dict]:
-    """The manifest documents (Service, Volcano Job) for a scale, as plain dicts. BadInput for a namespace or image
-    that is not one, or steps < 1."""
+             steps: int | None = None, pvc: str = SHARED_CLAIM) -> list[dict]:
+    """The manifest documents (Service, Volcano Job) for a scale, as plain dicts. BadInput for a namespace, image or
+    PVC name that is not one, or steps < 1. `pvc`: the claim mounted at SHARED_MOUNT in every pod (issue 15,
+    point 6: the default is overridable)."""
     from harness.launch.ray_job import DEFAULT_STEPS_VERL, check_steps, verl_job
 
     check_namespace(namespace)
     check_image(image)
+    if not isinstance(pvc, str) or len(pvc) > 253 or not _PVC.fullmatch(pvc):
+        raise BadInput(f"--pvc {pvc!r}: not a PersistentVolumeClaim name (RFC 1123 subdomain: lowercase letters, "
+                       "digits, '-' and '.', starting and ending alphanumeric)")
     steps = check_steps(steps)
     name = _name(scale)
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
@@ -152,11 +157,11 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
                "metadata": {"name": f"{name}-head", "namespace": namespace},
                "spec": {"clusterIP": "None", "selector": {"app": name, "role": "head"},
                         "ports": [{"name": "gcs", "port": RAY_PORT}]}}
-    tasks = [{"name": "head", "replicas": 1, "template": _pod(scale, image, "head", head_cmd, env),
+    tasks = [{"name": "head", "replicas": 1, "template": _pod(scale, image, "head", head_cmd, env, pvc),
               "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}]}]
     if nodes > 1:
         tasks.append({"name": "worker", "replicas": nodes - 1,
-                      "template": _pod(scale, image, "worker", worker_cmd, env)})
+                      "template": _pod(scale, image, "worker", worker_cmd, env, pvc)})
     job_labels = {"app": name, "ascend-rl-harness/scale": scale.name}
     job_annotations = {}
     if scale.hardware.kind == "npu":

@@ -747,6 +747,20 @@ def _meta(paths: list[Path], sources: list[Path], issues: _Issues) -> RunMeta:
                    hardware_in_logs=dict(issues.hardware))
 
 
+def run_sources(path: str | Path, issues: _Issues | None = None) -> list[Path]:
+    """The log files a run path stands for (a log file itself, or the verl logs in a run directory), without
+    reading them; BadInput for a missing path, a directory without logs, or a nightly summary."""
+    p = Path(path)
+    if p.is_dir():
+        return _run_files(p, issues or _Issues(strict=False))
+    if not p.is_file():
+        raise BadInput(f"{p}: no such file or directory; pass verl log files or run directories")
+    if is_summary_file(p):
+        raise BadInput(f"{p}: a verl nightly baseline summary (`key: value` per metric), not a run log; "
+                       "pass it as the BASELINE")
+    return [p]
+
+
 def load_run(*paths: str | Path, name: str | None = None, strict: bool = True) -> Run:
     """Ingest one run from log files and/or run directories (several = segments of one resumed run).
 
@@ -758,17 +772,7 @@ def load_run(*paths: str | Path, name: str | None = None, strict: bool = True) -
         raise BadInput("no run given: pass log files or run directories")
     issues = _Issues(strict)
     resolved = [Path(p) for p in paths]
-    sources: list[Path] = []
-    for p in resolved:
-        if p.is_dir():
-            sources.extend(_run_files(p, issues))
-        elif p.is_file():
-            if is_summary_file(p):
-                raise BadInput(f"{p}: a verl nightly baseline summary (`key: value` per metric), not a run log; "
-                               "pass it as the BASELINE")
-            sources.append(p)
-        else:
-            raise BadInput(f"{p}: no such file or directory; pass verl log files or run directories")
+    sources = [source for p in resolved for source in run_sources(p, issues)]
     read = []
     for p in sources:
         try:

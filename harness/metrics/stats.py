@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from functools import lru_cache
+
+from harness.errors import BadInput
 
 # Fewer runs than this give no spread worth a verdict (2 runs: one difference per step).
 MIN_CALIBRATED_RUNS = 3
@@ -86,3 +89,33 @@ def pooled_spreads(columns: Sequence[Sequence[float]], pool: int) -> list[tuple[
     for i in range(len(columns)):
         out.append(robust_spread(residuals[max(0, i - pool):i + pool + 1]))
     return out
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """The geometric mean of n paired ratios and its Student-t confidence interval, taken on the log ratios
+    (timing noise is multiplicative: a loaded machine slows a round by a factor, not by a fixed time)."""
+
+    ratio: float
+    low: float
+    high: float
+    n: int
+    confidence: float  # two-sided: each bound alone holds with (1 + confidence) / 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], confidence: float) -> RatioInterval:
+    """numerator_i / denominator_i over paired rounds (measured back to back, so load from other processes hits
+    both alike and cancels in the ratio). One round slowed or sped up by the machine widens the interval rather
+    than moving a verdict: a verdict reads a bound, never one round (issue 15, point 3)."""
+    if len(numerators) != len(denominators) or len(numerators) < 2:
+        raise BadInput(f"paired ratio: needs >= 2 pairs of rounds, got {len(numerators)} and {len(denominators)}")
+    if not all(v > 0 and math.isfinite(v) for v in (*numerators, *denominators)):
+        raise BadInput("paired ratio: every round must be a positive finite number")
+    logs = [math.log(a / b) for a, b in zip(numerators, denominators, strict=True)]
+    mean, n = statistics.fmean(logs), len(logs)
+    half = t_quantile(n - 1, confidence) * statistics.stdev(logs) / math.sqrt(n)
+    return RatioInterval(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), n=n,
+                         confidence=confidence)

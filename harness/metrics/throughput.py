@@ -34,6 +34,7 @@ from harness.metrics.keys import (
     TOTAL_TOKENS,
 )
 from harness.metrics.run import Run, Summary
+from harness.metrics.stats import RatioInterval, paired_ratio
 
 # How far our per-device figure may sit from verl's own perf/throughput before we say the device count
 # is wrong: both are the same division, so only rounding of logged floats separates them.
@@ -294,6 +295,7 @@ class ThroughputVerdict:
     limit: float
     where: str  # the steps (or rounds) the measurement covers
     detail: str
+    interval: RatioInterval | None = None  # the confidence interval of `measured`, where it is a paired statistic
 
     def message(self) -> str:
         return self.detail
@@ -359,23 +361,28 @@ def _truthy(value) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
-# Graph mode must not be slower than eager. Tolerance per device kind: CPU test machines are shared and
-# noisy (the minimum over rounds damps that), accelerators are measured on a dedicated card.
+# Graph mode must not be slower than eager by more than the tolerance, per device kind: CPU test machines are
+# shared and noisy, accelerators are measured on a dedicated card.
 GRAPH_MODE_TOLERANCE = {"cpu": 0.10, "gpu": 0.03, "npu": 0.03}
+# Two-sided confidence of the paired speedup's interval: the FAIL reads its upper bound, a one-sided 95 % bound.
+GRAPH_MODE_CONFIDENCE = 0.90
 
 
 @dataclass(frozen=True)
 class DecodeSpeed:
-    """Decode rounds of one engine mode: tokens generated per round and each round's wall seconds."""
+    """Decode rounds of one engine mode: tokens generated per round and each round's wall seconds. Two modes'
+    rounds are paired by index (round i of each ran back to back)."""
 
     mode: str
     tokens_per_round: int
     seconds: tuple[float, ...]
 
     @property
-    def best_tps(self) -> float:
-        # The fastest round: the estimate least distorted by other processes on a shared machine
-        # (timeit's rationale); the median is reported beside it.
+    def tps(self) -> tuple[float, ...]:
+        return tuple(self.tokens_per_round / s for s in self.seconds)
+
+    @property
+    def best_tps(self) -> float:  # reported beside the median; no verdict reads one round (issue 15, point 3)
         return self.tokens_per_round / min(self.seconds)
 
     @property
@@ -386,14 +393,22 @@ class DecodeSpeed:
         return {**asdict(self), "best_tps": self.best_tps, "median_tps": self.median_tps}
 
 
-def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: float) -> ThroughputVerdict:
-    """Graph-mode decode throughput must be at least eager's, within `tolerance` (relative)."""
-    speedup = graph.best_tps / eager.best_tps
-    passed = speedup >= 1.0 - tolerance
-    return ThroughputVerdict(ok=passed, check="graph-mode", measured=speedup, limit=1.0 - tolerance,
-                             where=f"{len(graph.seconds)} decode rounds",
-                             detail=f"graph mode decodes {graph.best_tps:.1f} tok/s (median {graph.median_tps:.1f}) "
-                                    f"vs eager {eager.best_tps:.1f} (median {eager.median_tps:.1f}): speedup "
-                                    f"{speedup:.2f}x ({'>=' if passed else '<'} {1.0 - tolerance:.2f}x allowed) over "
-                                    f"{len(graph.seconds)} / {len(eager.seconds)} rounds, slowest graph round "
-                                    f"{max(graph.seconds):.3f} s")
+def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: float,
+                           confidence: float = GRAPH_MODE_CONFIDENCE) -> ThroughputVerdict:
+    """Graph-mode decode must not be slower than eager beyond `tolerance` (relative). Decided on the paired
+    rounds' speedups (graph tok/s / eager tok/s of round i): FAIL only when even the upper confidence bound of
+    their geometric mean is below 1 - tolerance. The best round decided before, and one eager round at 234 tok/s
+    (the medians 40.1 vs 39.0) failed graph mode at 0.54x on a shared 2-core machine (issue 15, point 3)."""
+    if len(eager.seconds) != len(graph.seconds):
+        raise BadInput(f"graph vs eager: {len(graph.seconds)} graph rounds but {len(eager.seconds)} eager ones; "
+                       "the verdict needs paired rounds")
+    speedup = paired_ratio(graph.tps, eager.tps, confidence)
+    passed = speedup.high >= 1.0 - tolerance
+    return ThroughputVerdict(ok=passed, check="graph-mode", measured=speedup.ratio, limit=1.0 - tolerance,
+                             where=f"{speedup.n} paired decode rounds",
+                             detail=f"graph/eager decode speedup {speedup.ratio:.2f}x (geometric mean of {speedup.n} "
+                                    f"paired rounds, {confidence:.0%} interval {speedup.low:.2f}-{speedup.high:.2f}x; "
+                                    f"median graph {graph.median_tps:.1f} vs eager {eager.median_tps:.1f} tok/s): "
+                                    + (f"not shown slower than the {1.0 - tolerance:.2f}x allowed" if passed else
+                                       f"slower, upper bound {speedup.high:.2f}x < {1.0 - tolerance:.2f}x allowed"),
+                             interval=speedup)

@@ -1,0 +1,91 @@
+"""What `--help` says for each subcommand beyond its options: a description, an example and the exit codes
+(issue 15, point 5). One table, so every command states them the same way and a self-test can hold each
+registered subcommand to it (tests/test_cli_help.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BAD_INPUT = "2  bad input: one line on stderr naming the file or option"
+CLOSED_PIPE = "141  stdout was closed early (`| head`), as for any tool SIGPIPE stops; nothing else printed"
+
+
+@dataclass(frozen=True)
+class CommandHelp:
+    description: str
+    example: str
+    exits: tuple[str, ...]  # "CODE  meaning", besides BAD_INPUT and CLOSED_PIPE
+
+    def epilog(self) -> str:
+        codes = "\n".join(f"  {line}" for line in (*self.exits, BAD_INPUT, CLOSED_PIPE))
+        return f"example:\n  {self.example}\n\nexit codes:\n{codes}"
+
+
+HELP = {
+    "run": CommandHelp(
+        "The main job: run a scale's suites (pytest suites -m <tier> --scale <scale>) in this process and write "
+        "the report (report.json, .html, .md) to --report-dir; pytest's own output goes to <report-dir>/pytest.log. "
+        "Tests whose hardware or stack is absent skip with the reason.",
+        "ascend-rl-harness run --scale tiny --report-dir reports",
+        ("0  every test that ran passed (and, with --history, no regression across the stored reports)",
+         "1  a test failed, or a regression shows")),
+    "scales": CommandHelp(
+        "List the registered scales (harness/config/scales.py), one row each: the name --scale takes, its tier "
+        "(the pytest marker that selects it: tiny, layer, reduced, moonlight, full), model, hardware profile, "
+        "devices and cards, training TPxPPxEP and rollout TPxDPxEP plans, GBS x n and prompt/response lengths.",
+        "ascend-rl-harness scales",
+        ("0  listed",)),
+    "plan": CommandHelp(
+        "Show what a scale brings up: the model, the parallel plan (validated), verl's DAPO overrides, the "
+        "environment and the command line; --validate composes the overrides in verl's own config schema "
+        "(imports verl, ~20 s).",
+        "ascend-rl-harness plan --scale full-a3 --json",
+        ("0  the plan (and with --validate, verl's schema) accepts the scale",)),
+    "memory": CommandHelp(
+        "Per-phase memory of one device of a scale (analytic model: weights, optimizer, activations, KV cache, "
+        "...) against its budget with the scale's headroom.",
+        "ascend-rl-harness memory --scale full-a2-gbs128 --phase prefill --chunked-prefill",
+        ("0  every requested phase fits", "1  a phase does not fit")),
+    "compare": CommandHelp(
+        "Align a run's curves (reward, loss, entropy, ...) with a golden baseline, a verl nightly summary or "
+        "reference runs, within statistically calibrated bands.",
+        "ascend-rl-harness compare runs/lab-s0 baselines/tiny/dapo_lab.json",
+        ("0  aligned", "1  misaligned")),
+    "baseline": CommandHelp(
+        "Golden baselines for curve alignment; `baseline record` derives one from reference runs.",
+        "ascend-rl-harness baseline record runs/s0 runs/s1 runs/s2 --out golden.json",
+        ("0  done",)),
+    "baseline record": CommandHelp(
+        "Derive a golden baseline (curves + tolerances) from 3 or more reference runs; a leave-one-out "
+        "self-check refuses runs that disagree with the others.",
+        "ascend-rl-harness baseline record runs/s0 runs/s1 runs/s2 --out golden.json",
+        ("0  golden written",)),
+    "throughput": CommandHelp(
+        "Tokens/s per device (verl's perf/throughput) and per card of a verl run over its steady window, beside "
+        "the roofline, the scale's target and (with --baseline) a baseline run or verl nightly summary.",
+        "ascend-rl-harness throughput runs/full-a3 --hardware a3 --scale full-a3",
+        ("0  on target and no regression (or nothing to check)", "1  below the target or regressed")),
+    "report": CommandHelp(
+        "Render report JSON(s) to HTML + Markdown; several (or a trend-store directory): the trend page and "
+        "regressions across them.",
+        "ascend-rl-harness report reports/report.json -o site/",
+        ("0  rendered, no regression", "1  a regression or a failed run")),
+    "launch": CommandHelp(
+        "Submit a scale's DAPO job to a Ray cluster and watch it (--ray-address), start a throwaway loopback-only "
+        "cluster (--local), or print a Kubernetes job manifest (--k8s; image, namespace and the shared PVC "
+        "ascend-rl-harness-shared are stated in its options).",
+        "ascend-rl-harness launch --scale full-a3 --k8s --image registry/verl-ascend:TAG --namespace rl > job.yaml",
+        ("0  the job succeeded and logged every step (or the manifest was printed)",
+         "1  the job failed, timed out or lost a node")),
+    "doctor": CommandHelp(
+        "Report the installed stack (CANN, driver, torch/torch_npu, vllm/vllm-ascend, verl, transformers, "
+        "megatron-core, MindSpeed, mbridge, msprobe, Ray), the SoC and its memory; match it against "
+        "harness/config/stacks.py and say which suites will run, skip or break.",
+        "ascend-rl-harness doctor --json",
+        ("0  supported", "1  unsupported")),
+    "lab": CommandHelp(
+        "One run of the tiny DAPO lab on CPU (harness/lab: transformers policy, reference rollout engine, verl's "
+        "DAPO pieces), with a rollout fault injected on request; writes metrics.jsonl + meta.json to --out. "
+        "Also the Ray job entry point (python -m harness.lab takes the same options).",
+        "ascend-rl-harness lab --steps 30 --seed 0 --fault stale-absorbed --out runs/lab-s0",
+        ("0  the run finished",)),
+}

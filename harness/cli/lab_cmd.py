@@ -1,0 +1,52 @@
+"""`ascend-rl-harness lab`: one run of the tiny DAPO lab (issue 15, point 5: the lab is a subcommand, its defaults
+stated in --help). `python -m harness.lab` runs this same command; it is the Ray job entry point."""
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.args import whole
+from harness.errors import BadInput
+from harness.lab import FAULTS, LabConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The lab's options with their defaults stated (LabConfig's)."""
+    p.add_argument("--steps", type=whole(1), default=LabConfig.steps, help="DAPO steps (default %(default)s)")
+    p.add_argument("--seed", type=int, default=LabConfig.seed,
+                   help="seed of the policy init, the prompts and the rollout sampling (default %(default)s)")
+    p.add_argument("--fault", default="none", choices=sorted(FAULTS),
+                   help="rollout fault to inject (default %(default)s; see harness/lab/loop.py)")
+    p.add_argument("--gbs", type=whole(1), default=LabConfig.gbs, help="prompts per step (default %(default)s)")
+    p.add_argument("--n", type=whole(2), default=LabConfig.n,
+                   help="samples per prompt, a GRPO group (default %(default)s)")
+    p.add_argument("--engine", metavar="MODULE:FACTORY", help="rollout engine factory (default: the reference engine)")
+    p.add_argument("--out", required=True, help="run directory (metrics.jsonl + meta.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the lab as the options say; bad input raises BadInput (the caller prints it as one line, exit 2)."""
+    config = LabConfig(steps=args.steps, seed=args.seed, fault=args.fault, gbs=args.gbs, n=args.n)
+    make_engine = None
+    if args.engine:
+        from harness.engines import load_factory
+
+        if FAULTS[args.fault].engine_fault:
+            raise BadInput(f"--fault {args.fault} is injected through the reference engine; drop --engine")
+        make_engine = load_factory(args.engine)
+    from rich.progress import Progress
+
+    from harness.lab import run_lab
+
+    with Progress() as bar:
+        task = bar.add_task(f"DAPO lab seed {args.seed} fault {args.fault}", total=config.steps)
+        run_lab(config, args.out, make_engine=make_engine, progress=lambda step, m: bar.update(
+            task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f} "
+                                              f"{m['perf/throughput']:.0f} TPS/device"))
+    print(f"lab run written to {args.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lab", help="one tiny DAPO lab run on CPU, a rollout fault injected on request")
+    add_arguments(p)
+    p.set_defaults(func=run)

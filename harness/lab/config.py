@@ -1,0 +1,61 @@
+"""The lab's run options (LabConfig) and faults (FAULTS): importable without torch, so `ascend-rl-harness --help`
+lists the lab's defaults without loading the stack (issue 15, points 4-5)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from harness.config.models import TINY, ModelSpec
+from harness.errors import BadInput
+
+
+@dataclass(frozen=True)
+class LabFault:
+    """How a fault flag configures the rollout side."""
+
+    load_format: str = "real"
+    engine_fault: str | None = None  # harness.engines.reference.EngineFault value
+    sync: bool = True
+
+
+FAULTS: dict[str, LabFault] = {
+    "none": LabFault(),
+    "stale-absorbed": LabFault(engine_fault="stale_copy"),
+    "dummy-no-rederive": LabFault(load_format="dummy", engine_fault="stale_copy"),
+    "wrong-scale": LabFault(engine_fault="scale_v_head"),
+    "no-sync": LabFault(sync=False),
+}
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """One lab run. Defaults: 8 prompts x 8 samples per step, responses up to 4 tokens."""
+
+    steps: int = 30
+    seed: int = 0
+    fault: str = "none"
+    gbs: int = 8  # prompts per step (data.train_batch_size)
+    n: int = 8  # samples per prompt (rollout.n)
+    ppo_mini_batch_size: int = 4  # prompts per optimizer step: 2 updates per step, so clipping is live
+    max_response_length: int = 4
+    overlong_buffer_len: int = 2  # DAPO overlong buffer: responses longer than 4 - 2 tokens are penalised
+    overlong_penalty_factor: float = 1.0
+    max_num_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
+    temperature: float = 1.0
+    lr: float = 1e-3
+    head_scale: float = 0.1  # lm_head init x this: near-uniform first rollouts, so groups have reward variance
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    grad_clip: float = 1.0
+    layers: int = 2
+
+    def __post_init__(self):
+        if self.fault not in FAULTS:
+            raise BadInput(f"--fault {self.fault!r}: use one of {', '.join(FAULTS)}")
+        if self.steps < 1 or self.gbs < 1 or self.n < 2:
+            raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
+
+    def spec(self) -> ModelSpec:
+        from harness.lab.task import VOCAB
+
+        return dataclasses.replace(TINY.with_layers(self.layers), vocab_size=len(VOCAB), name="tiny-dsv3-lab")
