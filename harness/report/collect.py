@@ -19,6 +19,7 @@ from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
 
 BENCHMARK_PROPERTY = "benchmark"
+TAIL_CHARS = 20_000  # of a failure's traceback and captured log: the end is where the error is
 _SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 2, "failed": 3, "error": 4}
 
 
@@ -82,6 +83,9 @@ class ReportCollector:
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
             entry["outcome"], entry["reason"] = outcome, _reason(report)
+        if report.failed:  # issue 15: the report page shows each failure's traceback and captured log
+            entry["traceback"] = report.longreprtext[-TAIL_CHARS:]
+            entry["log"] = "\n".join(f"----- {name} -----\n{text}" for name, text in report.sections)[-TAIL_CHARS:]
         for name, value in report.user_properties:
             entry["properties"][name] = _jsonable(value)
         keywords = getattr(report, "keywords", {}) or {}
@@ -94,7 +98,7 @@ class ReportCollector:
             self.tests[report.nodeid or "<collection>"] = {
                 "outcome": "error", "duration_s": 0.0,
                 "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
-                "properties": {}, "markers": ()}
+                "properties": {}, "markers": (), "traceback": report.longreprtext[-TAIL_CHARS:]}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -112,7 +116,8 @@ class ReportCollector:
             props = dict(e["properties"])
             bench = props.pop(BENCHMARK_PROPERTY, None)
             tests.append(TestVerdict(nodeid=nodeid, outcome=e["outcome"], duration_s=round(e["duration_s"], 3),
-                                     reason=e["reason"], markers=e["markers"], properties=props, benchmark=bench))
+                                     reason=e["reason"], markers=e["markers"], properties=props, benchmark=bench,
+                                     traceback=e.get("traceback", ""), log=e.get("log", "")))
         created = now_utc()
         return RunReport(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,
