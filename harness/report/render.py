@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from harness.errors import BadInput
 from harness.report.page import Cell, Row, img, page, render, table
-from harness.report.schema import RunReport, TestVerdict
+from harness.report.schema import RunReport, TestVerdict, finite
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
@@ -383,7 +383,7 @@ def render_markdown(report: RunReport) -> str:
         lines += [f"| `{_md(t.nodeid)}` | {_md(t.outcome)} | {_md(t.reason)} |" for t in failing]
         lines.append("")
     for nodeid, doc in report.properties("throughput"):
-        if not isinstance(doc, dict) or not isinstance(doc.get("tps_per_card"), (int, float)):
+        if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):
             continue
         roof = (doc.get("roofline") or {}).get("tps_per_card_limit") if isinstance(doc.get("roofline"), dict) else None
         lines.append(f"- throughput `{_md(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
@@ -392,7 +392,7 @@ def render_markdown(report: RunReport) -> str:
                      + (f", target {_md(fmt(doc['target']))}" if doc.get("target") is not None else "")
                      + (f", roofline {_md(fmt(roof))}" if roof else ""))
     for nodeid, doc in report.properties("throughput.graph_mode"):
-        if isinstance(doc, dict) and isinstance(doc.get("speedup"), (int, float)):
+        if isinstance(doc, dict) and finite(doc.get("speedup")):
             lines.append(f"- graph mode vs eager `{_md(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
     bench = _benchmarks_rows(report)
     if bench:

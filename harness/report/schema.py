@@ -20,6 +20,7 @@ foreign JSON ends in one line naming the field, never a traceback in a renderer 
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import socket
@@ -206,8 +207,20 @@ def _check(doc: dict, spec: dict, where: str) -> dict:
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise BadInput(f"{where}: field {key!r} is {type(value).__name__} {str(value)[:40]!r}, expected "
                            + " or ".join("null" if t is type(None) else t.__name__ for t in types))
+        if types is _NUM and not finite(value):
+            raise BadInput(f"{where}: field {key!r} is {str(value)[:40]}, expected a finite number")
         out[key] = value
     return out
+
+
+def finite(value) -> bool:
+    """A JSON number a float can hold (10**400 cannot) that is neither NaN nor infinite; not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _test_from_dict(t, where: str) -> TestVerdict:
@@ -222,8 +235,8 @@ def _test_from_dict(t, where: str) -> TestVerdict:
     if bench is not None:  # drawn by the renderer and the trend: its shape is checked here, once
         stats = bench.get("stats")
         if not isinstance(bench.get("fullname"), str) or not isinstance(stats, dict) or not all(
-                isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool) for k in _BENCH_STATS):
-            raise BadInput(f"{where}: benchmark needs a string fullname and numeric stats "
+                finite(stats.get(k)) for k in _BENCH_STATS):
+            raise BadInput(f"{where}: benchmark needs a string fullname and finite numeric stats "
                            f"{', '.join(_BENCH_STATS)}")
     return TestVerdict(**{**fields, "markers": tuple(fields.get("markers", ()))})
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from harness.report.schema import RunReport
+from harness.report.schema import RunReport, finite
 
 # Relative change beyond which a step counts (verl Ascend nightly: throughput / step time within 5%).
 DEFAULT_TOLERANCE = 0.05
@@ -74,7 +74,7 @@ def metrics(reports: list[RunReport]) -> list[Metric]:
     for i, r in enumerate(reports):
         put("duration_s", False, i, r.duration_s)
         for nodeid, doc in r.properties("throughput"):
-            if isinstance(doc, dict) and isinstance(doc.get("tps_per_card"), (int, float)):
+            if isinstance(doc, dict) and finite(doc.get("tps_per_card")):
                 put(f"tps_per_card[{nodeid}]", True, i, doc["tps_per_card"])
         for t in r.tests:
             if t.benchmark:
