@@ -443,12 +443,17 @@ TREND = """<h1>trend over {{ reports|length }} nights
 <span class="{{ 'ok' if newest.passed else 'FAIL' }}">{{ "PASS" if newest.passed else "FAIL" }}</span>.
 {% for reason in reasons %}<br><span class="FAIL">{{ reason }}</span>{% endfor %}</p>
 <p class="muted" id="method">What is compared: a night fails when any of its tests failed (one failing test is enough).
-Per metric (TPS/card, wall time, each benchmark's median) the best single step across the nights is found; it is a
+Per metric (TPS/card, wall time, each benchmark's fastest round) the best single step across the nights
+is found; it is a
 regression when the newer segment's median is worse than the older one's by more than {{ tolerance }} and by more
 than {{ mads }} robust standard deviations of the nights' scatter (median absolute deviation), so a noisy series is
-not flagged. A step needs {{ min_history }} earlier nights: {% if judged %}regressions are judged from night
-{{ min_history + 1 }} ({{ judged.name }}, {{ judged.created }}) on{% else %}no night can be judged yet (fewer than
-{{ min_history + 1 }}){% endif %}. A purple dotted line in a plot marks a change of versions.</p>
+not flagged. A step needs {{ min_history }} earlier nights:
+{% if judged %}
+regressions are judged from night {{ min_history + 1 }} ({{ judged.name }}, {{ judged.created }}) on.
+{% else %}
+no night can be judged yet (that needs {{ min_history + 1 }} nights).
+{% endif %}
+A purple dotted line in a plot marks a change of versions.</p>
 <h2>Steps</h2>{{ steps }}
 <h2>Nights</h2>{{ nights }}
 {% for m in plots %}<h3>{{ m.name }}</h3>

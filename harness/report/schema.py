@@ -235,7 +235,7 @@ def _test_from_dict(t, where: str) -> TestVerdict:
     if bench is not None:  # drawn by the renderer and the trend: its shape is checked here, once
         stats = bench.get("stats")
         if not isinstance(bench.get("fullname"), str) or not isinstance(stats, dict) or not all(
-                finite(stats.get(k)) for k in _BENCH_STATS):
+                finite(stats.get(k)) for k in _BENCH_STATS) or ("min" in stats and not finite(stats["min"])):
             raise BadInput(f"{where}: benchmark needs a string fullname and finite numeric stats "
                            f"{', '.join(_BENCH_STATS)}")
     return TestVerdict(**{**fields, "markers": tuple(fields.get("markers", ()))})
