@@ -163,7 +163,8 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
     log, new_log = report_dir / LOG_NAME, report_dir / f".{LOG_NAME}.new"
     console.print(f"[bold]ascend-rl-harness run[/] scale {scale.name}: pytest {' '.join(argv)}")
     session = _Session()
-    with open(new_log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
+    # stderr too: pytest's usage errors go there, and `run` says one line pointing at the log instead
+    with open(new_log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         if terminal.isatty():
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             with Progress(*columns, console=console, transient=True) as progress:
