@@ -325,3 +325,19 @@ def test_store_keys_never_collide_and_a_corrupt_entry_is_quarantined(tmp_path, r
     assert (tmp_path / "broken.json.corrupt").is_file() and not (tmp_path / "broken.json").exists()
     assert len(warnings) == 1 and "quarantined" in warnings[0] and "broken.json" in warnings[0]
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == 0  # the trend goes on
+
+
+def test_publish_links_the_log_and_run_dirs_and_drops_a_stale_trend(tmp_path, report_factory):
+    from harness.report.publish import publish
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "pytest.log").write_text("log")
+    (out / "trend.html").write_text("the trend of an earlier report")
+    report = dataclasses.replace(report_factory("r", "2026-11-01T02:00:00+00:00"),
+                                 command=("suites", "--run-dir", str(tmp_path / "runs" / "seed0")))
+    publish(report, out)
+    page = (out / "report.html").read_text()
+    assert 'href="pytest.log"' in page and f'href="{(tmp_path / "runs" / "seed0").as_uri()}"' in page
+    # a run killed before writing its own trend must not leave the old one beside the new report
+    assert not (out / "trend.html").exists() and load_report(out / "report.json").name == "r"

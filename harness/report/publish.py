@@ -16,6 +16,7 @@ from harness.report.trend import DEFAULT_TOLERANCE, Step, find_steps, metrics
 
 LOG_NAME = "pytest.log"
 TREND_FILES = ("trend.html", "trend.md")
+LINKED_OPTIONS = ("--run-dir", "--baseline")  # directories a report page links to (issue 15)
 QUARANTINE_SUFFIX = ".corrupt"
 
 
@@ -25,10 +26,19 @@ def safe_name(name: str) -> str:
     return cleaned[:120]
 
 
-def report_links(report_dir: Path) -> dict[str, str]:
-    """What the report page links to, relative to the page: the run's pytest log when `run` wrote one."""
-    return {LOG_NAME: LOG_NAME} if (report_dir / LOG_NAME).exists() or \
+def report_links(report_dir: Path, report: RunReport) -> dict[str, str]:
+    """What the report page links to: the run's pytest log when `run` wrote one (relative: it sits beside the
+    page) and the run directories the command line named (absolute: resolved where the run ran)."""
+    links = {LOG_NAME: LOG_NAME} if (report_dir / LOG_NAME).exists() or \
         (report_dir / f".{LOG_NAME}.new").exists() else {}
+    args = list(report.command)
+    for option in LINKED_OPTIONS:
+        for i, arg in enumerate(args):
+            value = args[i + 1] if arg == option and i + 1 < len(args) else arg.partition("=")[2] \
+                if arg.startswith(option + "=") else None
+            if value:
+                links[f"{option} {value}"] = Path(value).resolve().as_uri()
+    return links
 
 
 def publish(report: RunReport, report_dir: str | Path, previous: RunReport | None = None) -> Path:
@@ -38,7 +48,7 @@ def publish(report: RunReport, report_dir: str | Path, previous: RunReport | Non
     report_dir = Path(report_dir)
     for name in TREND_FILES:
         (report_dir / name).unlink(missing_ok=True)
-    write_atomic(report_dir / "report.html", render_html(report, previous, report_links(report_dir)))
+    write_atomic(report_dir / "report.html", render_html(report, previous, report_links(report_dir, report)))
     write_atomic(report_dir / "report.md", render_markdown(report))
     return write_report(report, report_dir / "report.json")  # last: its presence means the pages match it
 

@@ -287,6 +287,8 @@ BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ ver
 {% for t in failing %}
 <details class="failure"{% if loop.index <= 3 %} open{% endif %}><summary><span class="{{ t.outcome }}">{{ t.outcome }}
 </span> {{ t.nodeid }}: {{ t.reason }}</summary>
+{% if t.properties.run_dir is string %}<p>run directory: <a href="{{ t.properties.run_dir }}">
+{{ t.properties.run_dir }}</a></p>{% endif %}
 {% if t.findings %}{{ findings[t.nodeid] }}{% endif %}
 {% if t.traceback %}<h4>traceback</h4><pre>{{ t.traceback }}</pre>{% endif %}
 {% if t.log %}<h4>captured log</h4><pre>{{ t.log }}</pre>{% endif %}
