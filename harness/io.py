@@ -72,6 +72,12 @@ STALE_TMP_S = 3600
 
 
 def _umask() -> int:
+    """The process umask, read without changing it where Linux says it (os.umask can only be read by setting it,
+    which races with other threads creating files, e.g. Ray's)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
