@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -83,13 +84,17 @@ def _umask() -> int:
     return mask
 
 
-def clean_stale_tmp(path: str | os.PathLike, older_than_s: float = STALE_TMP_S) -> list[Path]:
-    """Remove the hidden temporaries `write_atomic` left beside `path` when a writer was killed; returns them."""
-    path = Path(path)
+# what write_atomic's mkstemp names look like: ".<target name>.<8 random chars>.tmp"
+_TMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+
+
+def clean_stale_tmp(directory: str | os.PathLike, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove the hidden temporaries `write_atomic` left in `directory` when a writer was killed (for any
+    target: a trend store's entries each have their own name); returns them."""
     removed = []
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    for tmp in Path(directory).glob(".*.tmp"):
         with contextlib.suppress(OSError):
-            if time.time() - tmp.stat().st_mtime > older_than_s:
+            if _TMP_NAME.match(tmp.name) and time.time() - tmp.stat().st_mtime > older_than_s:
                 tmp.unlink()
                 removed.append(tmp)
     return removed
@@ -101,7 +106,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     temporaries of earlier killed writers of the same file are cleaned."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_tmp(path)
+    clean_stale_tmp(path.parent)
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -23,14 +23,17 @@ def test_atomic_writes_keep_the_umask_mode(tmp_path, umask, mode):
 
 
 def test_stale_temporaries_of_killed_writers_are_cleaned(tmp_path):
-    stale, fresh = tmp_path / ".report.json.abc123.tmp", tmp_path / ".report.json.def456.tmp"
-    for tmp in (stale, fresh):
-        tmp.write_text("half a report")
+    # of this file and of another (a trend store's keys differ every time); a user's own hidden file stays
+    stale, other, fresh, mine = (tmp_path / n for n in (".report.json.abc12345.tmp", ".night-1.json.zz_99xyz.tmp",
+                                                        ".report.json.def45678.tmp", ".notes.tmp"))
     old = time.time() - STALE_TMP_S - 60
-    os.utime(stale, (old, old))
+    for tmp in (stale, other, fresh, mine):
+        tmp.write_text("half a report")
+        if tmp is not fresh:
+            os.utime(tmp, (old, old))
     write_atomic(tmp_path / "report.json", "{}")
-    assert not stale.exists() and fresh.exists()  # a live writer's temporary is left alone
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".report.json.def456.tmp", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # a live writer's temporary is left alone
+        ".notes.tmp", ".report.json.def45678.tmp", "report.json"]
 
 
 def test_a_locked_directory_refuses_a_second_writer(tmp_path):
