@@ -201,3 +201,33 @@ def test_history_quarantines_a_corrupt_entry_and_goes_on(tmp_path, monkeypatch, 
     assert len(list((tmp_path / "store").glob("*.json"))) == 2
     page = (tmp_path / "n2" / "report.html").read_text()
     assert "\u0394 vs tiny-" in page  # the delta column against the night before
+
+
+def test_a_terminal_run_keeps_pytest_output_in_the_log(tmp_path):
+    # Seeded by the old runner: rich's progress display proxied sys.stdout to the terminal, so on a terminal
+    # pytest.log stayed empty. A pty makes stdout a terminal here.
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_tty_tree.py").write_text(FAILING)
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", "out"],
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    while True:  # drain the terminal, or the child blocks on a full pty
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=300) == 1, seen[-2000:]
+    log = (tmp_path / "out" / "pytest.log").read_text()
+    assert "seeded failure" in log and "1 failed, 1 passed" in log

@@ -167,7 +167,10 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
     with open(new_log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         if terminal.isatty():
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            with Progress(*columns, console=console, transient=True) as progress:
+            # redirect_*=False: rich's default proxies sys.stdout through the live display, which sent pytest's
+            # output to the terminal and left pytest.log empty on every terminal run
+            with Progress(*columns, console=console, transient=True, redirect_stdout=False,
+                          redirect_stderr=False) as progress:
                 status = pytest.main(argv, plugins=[session, _Progress(progress, console)])
         else:
             status = pytest.main(argv, plugins=[session, _Lines(terminal, HEARTBEAT_S)])
