@@ -126,17 +126,28 @@ def write_json_atomic(path: str | os.PathLike, obj, *, indent: int = 2) -> Path:
     return write_atomic(path, json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False) + "\n")
 
 
+_HELD: dict[Path, int] = {}  # directories this process holds, with how many nested holders
+
+
 @contextlib.contextmanager
 def exclusive(directory: str | os.PathLike, what: str):
     """Hold DIR/.lock (fcntl) for the block, or refuse with one line: two writers of one directory would
     overwrite each other's files silently (issue 16). The lock dies with the process, so a killed run never
-    leaves it stuck."""
+    leaves it stuck. Re-entrant within one process: `run` holds it, and the report collector of the pytest
+    session `run` starts in-process takes it again (a plain `pytest --report-dir` takes it alone)."""
     import fcntl
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / ".lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    key = directory.resolve()
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield directory
+        finally:
+            _HELD[key] -= 1
+        return
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -146,6 +157,10 @@ def exclusive(directory: str | os.PathLike, what: str):
                            "directory") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        yield directory
+        _HELD[key] = 1
+        try:
+            yield directory
+        finally:
+            del _HELD[key]
     finally:
         os.close(fd)

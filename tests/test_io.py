@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from fixtures.report import hold_lock as hold
 from harness.errors import BadInput
 from harness.io import STALE_TMP_S, exclusive, write_atomic
 
@@ -37,9 +38,14 @@ def test_stale_temporaries_of_killed_writers_are_cleaned(tmp_path):
 
 
 def test_a_locked_directory_refuses_a_second_writer(tmp_path):
-    with exclusive(tmp_path / "out", "the report directory"):
-        with pytest.raises(BadInput, match=rf"out: the report directory is in use by pid {os.getpid()}"):
+    holder = hold(tmp_path / "out")
+    try:
+        with pytest.raises(BadInput, match=rf"out: the report directory is in use by pid {holder.pid}"):
             with exclusive(tmp_path / "out", "the report directory"):
                 pass
+    finally:
+        holder.communicate("")
     with exclusive(tmp_path / "out", "the report directory"):  # released when the holder is done
-        pass
+        with exclusive(tmp_path / "out", "the report directory"):  # and re-entrant within one process
+            pass
+

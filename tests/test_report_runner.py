@@ -151,15 +151,25 @@ def test_the_previous_log_is_replaced_only_at_the_end(tmp_path, monkeypatch):
 
 
 def test_a_second_run_on_one_report_directory_is_refused(tmp_path, monkeypatch, capsys):
-    from harness.io import exclusive
+    import subprocess
+    import sys
+
+    from fixtures.report import hold_lock as hold
 
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "test_lock_tree.py").write_text(PASSING)
     monkeypatch.chdir(tmp_path)
-    with exclusive(tmp_path / "out", "this report directory"):  # another run holds it
+    holder = hold(tmp_path / "out")  # another run holds it
+    try:
         assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "in use by pid" in err
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"in use by pid {holder.pid}" in err
+        # a plain pytest session on the directory is refused too: one usage-error line, exit 4
+        plain = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--scale", "tiny",
+                                "--report-dir", "out", "suites"], capture_output=True, text=True, timeout=300)
+        assert plain.returncode == 4 and "in use by pid" in plain.stderr, plain.stdout + plain.stderr
+    finally:
+        holder.communicate("")
     assert not (tmp_path / "out" / "report.json").exists()
 
 

@@ -9,12 +9,15 @@ so those runs carry none).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from harness.errors import BadInput
+from harness.io import exclusive
 from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
 
@@ -62,6 +65,15 @@ class ReportCollector:
         self.tests: dict[str, dict] = {}
         self.started = time.monotonic()
         self.path: Path | None = None
+        self.lock = contextlib.ExitStack()
+        if not hasattr(config, "workerinput"):  # the controller writes; two sessions on one directory must not
+            try:
+                self.lock.enter_context(exclusive(self.report_dir, "this report directory"))
+            except BadInput as exc:
+                raise pytest.UsageError(str(exc)) from None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.lock.close()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call):
