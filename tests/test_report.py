@@ -341,3 +341,21 @@ def test_publish_links_the_log_and_run_dirs_and_drops_a_stale_trend(tmp_path, re
     assert 'href="pytest.log"' in page and f'href="{(tmp_path / "runs" / "seed0").as_uri()}"' in page
     # a run killed before writing its own trend must not leave the old one beside the new report
     assert not (out / "trend.html").exists() and load_report(out / "report.json").name == "r"
+
+
+def test_each_trend_point_links_to_its_night(report_factory):
+    # the image map's circles must sit on the drawn points: decode the plot and look under each circle
+    import base64
+    import io
+
+    from PIL import Image
+
+    nights = [report_factory(f"n{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", tps=120.0 + i % 3) for i in range(6)]
+    page = render_trend_html(nights, metrics(nights), [], pages={r.name: f"{r.name}.html" for r in nights})
+    plots = re.findall(r'<map name="points-\d+">(.*?)</map>\s*<img[^>]*base64,([^"]+)"', page, re.S)
+    assert len(plots) == 2  # wall time and TPS/card
+    for areas, png in plots:
+        plot = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+        links = re.findall(r'coords="(\d+),(\d+),\d+" href="(n\d)\.html"', areas)
+        assert [name for _, _, name in links] == [r.name for r in nights]
+        assert all(plot.getpixel((int(x), int(y))) == (31, 119, 180) for x, y, _ in links)  # tab:blue markers

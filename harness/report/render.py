@@ -429,7 +429,9 @@ def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step],
             ax.axvline(i - 0.5, color="tab:purple", ls=":", lw=1)
             ax.annotate(_tex(", ".join(changed)), (i - 0.5, 1), xycoords=("data", "axes fraction"), fontsize=6,
                         color="tab:purple", rotation=90, va="top", ha="right")
-    ax.set_xticks(range(len(reports)), [_tick(r) for r in reports], rotation=45, fontsize=6, ha="right")
+    every = max(1, len(reports) // 15)  # a label per night up to 15 nights, then every k-th (the links keep all)
+    ticks = [i for i in range(len(reports)) if (len(reports) - 1 - i) % every == 0]  # the newest always labelled
+    ax.set_xticks(ticks, [_tick(reports[i]) for i in ticks], rotation=45, fontsize=6, ha="right")
     ax.set_xlim(-0.5, len(reports) - 0.5)
     ax.set_title(_tex(metric.name), fontsize=9)
     fig.tight_layout()
