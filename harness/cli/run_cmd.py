@@ -26,7 +26,6 @@ import pytest
 from rich.markup import escape
 
 from harness.errors import BadInput
-from harness.report.schema import load_report
 
 SUITES_DIR = "suites"
 HEARTBEAT_S = 60.0  # a line at least this often when stdout is no terminal: CI kills jobs silent for long
@@ -149,6 +148,7 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
     from rich.table import Table
 
     from harness.report.publish import LOG_NAME, load_store, publish, store, write_trend
+    from harness.report.schema import load_report
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra)
