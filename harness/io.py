@@ -111,7 +111,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        # backslashreplace: a JSON string may hold a lone surrogate ("\\ud800" is valid JSON, not valid UTF-8); a
+        # backslashreplace: a JSON string may hold a lone surrogate ("\ud800" is valid JSON, not valid UTF-8); a
         # page shows it escaped instead of the write failing with a traceback (issue 16)
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
             f.write(data)
