@@ -18,13 +18,21 @@ from pathlib import Path
 
 from harness.errors import BadInput
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+
 
 def read_json(path: str | os.PathLike, *, missing: str, corrupt: str = "truncated or corrupt; write it again"):
     """Parse a JSON file the user pointed at; BadInput names the file and what to do when it is absent
     (`missing`) or not JSON (`corrupt`)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        doc = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # rare: only then look for a lone surrogate, which no output can encode
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        return doc
+    except UnicodeEncodeError:  # "\ud800" parses, but is no character: printing or writing it fails later
+        raise BadInput(f"{path}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), not text; {corrupt}") from None
     except (FileNotFoundError, IsADirectoryError):
         raise BadInput(f"{path}: {missing}") from None
     except ValueError as exc:  # also UnicodeDecodeError: non-UTF-8 bytes
