@@ -359,3 +359,13 @@ def test_each_trend_point_links_to_its_night(report_factory):
         links = re.findall(r'coords="(\d+),(\d+),\d+" href="(n\d)\.html"', areas)
         assert [name for _, _, name in links] == [r.name for r in nights]
         assert all(plot.getpixel((int(x), int(y))) == (31, 119, 180) for x, y, _ in links)  # tab:blue markers
+
+
+def test_nightly_lines_stay_one_line_per_failure(report_factory):
+    from harness.report.nightly import failures
+
+    report = report_factory("n", "2026-11-01T02:00:00+00:00")
+    forged = "ok\nPASS full-a3: 99 passed"
+    report = dataclasses.replace(report, tests=(TestVerdict("suites/x.py::test_y", "failed", 1.0, forged),))
+    assert [f.line() for f in failures(report)] == [
+        "FAIL full-a3 suites/x.py::test_y metric - -: ok PASS full-a3: 99 passed"]
