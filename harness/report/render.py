@@ -254,6 +254,22 @@ def _drawn(report: RunReport, name: str, draw, strict: bool) -> list[Markup]:
     return out
 
 
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _value(v) -> Markup | str:
+    """A measurement readably: a scalar as text, a flat object as a small table, anything else as raw JSON."""
+    if _scalar(v):
+        return fmt(v)
+    if isinstance(v, list) and len(v) <= 20 and all(_scalar(x) for x in v):
+        return fmt(v)
+    if isinstance(v, dict) and len(v) <= 30 and all(_scalar(x) or (isinstance(x, list) and len(x) <= 20 and all(
+            _scalar(y) for y in x)) for x in v.values()):
+        return table(["field", "value"], [[k, fmt(x)] for k, x in v.items()]) + _raw(v)
+    return _raw(v)
+
+
 def _benchmarks_rows(report: RunReport) -> list[list[str]]:
     rows = []
     for t in report.tests:
@@ -352,8 +368,7 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
     other = [(t.nodeid, k, v) for t in report.tests for k, v in t.properties.items() if k not in KNOWN + ("findings",)]
     if other:
         sections.append(("Other measurements", [table(["test", "property", "value"], [
-            [n, k, fmt(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else _raw(v)]
-            for n, k, v in other])]))
+            [n, k, _value(v)] for n, k, v in other])]))
     summary = (f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
                f"{c['xfailed']} xfailed, {c['xpassed']} xpassed in {report.duration_s:.1f} s"
                + ("" if report.tests else "; no test ran: a run without tests is a failure"))
