@@ -210,7 +210,7 @@ def test_history_quarantines_a_corrupt_entry_and_goes_on(tmp_path, monkeypatch, 
     assert main(["run", "--scale", "tiny", "--report-dir", "n2", "--history", "store"]) == 0
     assert len(list((tmp_path / "store").glob("*.json"))) == 2
     page = (tmp_path / "n2" / "report.html").read_text()
-    assert "\u0394 vs tiny-" in page  # the delta column against the night before
+    assert "\u0394 vs tiny-" in page and 'href="trend.html"' in page  # the delta against the night before
 
 
 def test_a_terminal_run_keeps_pytest_output_in_the_log(tmp_path):

@@ -206,7 +206,7 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
         store(report, args.history)
         history = [*earlier, report]
         # the page again, now with the delta against the previous night and the link to the trend
-        publish(report, report_dir, earlier[-1] if earlier else None)
+        publish(report, report_dir, earlier[-1] if earlier else None, trend=True)
         steps = write_trend(history, report_dir, pages={report.name: "report.html"})
         regressed = [s for s in steps if s.regression]
         for s in regressed:

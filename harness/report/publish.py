@@ -41,14 +41,17 @@ def report_links(report_dir: Path, report: RunReport) -> dict[str, str]:
     return links
 
 
-def publish(report: RunReport, report_dir: str | Path, previous: RunReport | None = None) -> Path:
+def publish(report: RunReport, report_dir: str | Path, previous: RunReport | None = None,
+            trend: bool = False) -> Path:
     """Write report.html, report.md and then report.json into `report_dir` (each atomically); return the JSON
     path. A trend page left from an earlier run is removed first: it described another report, and a run killed
-    before it writes its own trend must not leave the two disagreeing (issue 16)."""
+    before it writes its own trend must not leave the two disagreeing (issue 16). `trend`: the page links the
+    trend.html its caller writes next."""
     report_dir = Path(report_dir)
     for name in TREND_FILES:
         (report_dir / name).unlink(missing_ok=True)
-    write_atomic(report_dir / "report.html", render_html(report, previous, report_links(report_dir, report)))
+    links = {**report_links(report_dir, report), **({"trend": TREND_FILES[0]} if trend else {})}
+    write_atomic(report_dir / "report.html", render_html(report, previous, links))
     write_atomic(report_dir / "report.md", render_markdown(report))
     return write_report(report, report_dir / "report.json")  # last: its presence means the pages match it
 
