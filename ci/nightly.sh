@@ -66,7 +66,8 @@ for scale in $SCALES; do
     run cp -r "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
   fi
   if compgen -G "$TREND_STORE/$scale/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
-    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale/"*.json
+    # the directory, not a glob: a corrupt entry is then quarantined and the trend goes on (issue 16)
+    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale"
   fi
 done
 echo "ci/nightly.sh: night $NIGHT on $HARDWARE: exit $status; HTML in $PUBLISH_DIR" >&2

@@ -1,31 +1,111 @@
-"""The report page in real headless Chromium: loads without console errors, shows the verdict table
-and every plot. CI installs Debian's `chromium` (.ci/run); without it these tests skip with the reason."""
+"""The report and trend pages in real headless Chromium (1400 px wide): they load without console errors or
+CSP violations, show the verdict, failures, versions, tables and every plot, do not scroll sideways, the
+sorting/filtering script works, and nothing a report holds can run as script (issue 16). CI installs Debian's
+`chromium` (.ci/run); without it these tests skip with the reason."""
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from harness.report.browser import check_page, find_chromium
+import pytest
+from markupsafe import Markup
+
+from harness.report.browser import WIDTH, check_page, find_chromium
+from harness.report.page import page
+from harness.report.publish import write_trend
 from harness.report.render import render_html
+from harness.report.schema import TestVerdict
 
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="missing chromium (apt-get install chromium)")
 
+PARTS = ("details.failure", "#versions", "#environment", "input.filter", "#failures", "th.sort")
+# sort the test table by seconds, filter it, open a plot full size: what the page's script is for (issue 15)
+USE = """(function () {
+  var rows = function () { return Array.from(document.querySelectorAll('#verdicts tbody tr')); };
+  document.querySelectorAll('#verdicts th')[2].click();
+  var sorted = rows().map(function (r) { return parseFloat(r.cells[2].getAttribute('data-v')); });
+  var box = document.querySelector('input.filter');
+  box.value = 'test_fit'; box.dispatchEvent(new Event('input'));
+  var shown = rows().filter(function (r) { return !r.hidden; }).length;
+  var plot = document.querySelector('img.plot'); plot.click();
+  return {sorted: sorted, shown: shown, full: plot.classList.contains('full')};
+})()"""
+PAYLOADS = ('<script>window.__pwned = 1</script>', '"><img src=x onerror="window.__pwned=1">',
+            "'><svg onload=window.__pwned=1>")
+PWNED = "(function () { return {pwned: window.__pwned === 1, scripts: document.scripts.length}; })()"
 
-def test_report_page_loads_clean_with_table_and_plots(tmp_path, full_report):
-    page = tmp_path / "report.html"
-    page.write_text(render_html(full_report))
-    seen = check_page(page)
+
+def test_report_page_loads_clean_with_every_part(tmp_path, full_report):
+    previous = dataclasses.replace(full_report, name="night-0", machine=dataclasses.replace(
+        full_report.machine, packages={**full_report.machine.packages, "verl": "0.0.1"}))
+    path = tmp_path / "report.html"
+    path.write_text(render_html(full_report, previous, {"pytest.log": "pytest.log"}))
+    seen = check_page(path, selectors=PARTS, script=USE)
     assert seen.errors == (), seen.errors
     assert seen.verdict == "FAIL" and seen.verdict_rows == 3
     assert seen.images == 5 and seen.broken_images == ()  # TPS per step, graph vs eager, two curves, memory
+    assert seen.csp.startswith("default-src 'none'") and "unsafe-inline" not in seen.csp
+    assert seen.scroll_width <= WIDTH, seen.scroll_width
+    assert all(seen.counts[p] for p in PARTS), seen.counts
+    assert seen.extra["sorted"] == sorted(seen.extra["sorted"]) and seen.extra["shown"] == 1 and seen.extra["full"]
     assert seen.ok
 
 
+def test_hostile_report_fields_stay_text(tmp_path, full_report):
+    # issue 16: created, a test's outcome (inside an attribute), machine.python, a benchmark's fullname and the
+    # throughput fields reached the page raw and a script ran in Chromium
+    evil = PAYLOADS[0] + PAYLOADS[1] + PAYLOADS[2]
+    tests = [dataclasses.replace(t, outcome=evil if t.failing else t.outcome,
+                                 benchmark={**t.benchmark, "fullname": evil} if t.benchmark else None,
+                                 properties={**t.properties, "throughput": {**t.properties["throughput"],
+                                                                            "hardware": evil, "peak_source": evil}}
+                                 if "throughput" in t.properties else t.properties)
+             for t in full_report.tests]
+    tests.append(TestVerdict(evil, "failed", 1.0, evil, (), {"x": evil}, traceback=evil, log=evil))
+    report = dataclasses.replace(full_report, name=evil, created=evil, commit=evil, tests=tuple(tests),
+                                 machine=dataclasses.replace(full_report.machine, python=evil, hostname=evil))
+    path = tmp_path / "report.html"
+    path.write_text(render_html(report))
+    seen = check_page(path, script=PWNED)
+    assert seen.extra == {"pwned": False, "scripts": 1} and seen.errors == (), (seen.extra, seen.errors)
+    trend = tmp_path / "trend"
+    write_trend([dataclasses.replace(full_report, name=evil, created="2026-11-0" + evil), report], trend,
+                pages={evil: evil})
+    seen = check_page(trend / "trend.html", script=PWNED)
+    assert seen.extra == {"pwned": False, "scripts": 1} and seen.errors == (), (seen.extra, seen.errors)
+
+
+def test_injection_check_fails_on_unescaped_pages(tmp_path):
+    # Seeded bugs: the payload pasted unescaped. Without CSP it runs; with the page's CSP it is blocked, and the
+    # check sees the violation -- so a clean result above means escaped, not merely blocked.
+    bare = tmp_path / "bare.html"
+    bare.write_text(f"<!DOCTYPE html><html><head><title>x</title></head><body>{''.join(PAYLOADS)}</body></html>")
+    assert check_page(bare, script=PWNED).extra["pwned"]
+    guarded = tmp_path / "guarded.html"
+    guarded.write_text(page("x", Markup(PAYLOADS[0] + PAYLOADS[2])))
+    seen = check_page(guarded, script=PWNED)
+    assert not seen.extra["pwned"] and any("script" in e.lower() for e in seen.errors), seen.errors
+
+
+def test_trend_page_badge_points_and_versions(tmp_path, report_factory):
+    nights = [report_factory(f"night-{i}", f"2026-11-0{i + 1}T02:00:00+00:00", tps=120.0 + i % 2) for i in range(3)]
+    newest = report_factory("night-3", "2026-11-04T02:00:00+00:00", tps=120.0, failing=True)
+    newest = dataclasses.replace(newest, machine=dataclasses.replace(
+        newest.machine, packages={**newest.machine.packages, "verl": "9.9.9"}))
+    reports = [*nights, newest]
+    write_trend(reports, tmp_path, pages={r.name: f"{r.name}.html" for r in reports})
+    seen = check_page(tmp_path / "trend.html", selectors=("#nights tbody tr", "map area", "td.changed", "#method"))
+    assert seen.errors == () and seen.scroll_width <= WIDTH, (seen.errors, seen.scroll_width)
+    assert seen.verdict == "FAIL"  # the newest night failed one test: no metric regressed, still FAIL
+    assert seen.counts == {"#nights tbody tr": 4, "map area": 8, "td.changed": 1, "#method": 1}, seen.counts
+
+
 def test_browser_check_fails_on_a_broken_page(tmp_path):
-    # Seeded bug: a truncated base64 plot and a script error must not pass as a clean page.
+    # Seeded bug: a truncated base64 plot, a script error and a line too wide must not pass as a clean page.
     page = tmp_path / "broken.html"
     page.write_text('<!DOCTYPE html><html><head><title>x</title></head><body><table id="verdicts"><tbody><tr><td>t'
                     '</td></tr></tbody></table><img alt="tps" src="data:image/png;base64,iVBORw0KGgoAAAA">'
+                    f"<pre>{'x' * 3000}</pre>"
                     "<script>console.error('boom'); undefinedFunction();</script></body></html>")
     seen = check_page(page)
-    assert not seen.ok and seen.broken_images == ("tps",)
+    assert not seen.ok and seen.broken_images == ("tps",) and seen.scroll_width > WIDTH
     assert any("boom" in e for e in seen.errors) and any("undefinedFunction" in e for e in seen.errors)

@@ -2,8 +2,10 @@
 HTML/Markdown renderers, the trend's regression detection and the `report` CLI."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,9 +14,11 @@ import pytest
 
 from harness.cli import main
 from harness.errors import BadInput
-from harness.report.render import render_html, render_markdown
-from harness.report.schema import SCHEMA_VERSION, load_report, write_report
-from harness.report.trend import detect_step, regressions
+from harness.report.publish import load_store, store
+from harness.report.render import render_html, render_markdown, render_trend_html
+from harness.report.schema import SCHEMA_VERSION, TestVerdict, load_report, write_report
+from harness.report.trend import detect_step, find_steps, metrics, regressions, version_changes
+from harness.report.trend import verdict as trend_verdict
 
 SUITE = textwrap.dedent('''
     import pytest
@@ -95,7 +99,7 @@ def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
     doc = json.loads((collected[1] / "report.json").read_text())
     future = tmp_path / "future.json"
     future.write_text(json.dumps({**doc, "schema_version": SCHEMA_VERSION + 1}))
-    with pytest.raises(BadInput, match=r"future.json: report schema_version 2 is not supported"):
+    with pytest.raises(BadInput, match=rf"future.json: report schema_version {SCHEMA_VERSION + 1} is not supported"):
         load_report(future)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"benchmarks": []}))  # e.g. a pytest-benchmark JSON given by mistake
@@ -110,7 +114,8 @@ def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
 def test_markdown_names_failures_and_figures(report_factory):
     md = render_markdown(report_factory("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01,
                                         failing=True))
-    assert "FAIL" in md and "peak 70.1 GiB > budget 62" in md and "123.2 TPS/card" in md
+    # HTML escaped: CI comments render inline HTML
+    assert "FAIL" in md and "peak 70.1 GiB &gt; budget 62" in md and "123.2 TPS/card" in md
     assert "| suites/perf/test_graph_mode.py::test_decode | 10.000 |" in md
     assert "✅ PASS" in render_markdown(report_factory("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))
 
@@ -145,7 +150,7 @@ def test_trend_flags_a_throughput_regression_and_not_noise(report_factory):
 
 def test_trend_flags_a_slower_benchmark(report_factory):
     found = regressions(_nights(report_factory, [0.010, 0.0101, 0.0099, 0.0100, 0.0112, 0.0113], key="bench_median"))
-    assert [s.metric for s in found] == ["benchmark_median_s[suites/perf/test_graph_mode.py::test_decode]"]
+    assert [s.metric for s in found] == ["benchmark_min_s[suites/perf/test_graph_mode.py::test_decode]"]
 
 
 def test_report_cli_renders_and_exits_1_on_regression(tmp_path, capsys, report_factory):
@@ -160,3 +165,207 @@ def test_report_cli_renders_and_exits_1_on_regression(tmp_path, capsys, report_f
     assert main(["report", *paths[:4], "-o", str(tmp_path / "ok")]) == 0
     assert main(["report", str(tmp_path / "in"), "-o", str(tmp_path / "store")]) == 1  # a trend-store directory
     assert main(["report", str(tmp_path / "nope.json"), "-o", str(tmp_path / "x")]) == 2
+
+
+def _doc(report) -> dict:
+    return json.loads(json.dumps(report.to_dict()))
+
+
+def test_schema_1_reports_still_load(tmp_path, report_factory):
+    doc = _doc(report_factory("old", "2026-10-01T02:00:00+00:00", tps=120.0, failing=True))
+    doc["schema_version"] = 1
+    for t in doc["tests"]:
+        del t["traceback"], t["log"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    report = load_report(path)
+    assert report.schema_version == SCHEMA_VERSION and report.tests[-1].traceback == ""
+    assert "no traceback recorded" in render_html(report)
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    (("created",), 5, "field 'created' is int"),
+    (("tests",), "x", "field 'tests' is str"),
+    (("tests", 0, "outcome"), "passed<script>", "is none of passed"),
+    (("tests", 0, "duration_s"), "1.0", "field 'duration_s' is str"),
+    (("tests", 0, "duration_s"), 10**400, "expected a finite number"),
+    (("exit_status",), True, "field 'exit_status' is bool"),
+    (("machine", "python"), ["3"], "(machine): field 'python' is list"),
+    (("machine", "packages"), {"verl": 1}, "packages must map names"),
+    (("tests", 1, "benchmark", "stats"), {"median": "fast"}, "benchmark needs a string fullname"),
+    (("tests", 0, "markers"), [1], "markers must be strings"),
+])
+def test_wrong_field_types_are_one_line_bad_input(tmp_path, capsys, report_factory, where, value, message):
+    doc = _doc(report_factory("typed", "2026-11-01T02:00:00+00:00", tps=1.0, bench_median=0.01))
+    parent = doc
+    for part in where[:-1]:
+        parent = parent[part]
+    parent[where[-1]] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        load_report(path)
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.json" in err and "Traceback" not in err
+
+
+def test_wrong_shaped_sections_exit_2_with_report_and_degrade_in_a_run(tmp_path, capsys, report_factory):
+    bad = {"throughput": {"tps_per_card": 1.0, "per_step": 5}, "throughput.graph_mode": {"eager": [], "graph": 1,
+                                                                                       "speedup": "x"}}
+    report = report_factory("shapes", "2026-11-01T02:00:00+00:00", properties=bad)
+    page = render_html(report)  # the collector's page: a note and the raw JSON, never a crash
+    assert "is not in the expected shape" in page and "per_step" in page
+    path = write_report(report, tmp_path / "shapes.json")
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "property 'throughput' has the wrong shape" in err
+
+
+def test_dollar_signs_in_names_are_not_mathtext(report_factory):
+    # issue 16: a metric name matplotlib's mathtext cannot parse crashed the page
+    name = r"$\undefinedcmd$ reward"
+    series = {name: {"steps": [1, 2], "center": [0.1, 0.2], "lo": [0.0, 0.1], "hi": [0.2, 0.3],
+                     "candidate_steps": [1, 2], "candidate": [0.1, 0.5], "candidate_name": "$run$",
+                     "baseline_name": "$$", "outside_steps": [2], "verdict": "FAIL: band"}}
+    page = render_html(report_factory("math", "2026-11-01T02:00:00+00:00", properties={"curves.series": series}))
+    assert page.count('class="plot"') == 1
+
+
+def test_uncalibrated_curves_say_so(report_factory):
+    verdicts = [{"metric": "critic/rewards/mean", "statistic": "band", "passed": None, "calibrated": False,
+                 "where": "steps 1-3", "detail": "uncalibrated: floors only (2 reference runs)"}]
+    page = render_html(report_factory("cal", "2026-11-01T02:00:00+00:00", properties={"curves.verdicts": verdicts}))
+    assert '<td class="uncalibrated">uncalibrated</td>' in page and ">ok<" not in page
+
+
+def test_report_page_order_ranges_and_delta(full_report):
+    page = render_html(full_report, full_report, {"pytest.log": "pytest.log"})
+    order = [page.index(mark) for mark in ('id="verdict"', 'id="versions"', 'id="failures"', 'id="verdicts"',
+                                           "<h2>Throughput")]
+    assert order == sorted(order)  # verdict, versions, failures first; measurements after the table
+    assert "<td>2\u20133</td>" in page and "[2, 3]" not in page  # the steady window as a range
+    assert 'href="pytest.log"' in page and "\u0394 vs night-1" in page and "+0.00 s" in page
+    assert "<summary>raw JSON</summary>" in page
+
+
+def test_hostile_names_are_escaped_in_html_and_markdown(report_factory):
+    evil = "<script>alert(1)</script>|`x`"
+    report = dataclasses.replace(report_factory("e", "2026-11-01T02:00:00+00:00", failing=True), name=evil,
+                                 created=evil)
+    report = dataclasses.replace(report, tests=(*report.tests, TestVerdict(evil, "failed", 1.0, evil)))
+    page = render_html(report)
+    assert "<script>alert" not in page and page.count("<script>") == 1
+    md = render_markdown(report)
+    assert "<script>" not in md and "`x`" not in md and "&lt;script&gt;" in md
+
+
+def test_report_output_names_stay_inside_o(tmp_path, report_factory):
+    # issue 16: `report` named its page from report.name, so "../../x" wrote outside -o
+    report = dataclasses.replace(report_factory("x", "2026-11-01T02:00:00+00:00"), name="../../escaped")
+    path = write_report(report, tmp_path / "in" / "r.json")
+    out = tmp_path / "deep" / "out"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["escaped.html", "escaped.md"] or sorted(
+        p.name for p in out.iterdir()) == ["escaped.html", "escaped.md"]
+    assert not list(tmp_path.glob("escaped*")) and not list((tmp_path / "deep").glob("escaped*"))
+
+
+def test_report_onto_a_file_is_exit_2(tmp_path, capsys, report_factory):
+    path = write_report(report_factory("x", "2026-11-01T02:00:00+00:00"), tmp_path / "r.json")
+    assert main(["report", str(path), "-o", str(path)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_trend_badge_is_the_newest_nights_verdict(report_factory):
+    # issue 15: the trend page showed a green PASS over a failed newest run. Seeded: steady metrics, newest fails.
+    nights = [report_factory(f"n{i}", f"2026-11-0{i + 1}T02:00:00+00:00", tps=120.0) for i in range(3)]
+    nights.append(report_factory("n3", "2026-11-04T02:00:00+00:00", tps=120.0, failing=True))
+    assert find_steps(nights) == []  # no metric moved: only the verdict can tell
+    passed, reasons = trend_verdict(nights, [])
+    assert not passed and reasons == ["newest night n3 failed: 1 failing test"]
+    page = render_trend_html(nights, metrics(nights), [])
+    assert 'id="verdict">FAIL<' in page and "judged from night 3 (n2," in page
+    assert trend_verdict(nights[:3], [])[0] and 'id="verdict">PASS<' in render_trend_html(nights[:3], [], [])
+
+
+def test_benchmark_noise_is_no_regression_but_a_shift_is(report_factory):
+    # issue 15: nightly benchmark medians of 0.13 s and 9.05 s on a shared 2-core machine were flagged
+    # (median, fastest round) per night: contention inflates medians, the code's speed shows in the fastest round
+    def nights(pairs):
+        return [report_factory(f"night-{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", bench_median=m, bench_min=low)
+                for i, (m, low) in enumerate(pairs)]
+
+    noisy = [(0.13, 0.12), (9.05, 0.121), (0.12, 0.119), (0.14, 0.12), (9.1, 0.122)]
+    assert regressions(nights(noisy)) == []
+    mins = [0.12, 0.125, 0.118, 0.121, 0.119, 0.124, 0.12, 0.119]  # nightly scatter of the fastest round: no step
+    assert regressions(nights([(0.13, v) for v in mins])) == []
+    shifted = nights([*noisy, (0.6, 0.58), (0.62, 0.59)])
+    found = regressions(shifted)
+    assert [(s.report, round(s.after, 3)) for s in found] == [("night-5", 0.585)] and found[0].threshold < 0.1
+
+
+def test_versions_row_marks_the_upgrade(report_factory):
+    nights = [report_factory(f"n{i}", f"2026-11-0{i + 1}T02:00:00+00:00") for i in range(3)]
+    upgraded = dataclasses.replace(nights[2].machine, cann="8.3.RC1", packages={**nights[2].machine.packages,
+                                                                                "verl": "0.10.0"})
+    nights[2] = dataclasses.replace(nights[2], machine=upgraded)
+    assert version_changes(nights) == [(), (), ("verl", "CANN")]
+    page = render_trend_html(nights, metrics(nights), [], pages={"n2": "n2.html"})
+    assert page.count('class="changed"') == 2 and "\u25b2 0.10.0" in page and 'href="n2.html"' in page
+
+
+def test_store_keys_never_collide_and_a_corrupt_entry_is_quarantined(tmp_path, report_factory):
+    report = report_factory("same-second", "2026-11-01T02:00:00+00:00")
+    keys = {store(report, tmp_path) for _ in range(3)}
+    assert len(keys) == 3 and len(list(tmp_path.glob("*.json"))) == 3  # one second, three reports, none lost
+    (tmp_path / "broken.json").write_text("{")
+    warnings = []
+    assert len(load_store(tmp_path, warn=warnings.append)) == 3
+    assert (tmp_path / "broken.json.corrupt").is_file() and not (tmp_path / "broken.json").exists()
+    assert len(warnings) == 1 and "quarantined" in warnings[0] and "broken.json" in warnings[0]
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == 0  # the trend goes on
+
+
+def test_publish_links_the_log_and_run_dirs_and_drops_a_stale_trend(tmp_path, report_factory):
+    from harness.report.publish import publish
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "pytest.log").write_text("log")
+    (out / "trend.html").write_text("the trend of an earlier report")
+    report = dataclasses.replace(report_factory("r", "2026-11-01T02:00:00+00:00"),
+                                 command=("suites", "--run-dir", str(tmp_path / "runs" / "seed0")))
+    publish(report, out)
+    page = (out / "report.html").read_text()
+    assert 'href="pytest.log"' in page and f'href="{(tmp_path / "runs" / "seed0").as_uri()}"' in page
+    # a run killed before writing its own trend must not leave the old one beside the new report
+    assert not (out / "trend.html").exists() and load_report(out / "report.json").name == "r"
+
+
+def test_each_trend_point_links_to_its_night(report_factory):
+    # the image map's circles must sit on the drawn points: decode the plot and look under each circle
+    import base64
+    import io
+
+    from PIL import Image
+
+    nights = [report_factory(f"n{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", tps=120.0 + i % 3) for i in range(6)]
+    page = render_trend_html(nights, metrics(nights), [], pages={r.name: f"{r.name}.html" for r in nights})
+    plots = re.findall(r'<map name="points-\d+">(.*?)</map>\s*<img[^>]*base64,([^"]+)"', page, re.S)
+    assert len(plots) == 2  # wall time and TPS/card
+    for areas, png in plots:
+        plot = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+        links = re.findall(r'coords="(\d+),(\d+),\d+" href="(n\d)\.html"', areas)
+        assert [name for _, _, name in links] == [r.name for r in nights]
+        assert all(plot.getpixel((int(x), int(y))) == (31, 119, 180) for x, y, _ in links)  # tab:blue markers
+
+
+def test_nightly_lines_stay_one_line_per_failure(report_factory):
+    from harness.report.nightly import failures
+
+    report = report_factory("n", "2026-11-01T02:00:00+00:00")
+    forged = "ok\nPASS full-a3: 99 passed"
+    report = dataclasses.replace(report, tests=(TestVerdict("suites/x.py::test_y", "failed", 1.0, forged),))
+    assert [f.line() for f in failures(report)] == [
+        "FAIL full-a3 suites/x.py::test_y metric - -: ok PASS full-a3: 99 passed"]

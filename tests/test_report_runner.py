@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from harness.cli import main
 
 PASSING = textwrap.dedent('''
@@ -94,3 +96,148 @@ def test_run_history_stores_reports_and_writes_the_trend(tmp_path, monkeypatch):
         assert main(["run", "--scale", "tiny", "--report-dir", night, "--history", "store"]) == 0
     assert len(list((tmp_path / "store").glob("*.json"))) >= 1  # names carry a timestamp (1 s resolution)
     assert (tmp_path / "n2" / "trend.html").is_file() and "no regression" in (tmp_path / "n2" / "trend.md").read_text()
+
+
+def test_zero_tests_is_a_failure_never_the_previous_verdict(tmp_path, monkeypatch, capsys):
+    # issue 16: a selection that ran nothing printed the previous report's PASS from the same directory, exit 0
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_zero_tree.py").write_text(PASSING)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "-k", "no_such_test"]) == 1
+    out = capsys.readouterr().out
+    assert "no tiny test ran" in out and "PASS" not in out
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["tests"] == []
+
+
+@pytest.mark.parametrize("option", ["--no-such-option", "--markers"])
+def test_a_run_without_a_report_keeps_the_previous_one(tmp_path, monkeypatch, capsys, option):
+    # `--markers` exits 0 without a session: the old runner then printed the report left in the directory
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / f"test_keep_tree_{option.strip('-').replace('-', '_')}.py").write_text(PASSING)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").glob("report.*")}
+    log = (tmp_path / "out" / "pytest.log").read_bytes()
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", option]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "wrote no report" in err and "pytest-failed.log" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("report.*")} == before
+    assert (tmp_path / "out" / "pytest.log").read_bytes() == log
+
+
+LOG_READER = textwrap.dedent('''
+    from pathlib import Path
+
+    import pytest
+
+    @pytest.mark.tiny
+    def test_previous_log_is_intact_while_running():
+        assert Path("out/pytest.log").read_text() == "the previous run's log\\n"
+''')
+
+
+def test_the_previous_log_is_replaced_only_at_the_end(tmp_path, monkeypatch):
+    # issue 16: `run` truncated pytest.log at start, so the previous report pointed at an empty log
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_log_reader.py").write_text(LOG_READER)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "pytest.log").write_text("the previous run's log\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
+    assert "1 passed" in (tmp_path / "out" / "pytest.log").read_text()
+    assert not list((tmp_path / "out").glob(".pytest.log*"))
+
+
+def test_a_second_run_on_one_report_directory_is_refused(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    from fixtures.report import hold_lock as hold
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_lock_tree.py").write_text(PASSING)
+    monkeypatch.chdir(tmp_path)
+    holder = hold(tmp_path / "out")  # another run holds it
+    try:
+        assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"in use by pid {holder.pid}" in err
+        # a plain pytest session on the directory is refused too: one usage-error line, exit 4
+        plain = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--scale", "tiny",
+                                "--report-dir", "out", "suites"], capture_output=True, text=True, timeout=300)
+        assert plain.returncode == 4 and "in use by pid" in plain.stderr, plain.stdout + plain.stderr
+    finally:
+        holder.communicate("")
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+SLOW = textwrap.dedent('''
+    import time
+
+    import pytest
+
+    @pytest.mark.tiny
+    def test_slow():
+        time.sleep(0.6)
+''')
+
+
+def test_progress_lines_and_heartbeat_outside_a_terminal(tmp_path, monkeypatch, capsys):
+    # issue 15: CI logs showed nothing until the end
+    from harness.cli import run_cmd
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_progress_tree.py").write_text(SLOW)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_cmd, "HEARTBEAT_S", 0.2)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
+    out = capsys.readouterr().out
+    assert "[1/1] PASSED suites/test_progress_tree.py::test_slow" in out
+    assert "... " in out and "0/1 done; running suites/test_progress_tree.py::test_slow" in out
+
+
+def test_history_quarantines_a_corrupt_entry_and_goes_on(tmp_path, monkeypatch, capsys):
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_quarantine_tree.py").write_text(PASSING)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "tiny-old.json").write_text('{"schema": "ascend-rl-harness/report", "schema_version": 2}')
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "n1", "--history", "store"]) == 0
+    assert "quarantined" in capsys.readouterr().out
+    assert (tmp_path / "store" / "tiny-old.json.corrupt").is_file()
+    assert main(["run", "--scale", "tiny", "--report-dir", "n2", "--history", "store"]) == 0
+    assert len(list((tmp_path / "store").glob("*.json"))) == 2
+    page = (tmp_path / "n2" / "report.html").read_text()
+    assert "\u0394 vs tiny-" in page and 'href="trend.html"' in page  # the delta against the night before
+
+
+def test_a_terminal_run_keeps_pytest_output_in_the_log(tmp_path):
+    # Seeded by the old runner: rich's progress display proxied sys.stdout to the terminal, so on a terminal
+    # pytest.log stayed empty. A pty makes stdout a terminal here.
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_tty_tree.py").write_text(FAILING)
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", "out"],
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    while True:  # drain the terminal, or the child blocks on a full pty
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=300) == 1, seen[-2000:]
+    log = (tmp_path / "out" / "pytest.log").read_text()
+    assert "seeded failure" in log and "1 failed, 1 passed" in log

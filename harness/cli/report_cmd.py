@@ -1,5 +1,6 @@
 """`ascend-rl-harness report`: report JSON(s) -> HTML + Markdown; several (or a trend store) -> the trend page
-with regression detection. Exit 1 when the newest report failed or a regression shows, 2 on bad input."""
+with regression detection. Exit 1 when the newest report failed or a regression shows, 2 on bad input (one
+line naming the file and field: a report of the wrong shape never ends in a traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -13,33 +14,54 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from harness.io import write_atomic
-    from harness.report.publish import expand, write_trend
+    from harness.report.publish import load_store, safe_name, write_trend
     from harness.report.render import render_html, render_markdown
     from harness.report.schema import load_report
 
-    paths = expand(args.results)
-    if not paths:
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"-o {out}: is a file; pass a directory for the pages")
+    console = Console()
+    reports = []
+    for given in args.results:
+        # a trend-store directory quarantines a corrupt entry and goes on; a file named on purpose must load
+        reports += load_store(given, warn=console.print) if Path(given).is_dir() else [load_report(given)]
+    if not reports:
         raise BadInput(f"{' '.join(args.results)}: no report JSON there; pass report.json files or a trend-store "
                        "directory")
-    loaded = sorted(((p, load_report(p)) for p in paths), key=lambda pr: pr[1].created)
-    out = Path(args.output)
-    console = Console()
-    for path, report in loaded:
-        stem = path.stem if path.stem != "report" else report.name
-        write_atomic(out / f"{stem}.html", render_html(report))
+    reports.sort(key=lambda r: r.created)
+    pages: dict[str, str] = {}
+    for i, report in enumerate(reports):
+        stem = safe_name(report.name)  # one path component: a name `../../x` stays inside -o (issue 16)
+        while f"{stem}.html" in pages.values():
+            stem += "-1"
+        pages[report.name] = f"{stem}.html"
+        write_atomic(out / f"{stem}.html", render_html(report, reports[i - 1] if i else None,
+                                                       {"trend": "trend.html"} if len(reports) > 1 else {},
+                                                       strict=True))
         write_atomic(out / f"{stem}.md", render_markdown(report))
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")
-    failed = not loaded[-1][1].passed  # the newest run decides, with any regression across the trend
-    if len(loaded) > 1:
-        steps = write_trend([r for _, r in loaded], out, args.tolerance)
+    failed = not reports[-1].passed  # the newest run decides, with any regression across the trend
+    if len(reports) > 1:
+        steps = write_trend(reports, out, args.tolerance, pages)
         for s in steps:
             color = "red" if s.regression else "green"
             console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {escape(s.metric)}: "
                           f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {escape(s.report)}")
-        console.print(f"trend: {out / 'trend.html'}")
+        console.print(f"trend: {escape(str(out / 'trend.html'))}")
         failed = failed or any(s.regression for s in steps)
     return 1 if failed else 0
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text}: must be a fraction in [0, 1) (0.05 = 5 %)")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,5 +69,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT_JSON",
                    help="report JSON files, or trend-store directories (their *.json)")
     p.add_argument("-o", "--output", required=True, help="output directory")
-    p.add_argument("--tolerance", type=float, default=0.05, help="relative change that counts as a step")
+    p.add_argument("--tolerance", type=_fraction, default=0.05, help="relative change that counts as a step")
     p.set_defaults(func=cmd_report)

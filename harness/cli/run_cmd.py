@@ -1,11 +1,15 @@
 """`ascend-rl-harness run --scale tiny [--report-dir DIR]`: the main job.
 
 Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
-with a rich progress bar (pytest's own terminal output goes to DIR/pytest.log), then reads the report
-the collector wrote (JSON + HTML + Markdown), prints a verdict table and the report's path. Exit 0 only if
-every test that ran passed (skips with their reason
-are allowed: a CPU machine has no NPU) and, with --history, no regression shows across the stored
-reports; 1 otherwise, 2 on bad input.
+with a rich progress bar on a terminal, or one line per finished test and a heartbeat when stdout is no
+terminal (CI logs; issue 15), then reads the report the collector wrote (JSON + HTML + Markdown), prints a
+verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason are
+allowed: a CPU machine has no NPU; zero tests is a failure) and, with --history, no regression shows across the
+stored reports; 1 otherwise, 2 on bad input.
+
+Nothing of the previous run is lost or mixed in (issue 16): the report directory is locked for the run (a
+second run on it is refused with one line); pytest's output goes to a new log beside the old pytest.log, which
+it replaces at the end; the verdict printed is always this run's report, never one left in the directory.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import contextlib
 import io
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,59 @@ from rich.markup import escape
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
+HEARTBEAT_S = 60.0  # a line at least this often when stdout is no terminal: CI kills jobs silent for long
+
+
+class _Lines:
+    """pytest plugin for a non-terminal stdout (CI logs): one line per finished test and, from a thread, a
+    heartbeat naming the running test, so a log shows progress without a progress bar's control codes."""
+
+    def __init__(self, out, heartbeat_s: float):
+        self.out, self.heartbeat_s = out, heartbeat_s
+        self.total, self.done, self.started, self.running = "?", 0, time.monotonic(), None
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.outcome: dict[str, str] = {}
+        self.thread = threading.Thread(target=self._beat, name="run-heartbeat", daemon=True)
+
+    def _line(self, text: str) -> None:
+        with self.lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(self.heartbeat_s):
+            running = f"; running {self.running[0]} for {time.monotonic() - self.running[1]:.0f} s" \
+                if self.running else ""
+            self._line(f"... {time.monotonic() - self.started:.0f} s: {self.done}/{self.total} done{running}")
+
+    def pytest_sessionstart(self, session) -> None:
+        self.thread.start()
+
+    def pytest_sessionfinish(self, session) -> None:
+        self.stop.set()
+
+    def pytest_collection_finish(self, session) -> None:
+        self.total = len(session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        self.total = len(ids)
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.running = (nodeid, time.monotonic())
+
+    def pytest_runtest_logreport(self, report) -> None:
+        worst = self.outcome.get(report.nodeid)
+        if report.failed:
+            self.outcome[report.nodeid] = "FAILED" if report.when == "call" else "ERROR"
+        elif report.skipped and worst is None:
+            self.outcome[report.nodeid] = "XFAIL" if hasattr(report, "wasxfail") else "SKIPPED"
+        elif report.when == "call" and worst is None:
+            self.outcome[report.nodeid] = "XPASS" if hasattr(report, "wasxfail") else "PASSED"
+        if report.when == "teardown":
+            self.done += 1
+            self._line(f"[{self.done}/{self.total}] {self.outcome.pop(report.nodeid, 'PASSED')} {report.nodeid} "
+                       f"({time.monotonic() - self.started:.0f} s)")
 
 
 class _Progress:
@@ -56,40 +115,74 @@ def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: li
     return args + extra
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
+class _Session:
+    """pytest plugin: keeps the config, so the runner reads the report *this* session's collector wrote."""
 
+    config = None
+
+    def pytest_configure(self, config) -> None:
+        self.config = config
+
+    def written(self) -> Path | None:
+        collector = self.config.pluginmanager.get_plugin("harness-report") if self.config else None
+        return getattr(collector, "path", None)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     from harness.cli.args import scale_arg
-    from harness.report.schema import load_report
+    from harness.io import exclusive
 
     scale = scale_arg(args.scale)
     if not Path(SUITES_DIR).is_dir():
         raise BadInput(f"no {SUITES_DIR}/ here ({Path.cwd()}); run from the ascend-rl-harness checkout")
     report_dir = Path(args.report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
+    if report_dir.exists() and not report_dir.is_dir():
+        raise BadInput(f"--report-dir {report_dir}: is a file; pass a directory")
+    with exclusive(report_dir, "this report directory"):
+        return _run_locked(args, scale, report_dir)
+
+
+def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from harness.report.publish import LOG_NAME, load_store, publish, store, write_trend
+    from harness.report.schema import load_report
+
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra)
-    # The progress bar writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
-    # while tests run, and its own terminal report goes to pytest.log.
+    # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
+    # while tests run, and its own terminal report goes to the log.
     try:
         terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is no file (captured, in a test)
         terminal = sys.stdout
     # CI logs are no terminal: keep node ids and reasons on one line instead of folding them at 80 columns.
     console = Console(file=terminal, width=None if terminal.isatty() else 200)
-    log = report_dir / "pytest.log"
+    log, new_log = report_dir / LOG_NAME, report_dir / f".{LOG_NAME}.new"
     console.print(f"[bold]ascend-rl-harness run[/] scale {scale.name}: pytest {' '.join(argv)}")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with open(log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), \
-            Progress(*columns, console=console, transient=True) as progress:
-        status = pytest.main(argv, plugins=[_Progress(progress, console)])
+    session = _Session()
+    # stderr too: pytest's usage errors go there, and `run` says one line pointing at the log instead
+    with open(new_log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        if terminal.isatty():
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            # redirect_*=False: rich's default proxies sys.stdout through the live display, which sent pytest's
+            # output to the terminal and left pytest.log empty on every terminal run
+            with Progress(*columns, console=console, transient=True, redirect_stdout=False,
+                          redirect_stderr=False) as progress:
+                status = pytest.main(argv, plugins=[session, _Progress(progress, console)])
+        else:
+            status = pytest.main(argv, plugins=[session, _Lines(terminal, HEARTBEAT_S)])
+    written = session.written()
+    if written is None:  # no report from this run: keep the previous report and its log as they were
+        failed_log = new_log.replace(report_dir / "pytest-failed.log")
+        raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)} and wrote no report; "
+                       f"see {failed_log}")
+    new_log.replace(log)  # the old log is replaced only now, beside the report that refers to it
     if int(status) in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
         raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)}; see {log}")
-    if not (report_dir / "report.json").is_file():
-        raise BadInput(f"pytest wrote no {report_dir / 'report.json'} (exit status {int(status)}); see {log}")
-    report = load_report(report_dir / "report.json")
+    report = load_report(written)
     table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
     for col in ("test", "outcome", "s", "reason"):
         table.add_column(col, overflow="fold")
@@ -101,24 +194,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(table)
     c = report.counts
     if not report.tests:
-        console.print(f"[red]FAIL[/]: no {scale.tier} test ran (pytest exit status {report.exit_status})")
+        console.print(f"[red]FAIL[/]: no {scale.tier} test ran (pytest exit status {report.exit_status}); a run "
+                      "without tests is a failure")
         return 1
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
                   f"in {report.duration_s:.1f} s")
-    console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {(report_dir / 'report.json').resolve()}, "
-                  f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
     regressed = []
     if args.history:  # nightly: keep this report in the trend store and look for steps across it
-        from harness.report.publish import expand, store, write_trend
-
+        earlier = load_store(args.history, warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         store(report, args.history)
-        steps = write_trend([load_report(p) for p in expand([args.history])], report_dir)
+        history = [*earlier, report]
+        # the page again, now with the delta against the previous night and the link to the trend
+        publish(report, report_dir, earlier[-1] if earlier else None, trend=True)
+        steps = write_trend(history, report_dir, pages={report.name: "report.html"})
         regressed = [s for s in steps if s.regression]
         for s in regressed:
             console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                           f"from {escape(s.report)}")
         console.print(f"trend over {args.history}: {(report_dir / 'trend.html').resolve()}")
+    console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {written.resolve()}, "
+                  f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
     return 0 if report.passed and not regressed else 1
 
 

@@ -2,8 +2,10 @@
 
 Speaks the DevTools protocol over `--remote-debugging-pipe` (fds 3/4, NUL-separated JSON), so no port
 is opened and nothing beyond the Python standard library is needed. Collects console errors, uncaught
-exceptions and failed loads while the page loads, then inspects the DOM: the verdict table's rows and
-whether every image decoded.
+exceptions, failed loads and Content-Security-Policy violations while the page loads in a 1400 px wide
+window, then inspects the DOM: the verdict table's rows, whether every image decoded, the CSP the page
+declares, whether it scrolls sideways (issue 15), how many elements match given selectors, and optionally
+the value of a script run in the page (e.g. clicking a table header).
 """
 from __future__ import annotations
 
@@ -23,12 +25,17 @@ CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "headles
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
                   "--disable-dev-shm-usage", "--remote-debugging-pipe")
+WIDTH = 1400  # issue 15: the report must not scroll sideways at this width
 INSPECT = """JSON.stringify({
   title: document.title,
   verdict: (document.getElementById('verdict') || {}).textContent || null,
   verdictRows: document.querySelectorAll('#verdicts tbody tr').length,
   images: Array.from(document.images).map(i => ({alt: i.alt, ok: i.complete && i.naturalWidth > 0,
-                                                 width: i.naturalWidth}))
+                                                 width: i.naturalWidth})),
+  csp: (document.querySelector('meta[http-equiv="Content-Security-Policy"]') || {}).content || null,
+  scrollWidth: document.documentElement.scrollWidth,
+  counts: Object.fromEntries(SELECTORS.map(s => [s, document.querySelectorAll(s).length])),
+  extra: (function () { return EXTRA; })()
 })"""
 
 
@@ -41,11 +48,15 @@ class PageCheck:
     verdict_rows: int
     images: int
     broken_images: tuple[str, ...]  # alt texts of images that did not decode
-    errors: tuple[str, ...]  # console errors, uncaught exceptions, failed loads
+    errors: tuple[str, ...]  # console errors, uncaught exceptions, failed loads, CSP violations
+    csp: str | None = None  # the page's Content-Security-Policy meta tag
+    scroll_width: int = 0  # of the document in a WIDTH px window; > WIDTH: the reader scrolls sideways
+    counts: dict | None = None  # selector -> number of matching elements
+    extra: object = None  # the value of the `script` given to check_page
 
     @property
     def ok(self) -> bool:
-        return not self.errors and not self.broken_images and self.verdict_rows > 0
+        return not self.errors and not self.broken_images and self.verdict_rows > 0 and self.scroll_width <= WIDTH
 
 
 def find_chromium() -> str | None:
@@ -118,11 +129,16 @@ def _errors(events: list[dict]) -> list[str]:
             out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}".strip())
         elif method == "Network.loadingFailed" and not p.get("canceled"):
             out.append(f"load failed: {p.get('errorText')}")
+        elif method == "Audits.issueAdded" and p.get("issue", {}).get("code") == "ContentSecurityPolicyIssue":
+            details = p["issue"].get("details", {}).get("contentSecurityPolicyIssueDetails", {})
+            out.append(f"CSP blocked: {details.get('violatedDirective', '?')} {details.get('blockedURL', '')}".strip())
     return out
 
 
-def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: float = 60) -> PageCheck:
-    """Load `page` (an HTML file) in headless Chromium and report what it shows and every error it logs."""
+def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: float = 60,
+               selectors: tuple[str, ...] = (), script: str = "null") -> PageCheck:
+    """Load `page` (an HTML file) in headless Chromium and report what it shows and every error it logs;
+    `selectors` are counted, `script` (a JS expression) is evaluated after load and its JSON value returned."""
     page = Path(page).resolve()
     if not page.is_file():
         raise BadInput(f"{page}: no such HTML file")
@@ -152,12 +168,15 @@ def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: fl
         try:
             target = pipe.send("Target.createTarget", {"url": "about:blank"}, timeout=timeout)["targetId"]
             session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-            for domain in ("Runtime", "Log", "Page", "Network"):
+            for domain in ("Runtime", "Log", "Page", "Network", "Audits"):
                 pipe.send(f"{domain}.enable", session=session)
+            pipe.send("Emulation.setDeviceMetricsOverride", {"width": WIDTH, "height": 900, "deviceScaleFactor": 1,
+                                                             "mobile": False}, session=session)
             pipe.events.clear()
             pipe.send("Page.navigate", {"url": page.as_uri()}, session=session)
             pipe.wait_event("Page.loadEventFired", timeout=timeout)
-            value = pipe.send("Runtime.evaluate", {"expression": INSPECT, "returnByValue": True},
+            expression = INSPECT.replace("SELECTORS", json.dumps(list(selectors))).replace("EXTRA", script)
+            value = pipe.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
                               session=session)["result"]["value"]
             seen = json.loads(value)
             errors = _errors(pipe.events)
@@ -174,4 +193,5 @@ def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: fl
                 proc.kill()
                 proc.wait()
     return PageCheck(seen["title"], seen["verdict"], seen["verdictRows"], len(seen["images"]),
-                     tuple(i["alt"] for i in seen["images"] if not i["ok"]), tuple(errors))
+                     tuple(i["alt"] for i in seen["images"] if not i["ok"]), tuple(errors), seen["csp"],
+                     seen["scrollWidth"], seen["counts"], seen["extra"])

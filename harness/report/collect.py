@@ -9,16 +9,20 @@ so those runs carry none).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from harness.errors import BadInput
+from harness.io import exclusive
 from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
 
 BENCHMARK_PROPERTY = "benchmark"
+TAIL_CHARS = 20_000  # of a failure's traceback and captured log: the end is where the error is
 _SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 2, "failed": 3, "error": 4}
 
 
@@ -61,6 +65,15 @@ class ReportCollector:
         self.tests: dict[str, dict] = {}
         self.started = time.monotonic()
         self.path: Path | None = None
+        self.lock = contextlib.ExitStack()
+        if not hasattr(config, "workerinput"):  # the controller writes; two sessions on one directory must not
+            try:
+                self.lock.enter_context(exclusive(self.report_dir, "this report directory"))
+            except BadInput as exc:
+                raise pytest.UsageError(str(exc)) from None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.lock.close()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call):
@@ -82,6 +95,9 @@ class ReportCollector:
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
             entry["outcome"], entry["reason"] = outcome, _reason(report)
+        if report.failed:  # issue 15: the report page shows each failure's traceback and captured log
+            entry["traceback"] = report.longreprtext[-TAIL_CHARS:]
+            entry["log"] = "\n".join(f"----- {name} -----\n{text}" for name, text in report.sections)[-TAIL_CHARS:]
         for name, value in report.user_properties:
             entry["properties"][name] = _jsonable(value)
         keywords = getattr(report, "keywords", {}) or {}
@@ -94,7 +110,7 @@ class ReportCollector:
             self.tests[report.nodeid or "<collection>"] = {
                 "outcome": "error", "duration_s": 0.0,
                 "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
-                "properties": {}, "markers": ()}
+                "properties": {}, "markers": (), "traceback": report.longreprtext[-TAIL_CHARS:]}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -112,7 +128,8 @@ class ReportCollector:
             props = dict(e["properties"])
             bench = props.pop(BENCHMARK_PROPERTY, None)
             tests.append(TestVerdict(nodeid=nodeid, outcome=e["outcome"], duration_s=round(e["duration_s"], 3),
-                                     reason=e["reason"], markers=e["markers"], properties=props, benchmark=bench))
+                                     reason=e["reason"], markers=e["markers"], properties=props, benchmark=bench,
+                                     traceback=e.get("traceback", ""), log=e.get("log", "")))
         created = now_utc()
         return RunReport(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,

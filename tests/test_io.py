@@ -1,0 +1,51 @@
+"""Self-tests of harness.io's writers (issue 16, nothing lost): atomic writes keep the umask's mode, clean the
+temporaries of killed writers, and a directory lock refuses a second writer with one line."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from fixtures.report import hold_lock as hold
+from harness.errors import BadInput
+from harness.io import STALE_TMP_S, exclusive, write_atomic
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_atomic_writes_keep_the_umask_mode(tmp_path, umask, mode):
+    # mkstemp creates 0600 whatever the umask: shared reports were unreadable to the team
+    old = os.umask(umask)
+    try:
+        path = write_atomic(tmp_path / "report.json", "{}")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == mode
+
+
+def test_stale_temporaries_of_killed_writers_are_cleaned(tmp_path):
+    # of this file and of another (a trend store's keys differ every time); a user's own hidden file stays
+    stale, other, fresh, mine = (tmp_path / n for n in (".report.json.abc12345.tmp", ".night-1.json.zz_99xyz.tmp",
+                                                        ".report.json.def45678.tmp", ".notes.tmp"))
+    old = time.time() - STALE_TMP_S - 60
+    for tmp in (stale, other, fresh, mine):
+        tmp.write_text("half a report")
+        if tmp is not fresh:
+            os.utime(tmp, (old, old))
+    write_atomic(tmp_path / "report.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # a live writer's temporary is left alone
+        ".notes.tmp", ".report.json.def45678.tmp", "report.json"]
+
+
+def test_a_locked_directory_refuses_a_second_writer(tmp_path):
+    holder = hold(tmp_path / "out")
+    try:
+        with pytest.raises(BadInput, match=rf"out: the report directory is in use by pid {holder.pid}"):
+            with exclusive(tmp_path / "out", "the report directory"):
+                pass
+    finally:
+        holder.communicate("")
+    with exclusive(tmp_path / "out", "the report directory"):  # released when the holder is done
+        with exclusive(tmp_path / "out", "the report directory"):  # and re-entrant within one process
+            pass
+
