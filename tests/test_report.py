@@ -369,3 +369,15 @@ def test_nightly_lines_stay_one_line_per_failure(report_factory):
     report = dataclasses.replace(report, tests=(TestVerdict("suites/x.py::test_y", "failed", 1.0, forged),))
     assert [f.line() for f in failures(report)] == [
         "FAIL full-a3 suites/x.py::test_y metric - -: ok PASS full-a3: 99 passed"]
+
+
+def test_graph_mode_section_shows_the_paired_interval(report_factory):
+    # issue 15.3: the verdict comes from the paired rounds' interval, so the page states it beside the speedup
+    rounds = {"tokens_per_round": 64, "seconds": [1.0, 2.0, 1.5]}
+    doc = {"platform": "cpu", "eager": {**rounds, "mode": "eager", "median_tps": 42.7, "best_tps": 64.0},
+           "graph": {**rounds, "mode": "graph", "median_tps": 85.3, "best_tps": 128.0}, "speedup": 2.0,
+           "speedup_interval": {"ratio": 2.0, "low": 1.06, "high": 3.5, "n": 3, "confidence": 0.9},
+           "tolerance": 0.1}
+    page = render_html(report_factory("graph", "2026-11-01T02:00:00+00:00",
+                                      properties={"throughput.graph_mode": doc}))
+    assert "2.00x" in page and "90% interval 1.06-3.50x over 3 pairs" in page

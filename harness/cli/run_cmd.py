@@ -184,8 +184,10 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
         raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)}; see {log}")
     report = load_report(written)
     table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
-    for col in ("test", "outcome", "s", "reason"):
-        table.add_column(col, overflow="fold")
+    table.add_column("test", overflow="fold", min_width=min(60, max((len(t.nodeid) for t in report.tests), default=4)))
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("s", no_wrap=True, justify="right")
+    table.add_column("reason", overflow="fold", ratio=1)  # the reason wraps, test names stay readable (issue 15.5)
     color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
     for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
         # escape: parametrized node ids ("test[vllm-dummy]") would otherwise be read as rich markup and vanish

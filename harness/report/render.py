@@ -195,7 +195,11 @@ def _throughput(nodeid: str, doc: dict) -> list[Markup]:
 def _graph_mode(nodeid: str, doc: dict) -> list[Markup]:
     rows = [[mode, fmt(doc[mode].get("median_tps")), fmt(doc[mode].get("best_tps")), len(doc[mode]["seconds"])]
             for mode in ("eager", "graph")]
-    rows.append(["speedup (graph / eager)", f"{doc['speedup']:.2f}x", "", ""])
+    interval = doc.get("speedup_interval")  # paired rounds' interval (issue 15.3); absent in older reports
+    bound = (f"{interval['confidence']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f}x over "
+             f"{interval['n']} pairs") if isinstance(interval, dict) and all(
+        finite(interval.get(k)) for k in ("low", "high", "confidence", "n")) else ""
+    rows.append(["speedup (graph / eager)", f"{doc['speedup']:.2f}x", bound, ""])
     return [render("<h3>{{ n }} ({{ p }})</h3>", n=nodeid, p=doc.get("platform", "")),
             table(["mode", "median tok/s", "best tok/s", "rounds"], rows),
             img(plot_graph_mode(doc), f"graph vs eager {nodeid}")]

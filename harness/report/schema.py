@@ -4,7 +4,8 @@ machine and commit), written atomically; loaders refuse versions they do not kno
 Suites attach measurements with pytest's `record_property(name, value)`; the report keeps them per test
 (`TestVerdict.properties`) and the renderer draws the ones it knows by name:
   "throughput"            Throughput.to_dict() (+ "target", "roofline": Roofline.to_dict())
-  "throughput.graph_mode" {"platform", "eager", "graph": DecodeSpeed.to_dict(), "speedup", "tolerance"}
+  "throughput.graph_mode" {"platform", "eager", "graph": DecodeSpeed.to_dict(), "speedup", "tolerance",
+                           "speedup_interval": RatioInterval.to_dict() (paired rounds, issue 15.3)}
   "memory.phases"         [harness.memory PhaseMemory.to_json(): scale, phase, components_gib, peak_gib,
                            budget_gib, fits, ...]
   "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
