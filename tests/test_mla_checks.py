@@ -102,6 +102,29 @@ def test_compare_logprobs_locates_worst():
     assert compare_logprobs("x", a, a, torch.float32).ok
 
 
+def test_comparators_follow_assert_close():
+    """Issue 13 pt 6: a finite value against a -inf reference is a mismatch (it used to pass: the threshold became
+    inf); -inf matches -inf, NaN matches nothing; worst/where are over the mismatches only."""
+    want = torch.tensor([[0.0, float("-inf"), -1.0, -2.0]])
+    got = torch.tensor([[0.0, -30.0, -1.0, -2.0]])
+    found = compare_logprobs("x", [got], [want], torch.float32)
+    assert found.count == 1 and found.where == (0, 0, 1) and found.worst == float("inf")
+    assert compare_logprobs("x", [want], [want], torch.float32).ok
+    nan = torch.tensor([[float("nan"), 0.0]])
+    assert compare_logprobs("x", [nan], [nan], torch.float32).count == 1
+    # a large tolerated difference (rtol * |-100|) does not hide the real, smaller mismatch at step 0
+    want = torch.tensor([[-1.0, -100.0], [-1.0, -1.0]])
+    got = torch.tensor([[-1.05, -100.009], [-1.0, -1.0]])
+    found = compare_logprobs("x", [got], [want], torch.float32)
+    assert found.count == 1 and found.where == (0, 0, 0) and found.worst == pytest.approx(0.05)
+    # weights: the same rules
+    from harness.mla.checks import WEIGHT_TOL, _deviation
+
+    exp = torch.tensor([1000.0, float("inf"), 0.0])
+    dev = _deviation(0, "W_UV", torch.tensor([1000.001, 3.0, 1e-3]), exp, WEIGHT_TOL[torch.float32])
+    assert dev.count == 2 and dev.where == (1,) and dev.worst == float("inf")
+
+
 def test_sampling_is_seeded_and_reports_logprobs(weights):
     engine = ReferenceEngine(SPEC, weights[0])
     a = engine.sample(PROMPTS, 6, temperature=1.0, seed=7)

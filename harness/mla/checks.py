@@ -133,17 +133,33 @@ class FreshnessReport:
                 *(Finding("mla.freshness", "kv_b_proj", "-", p) for p in self.problems))
 
 
+def mismatches(actual: torch.Tensor, expected: torch.Tensor, tol: DtypeTolerance) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask of elements NOT close, |actual - expected|) with torch.testing.assert_close's semantics: finite values
+    within atol + rtol * |expected|; a non-finite value is close only to the same value (-inf to -inf; NaN to
+    nothing, assert_close's equal_nan=False), so a finite log-prob against a -inf reference is a mismatch, never
+    a threshold of inf. Compared in float64 on the CPU (device tensors are moved first: NPUs have no float64)."""
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    close = torch.isclose(a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=False)
+    diff = (a - e).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)  # inf - inf is NaN: off by inf
+    return ~close, diff
+
+
+def worst_mismatch(bad: torch.Tensor, diff: torch.Tensor) -> tuple[float, tuple[int, ...]]:
+    """(worst |diff|, its index), taken over the mismatching elements only, as assert_close reports them (a large
+    but tolerated difference elsewhere is not the worst mismatch)."""
+    masked = torch.where(bad, diff, torch.full_like(diff, -1.0))
+    flat = int(masked.argmax())
+    return float(masked.flatten()[flat]), tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+
+
 def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor,
                tol: DtypeTolerance) -> Deviation | None:
-    a, e = actual.detach().double(), expected.detach().double()
-    diff = (a - e).abs()
-    bad = diff > tol.atol + tol.rtol * e.abs()
+    bad, diff = mismatches(actual, expected, tol)
     if not bool(bad.any()):
         return None
-    flat = int(diff.argmax())
-    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=float(diff.max()),
-                     where=where)
+    worst, where = worst_mismatch(bad, diff)
+    return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=worst, where=where)
 
 
 def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: torch.dtype) -> FreshnessReport:
@@ -295,13 +311,11 @@ def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torc
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if g.shape != w.shape:
             raise ValueError(f"{name}: prompt {i} shapes differ: {tuple(g.shape)} vs {tuple(w.shape)}")
-        g, w = g.double(), w.double()
-        diff = (g - w).abs()
-        diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
-        count += int((diff > tol.atol + tol.rtol * w.abs()).sum())
+        bad, diff = mismatches(g, w, tol)
+        count += int(bad.sum())
         numel += diff.numel()
-        if float(diff.max()) > worst:
-            worst = float(diff.max())
-            step, tok = divmod(int(diff.argmax()), diff.shape[1])
-            where = (i, step, tok)
-    return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=worst, where=where)
+        if bool(bad.any()):
+            d, (step, tok) = worst_mismatch(bad, diff)
+            if d > worst:
+                worst, where = d, (i, step, tok)
+    return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=max(worst, 0.0), where=where)
