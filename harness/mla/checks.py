@@ -112,8 +112,9 @@ class Deviation:
 
 # What a freshness mismatch is, by the evidence that matches it (issue 13 pt 5); `diagnose` tries them in order.
 CAUSES = {
-    "stale": "equals the derivation from the PREVIOUS kv_b_proj: a copy not re-derived after the sync "
-             "(vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj rebound to new storage",
+    "stale": "equals the derivation from an EARLIER kv_b_proj (a previous sync or the initial load): a copy not "
+             "re-derived after the sync (vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj rebound to "
+             "new storage",
     "precision loss": "within the next-lower dtype's rounding of the right derivation: re-derived, then rounded",
     "layout": "equals a permuted derivation of the current kv_b_proj: wrong [nope | v] split or head order",
     "unknown": "matches neither the previous weights, a rounding, nor a known wrong layout",
@@ -179,13 +180,13 @@ def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Te
     return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=worst, where=where)
 
 
-def diagnose(actual: torch.Tensor, expected: torch.Tensor, *, previous: torch.Tensor | None,
+def diagnose(actual: torch.Tensor, expected: torch.Tensor, *, previous: Sequence[torch.Tensor],
              permuted: Sequence[torch.Tensor], tol: DtypeTolerance, dtype: torch.dtype) -> str:
-    """The CAUSES key the evidence supports for an absorbed weight that is not `expected`: equal to the previous
+    """The CAUSES key the evidence supports for an absorbed weight that is not `expected`: equal to an earlier
     derivation (stale), within the next-lower dtype's rounding of `expected` (precision loss), equal to a permuted
     derivation (layout), else unknown. Checked in that order: an unchanged weight is stale even when the update
     was small enough to sit within a rounding."""
-    if previous is not None and not bool(mismatches(actual, previous, tol)[0].any()):
+    if any(not bool(mismatches(actual, p, tol)[0].any()) for p in previous):
         return "stale"
     lower = NEXT_LOWER.get(dtype)
     if lower is not None and not bool(mismatches(actual, expected, DtypeTolerance(
@@ -197,10 +198,11 @@ def diagnose(actual: torch.Tensor, expected: torch.Tensor, *, previous: torch.Te
 
 
 def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: torch.dtype,
-                    previous: dict[int, torch.Tensor] | None = None) -> FreshnessReport:
+                    previous: Sequence[dict[int, torch.Tensor]] = ()) -> FreshnessReport:
     """Every layer's W_UK_T / W_UV must equal the derivation from its CURRENT kv_b_proj within the dtype
     tolerance (layers are `harness.engines.MLALayer`; layers without absorbed weights are skipped). `previous`:
-    each layer's kv_b_proj before the sync, the evidence for a "stale" diagnosis (see `diagnose`)."""
+    each earlier state's kv_b_proj by layer (the initial load, earlier syncs), the evidence for a "stale"
+    diagnosis (see `diagnose`)."""
     tol = tolerance(WEIGHT_TOL, dtype)
     stale, problems, checked = [], [], 0
     for layer in layers:
@@ -213,8 +215,9 @@ def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: 
             problems.append(f"layer {layer.layer}: {exc} (the engine dropped or reshaped kv_b_proj.weight, so a weight "
                             f"sync cannot reach W_UK_T/W_UV)")
             continue
-        before = previous.get(layer.layer) if previous else None
-        old = derive_absorbed(before.to(layer.kv_b_proj.device), spec) if before is not None else (None, None)
+        earlier = [derive_absorbed(state[layer.layer].to(layer.kv_b_proj.device), spec) for state in previous
+                   if layer.layer in state]
+        old = ([uk for uk, _ in earlier], [uv for _, uv in earlier])
         wrong = list(zip(*misderive_absorbed(layer.kv_b_proj, spec).values(), strict=True))
         for k, (name, actual, expected) in enumerate((("W_UK_T", layer.w_uk_t, w_uk_t), ("W_UV", layer.w_uv, w_uv))):
             if actual is None:
@@ -377,6 +380,24 @@ class SyncBehaviour:
                             f"{self.logprobs.where[1]}", self.message()),)
         where = f"prompt {first[0]} token {first[1]}" if first else "-"
         return (Finding("mla.sync_behaviour", "greedy tokens", where, self.message()),)
+
+
+@dataclass(frozen=True)
+class AtSync:
+    """A check result taken after one sync of a series (old -> new -> old -> ...): its message says which."""
+
+    label: str  # e.g. "sync 3/6 (old)"
+    result: object  # a CheckResult
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    def message(self) -> str:
+        return f"after {self.label}: {self.result.message()}"
+
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(dataclasses.replace(f, where=f"{self.label}: {f.where}") for f in self.result.findings())
 
 
 # ---------------------------------------------------------------- forward alignment
