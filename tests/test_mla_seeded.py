@@ -48,6 +48,9 @@ CASES = [
                                                                     "0.1656269"]),
     ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3,
      ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
+    ("decode_scale", SCALE_SUITE, "closed_form or right_scale", 1,  # pt 7: softmax_scale() is right, decode not
+     ["behavioural scale check failed", "reports 0.1656269: the closed form", "decode steps",
+      "not identified as a scale bug"]),
     ("scale_v_head", ALIGN_SUITE, "match_training", 1, ["log-probs outside", "decode steps"]),
 ]
 
