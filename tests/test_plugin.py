@@ -171,6 +171,17 @@ def test_unknown_scale_is_a_usage_error(pytester: pytest.Pytester):
     result.stderr.fnmatch_lines(["*--scale: invalid choice: 'full-a4'*"])
 
 
+@pytest.mark.parametrize("target, words", [("os:getcwd", "not an engine factory"), ("os", "MODULE:FACTORY"),
+                                           ("no_such_mod_xyz:f", "cannot import")])
+def test_bad_engine_is_one_usage_error_up_front(pytester: pytest.Pytester, target, words):
+    """Issue 16: a bad --engine stops the session at configure time (exit 4), not inside every MLA test."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest("--engine", target)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if "--engine" in line]
+    assert len(errors) == 1 and words in errors[0], result.errlines
+
+
 def test_broken_torch_npu_is_a_one_line_usage_error(pytester: pytest.Pytester, broken_torch_npu):
     # torch_npu installed without CANN: the session must stop with one line saying what to do.
     result = pytester.runpytest()
