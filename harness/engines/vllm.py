@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from harness.config.models import ModelSpec
+from harness.config.platforms import platform_facts
 from harness.engines.base import Engine, MLALayer, Rollout
-from harness.engines.weights import write_model_dir
+from harness.engines.weights import checkpoint_shapes, write_model_dir
 from harness.errors import BadInput
 
 # The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
@@ -75,13 +76,28 @@ def _mla_modules(model) -> list:
     return [m for m in model.modules() if isinstance(m, MLAAttention)]
 
 
-def _absorbed(mod, name: str) -> torch.Tensor | None:
-    # Upstream keeps W_UV / W_UK_T on the MLAAttention layer; vllm-ascend's AscendMLAImpl keeps them on impl.
-    for owner in (mod, getattr(mod, "impl", None)):
-        t = getattr(owner, name, None)
-        if isinstance(t, torch.Tensor):
-            return t
-    return None
+def absorbed_copies(mod, owners: tuple[str, ...]) -> list[tuple[str, torch.Tensor | None, torch.Tensor | None]]:
+    """(owner, W_UK_T, W_UV) of one MLAAttention for each owner that holds them, in `owners` order (the decode
+    kernel's copy first; harness.config.platforms). Upstream vLLM keeps views on the layer; vllm-ascend since vLLM
+    PR #33284 (vllm-ascend 922e5c16; v0.20.2rc1 / v0.23.0 ops/mla.py `wrapped_process_weights`) keeps those AND
+    `.contiguous()` copies on `impl` (attention/mla_v1.py `AscendMLAImpl.process_weights_after_loading`), and
+    decode reads only impl's: every copy found is returned, so freshness checks them all. A copy that is the same
+    tensor as one already listed is listed once."""
+    out, seen = [], set()
+    for owner in (*owners, *(o for o in ("impl", "layer") if o not in owners)):
+        holder = mod.impl if owner == "impl" else mod
+        pair = [getattr(holder, n, None) for n in ("W_UK_T", "W_UV")]
+        pair = [t if isinstance(t, torch.Tensor) else None for t in pair]
+        key = tuple(t.data_ptr() if t is not None else None for t in pair)
+        if any(t is not None for t in pair) and key not in seen:
+            seen.add(key)
+            out.append((owner, *pair))
+    return out
+
+
+def _platform_kind(platform) -> str:
+    """The harness.config.platforms row of a vLLM platform."""
+    return "cpu" if platform.is_cpu() else "npu" if platform.device_type == "npu" else "gpu"
 
 
 class VLLMEngine(Engine):
@@ -123,6 +139,10 @@ class VLLMEngine(Engine):
         from vllm.platforms import current_platform
 
         self.platform = current_platform.device_name
+        self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
+        self.facts = platform_facts(_platform_kind(current_platform))
+        # e.g. VLLM_ASCEND_ENABLE_NZ=0 on NPU, before the engine exists (its wake_up raises otherwise)
+        os.environ.update(self.facts.env)
         # vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's
         # kv_b_proj), so verl's plain `model.load_weights` cannot land there; vLLM's own RL path is the
         # layerwise reload (restore checkpoint layout, load, re-run process_weights_after_loading).
@@ -196,9 +216,42 @@ class VLLMEngine(Engine):
         self._apply(sync)
 
     def mla_layers(self) -> list[MLALayer]:
+        owners = self.facts.absorbed_owners
+
         def read(model):
-            return [MLALayer(layer=i, kv_b_proj=m.kv_b_proj.weight, w_uk_t=_absorbed(m, "W_UK_T"),
-                             w_uv=_absorbed(m, "W_UV")) for i, m in enumerate(_mla_modules(model))]
+            out = []
+            for i, m in enumerate(_mla_modules(model)):
+                copies = absorbed_copies(m, owners) or [("", None, None)]
+                out += [MLALayer(layer=i, kv_b_proj=m.kv_b_proj.weight, w_uk_t=uk, w_uv=uv,
+                                 owner=owner if len(copies) > 1 else "") for owner, uk, uv in copies]
+            return out
+
+        return self._apply(read)
+
+    def synced_weights(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by HF checkpoint name, the fused ones split back along vLLM's
+        `DeepseekV2ForCausalLM.load_weights` stacked_params_mapping (fused_qkv_a_proj = [q_a_proj;
+        kv_a_proj_with_mqa], gate_up_proj = [gate_proj; up_proj], both on dim 0). Parameters whose shape is not the
+        checkpoint's (vLLM CPU's packed GEMM weights, which also lose `.weight`) are left out: the integrity check
+        lists them as not exposed rather than misjudging a layout it cannot undo."""
+        spec, shapes = self.spec, checkpoint_shapes(self.spec)
+
+        def read(model):
+            out = {}
+            for name, p in model.named_parameters():
+                t = p.detach()
+                if name.endswith("fused_qkv_a_proj.weight") and spec.q_lora_rank:
+                    parts = dict(zip(("q_a_proj", "kv_a_proj_with_mqa"), t.split(
+                        [spec.q_lora_rank, spec.kv_lora_rank + spec.qk_rope_head_dim]), strict=True))
+                elif name.endswith("gate_up_proj.weight"):
+                    parts = dict(zip(("gate_proj", "up_proj"), t.chunk(2), strict=True))
+                else:
+                    parts = {None: t}
+                for part, tensor in parts.items():
+                    hf = name.replace(name.split(".")[-2], part) if part else name
+                    if shapes.get(hf) == tuple(tensor.shape):
+                        out[hf] = tensor.cpu().clone()
+            return out
 
         return self._apply(read)
 

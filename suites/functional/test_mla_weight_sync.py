@@ -30,11 +30,13 @@ from harness.mla.sync import sync
 SMALL_UPDATES = (1e-2, 1e-3, 1e-4)
 
 
-def sync_series(load_format: str, old: dict, new: dict) -> list[tuple[str, dict]]:
+def sync_series(load_format: str, old: dict, new: dict, dtype: torch.dtype) -> list[tuple[str, dict]]:
     """The syncs an engine goes through, verl-style: every step, alternating (old -> new -> old -> new), and on the
-    real start then RL-sized steps away from `new`. Each is checked after it lands (issue 13 pt 1)."""
+    real start then RL-sized steps away from `new`. Each is checked after it lands (issue 13 pt 1). In bf16 the
+    small steps are left out: their effect on log-probs (<= 0.06) is inside bf16's log-prob tolerance (0.1), so
+    that check could not fail there."""
     series = [("new", new), ("old", old), ("new", new)]
-    if load_format == "real":
+    if load_format == "real" and dtype == torch.float32:
         from harness.mla.sync import rl_update
 
         series += [(f"new+{rel:g}", rl_update(new, rel, seed=k)) for k, rel in enumerate(SMALL_UPDATES)]
@@ -43,18 +45,18 @@ def sync_series(load_format: str, old: dict, new: dict) -> list[tuple[str, dict]
 
 @pytest.mark.tiny
 @pytest.mark.parametrize("load_format", ["dummy", "real"])
-def test_weight_sync_reaches_absorbed_weights(engine_kind, load_format, mla_spec, mla_weights, mla_model_dirs,
-                                             fresh_goldens, record_property, expect):
+def test_weight_sync_reaches_absorbed_weights(engine_kind, mla_dtype, load_format, mla_spec, mla_weights,
+                                             mla_model_dirs, fresh_goldens, record_property, expect):
     """After EVERY sync of a series (from one-shot generators in buckets that split layers, as verl syncs):
     W_UK_T/W_UV are the derivation of the current kv_b_proj (a mismatch diagnosed from evidence), every weight
     the engine exposes is the synced one, and greedy tokens and per-step log-probs match an engine built fresh
     with the same weights."""
     old_dir, _ = mla_model_dirs
     old, new = mla_weights
-    series = sync_series(load_format, old, new)
+    series = sync_series(load_format, old, new, mla_dtype)
     results, log = [], []
     with engine_kind.make(mla_spec, weights=old_dir if load_format == "real" else None, load_format=load_format,
-                          dtype=torch.float32, seed=0) as engine:
+                          dtype=mla_dtype, seed=0) as engine:
         name, dtype = engine.name, engine.dtype
         pre = engine.sample(PROMPTS, MAX_TOKENS, full_logprobs=True)
         # kv_b_proj of every earlier state (initial load, earlier syncs): the evidence for a "stale" diagnosis

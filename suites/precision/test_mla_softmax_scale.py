@@ -12,25 +12,31 @@ from harness.mla.checks import check_scale, compare_logprobs
 from harness.mla.derive import softmax_scale, wrong_scales
 
 
-@pytest.mark.tiny
-@pytest.mark.parametrize("model", sorted(SCALE_MODELS))
-def test_engine_scale_is_closed_form(engine_kind, model, request, record_property, expect):
-    """DSV3 and Moonlight are built as attention twins (their attention dims and rope scaling, tiny elsewhere);
-    tiny reads the session's fresh engine instead of starting another."""
-    if model == "tiny":
-        fresh = request.getfixturevalue("fresh_run")
-        finding = check_scale(fresh.engine, SCALE_SPECS[model], fresh.softmax_scale)
-    else:
-        with engine_kind.make(SCALE_MODELS[model], weights=None, load_format="dummy", dtype=torch.float32,
-                              seed=0) as engine:
-            finding = check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
+def record_and_expect(finding, model, record_property, expect) -> None:
     record_property("mla.softmax_scale", {"engine": finding.engine, "model": model, "expected": finding.expected,
                                           "actual": finding.actual, "rel_error": finding.rel_error})
     expect(finding)
 
 
 @pytest.mark.tiny
-def test_outputs_follow_right_scale(engine_kind, mla_spec, fresh_run, hf_training, record_property):
+@pytest.mark.parametrize("model", sorted(set(SCALE_MODELS) - {"tiny"}))
+def test_engine_scale_is_closed_form(engine_kind, model, engine_dtype, record_property, expect):
+    """DSV3 and Moonlight, built as attention twins (their attention dims and rope scaling, tiny elsewhere)."""
+    with engine_kind.make(SCALE_MODELS[model], weights=None, load_format="dummy", dtype=engine_dtype,
+                          seed=0) as engine:
+        finding = check_scale(engine.name, SCALE_SPECS[model], engine.softmax_scale())
+    record_and_expect(finding, model, record_property, expect)
+
+
+@pytest.mark.tiny
+def test_tiny_engine_scale_is_closed_form(engine_kind, mla_dtype, fresh_run, record_property, expect):
+    """The tiny model's scale, read from the session's fresh engine instead of starting another."""
+    record_and_expect(check_scale(fresh_run.engine, SCALE_SPECS["tiny"], fresh_run.softmax_scale), "tiny",
+                      record_property, expect)
+
+
+@pytest.mark.tiny
+def test_outputs_follow_right_scale(engine_kind, mla_dtype, mla_spec, fresh_run, hf_training, record_property):
     """Behavioural, for every engine whatever its softmax_scale() says (issue 13 pt 7: it caught a decode kernel
     using its own scale): the engine's per-step log-probs (step 0 prefill, later steps decode) match
     transformers' forward at the right scale. On a mismatch the scale is blamed only when the outputs match
@@ -51,15 +57,15 @@ def test_outputs_follow_right_scale(engine_kind, mla_spec, fresh_run, hf_trainin
     at_right = forward(None)
     paths = {path: compare_logprobs(f"{engine_kind.name} {path} vs transformers at scale {right:.7f}",
                                     [d[cut] for d in rollout.dist_logprobs], [t[cut] for t in at_right],
-                                    torch.float32)
+                                    mla_dtype)
              for path, cut in (("prefill step", slice(0, 1)), ("decode steps", slice(1, None)))}
     at_wrong = {name: forward(scale) for name, scale in wrong.items()}
     # Sensitivity guard: the same tolerance must tell MindSpeed's scale from the right one, or this could not fail.
     guard = compare_logprobs("transformers at v_head_dim scale vs right scale", at_wrong["v_head_dim"], at_right,
-                             torch.float32)
+                             mla_dtype)
     assert not guard.ok, f"the v_head_dim scale is within tolerance of the right one ({guard.message()})"
     matches = [name for name, lp in at_wrong.items()
-               if compare_logprobs(name, rollout.dist_logprobs, lp, torch.float32).ok]
+               if compare_logprobs(name, rollout.dist_logprobs, lp, mla_dtype).ok]
     reported = check_scale(fresh_run.engine, mla_spec, fresh_run.softmax_scale)
     record_property("mla.scale_behaviour", {"engine": engine_kind.name, "right_scale": right,
                                             "reported_scale": fresh_run.softmax_scale,
