@@ -169,6 +169,7 @@ class VLLMEngine(Engine):
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}]"
+        self._reloading = False  # a layerwise reload opened by load_weights, not yet finalized
         self.llm = LLM(**kwargs)
 
     # ------------------------------------------------------------ lifetime
@@ -192,20 +193,21 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of a sync. With the layerwise reload the reload stays open across buckets and is finalized
+        when the engine is next used (`_finish_sync`), the lifecycle vLLM's reload needs and verl 0.9.1 follows
+        (`vllm_rollout/delta_weight_transfer.py` `finish_weight_update`: "finalize it once after the last flush"):
+        finalizing per bucket leaves a layer whose weights span two buckets half loaded (uninitialized memory;
+        caught here by the weight-sync suite's layer-splitting buckets)."""
         batch = [(n, t.to(self.dtype)) for n, t in weights]
 
         def sync(model):
             if self.sync in ("reload", "vllm-reload"):
-                from vllm.model_executor.model_loader.reload import (
-                    finalize_layerwise_reload,
-                    initialize_layerwise_reload,
-                )
+                from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-                initialize_layerwise_reload(model)
+                if not self._reloading:
+                    initialize_layerwise_reload(model)
+                    self._reloading = True
                 model.load_weights(batch)
-                finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
-                if self.sync == "reload":
-                    repack_cpu_moe_experts(model)
                 return
             model.load_weights(batch)
             if self.rederive_after_sync:
@@ -215,7 +217,23 @@ class VLLMEngine(Engine):
 
         self._apply(sync)
 
+    def _finish_sync(self) -> None:
+        """Finalize an open layerwise reload (re-runs process_weights_after_loading), then the CPU MoE prepack."""
+        if not self._reloading:
+            return
+
+        def finish(model):
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+            finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
+            if self.sync == "reload":
+                repack_cpu_moe_experts(model)
+
+        self._reloading = False
+        self._apply(finish)
+
     def mla_layers(self) -> list[MLALayer]:
+        self._finish_sync()
         owners = self.facts.absorbed_owners
 
         def read(model):
@@ -234,16 +252,19 @@ class VLLMEngine(Engine):
         kv_a_proj_with_mqa], gate_up_proj = [gate_proj; up_proj], both on dim 0). Parameters whose shape is not the
         checkpoint's (vLLM CPU's packed GEMM weights, which also lose `.weight`) are left out: the integrity check
         lists them as not exposed rather than misjudging a layout it cannot undo."""
+        self._finish_sync()
         spec, shapes = self.spec, checkpoint_shapes(self.spec)
+        qkv_a = [spec.q_lora_rank or 0, spec.kv_lora_rank + spec.qk_rope_head_dim]
 
         def read(model):
             out = {}
             for name, p in model.named_parameters():
                 t = p.detach()
-                if name.endswith("fused_qkv_a_proj.weight") and spec.q_lora_rank:
-                    parts = dict(zip(("q_a_proj", "kv_a_proj_with_mqa"), t.split(
-                        [spec.q_lora_rank, spec.kv_lora_rank + spec.qk_rope_head_dim]), strict=True))
-                elif name.endswith("gate_up_proj.weight"):
+                if t.dim() != 2:  # vLLM CPU leaves packed linears an empty (or packed-shape) placeholder
+                    parts = {None: t}
+                elif name.endswith("fused_qkv_a_proj.weight") and t.shape[0] == sum(qkv_a):
+                    parts = dict(zip(("q_a_proj", "kv_a_proj_with_mqa"), t.split(qkv_a), strict=True))
+                elif name.endswith("gate_up_proj.weight") and t.shape[0] % 2 == 0:
                     parts = dict(zip(("gate_proj", "up_proj"), t.chunk(2), strict=True))
                 else:
                     parts = {None: t}
@@ -256,6 +277,7 @@ class VLLMEngine(Engine):
         return self._apply(read)
 
     def softmax_scale(self) -> float:
+        self._finish_sync()
         return self._apply(lambda model: float(_mla_modules(model)[0].impl.scale))
 
     # ------------------------------------------------------------ rollout
@@ -264,6 +286,8 @@ class VLLMEngine(Engine):
                eos_token_id: int | None = None) -> Rollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        self._finish_sync()
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, detokenize=False,
                                 ignore_eos=eos_token_id is None,
@@ -289,6 +313,7 @@ class VLLMEngine(Engine):
     def sleep(self, level: int = 1) -> None:
         if not self.supports_sleep:
             super().sleep(level)
+        self._finish_sync()
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
