@@ -100,6 +100,16 @@ def _platform_kind(platform) -> str:
     return "cpu" if platform.is_cpu() else "npu" if platform.device_type == "npu" else "gpu"
 
 
+def _absorbed(mod, name: str) -> torch.Tensor | None:
+    """The W_UK_T / W_UV the decode kernel uses: impl's copy where there is one (vllm-ascend, see
+    `absorbed_copies`), else the layer's (upstream)."""
+    for _owner, w_uk_t, w_uv in absorbed_copies(mod, ("impl", "layer")):
+        tensor = w_uk_t if name == "W_UK_T" else w_uv
+        if tensor is not None:
+            return tensor
+    return None
+
+
 class VLLMEngine(Engine):
     """vLLM rollout engine (see module docstring).
 
