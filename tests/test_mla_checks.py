@@ -271,6 +271,8 @@ def test_weight_integrity_names_the_dropped_weight(weights):
         assert report.checked == len(new) and report.ok == (fault is None), report.message()
     assert {name for name, *_ in report.off} == {f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight"
                                                  for i in range(SPEC.num_hidden_layers)}
+    empty = check_integrity("x", {}, new, torch.float32)
+    assert not empty.ok and "exposes none" in empty.message()
 
 
 def test_buckets_split_layers_and_are_one_shot(weights):

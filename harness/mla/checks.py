@@ -250,9 +250,12 @@ class WeightIntegrity:
 
     @property
     def ok(self) -> bool:
-        return not self.off
+        return not self.off and self.checked > 0  # an engine that opts in but shows none could not fail
 
     def message(self) -> str:
+        if not self.checked:
+            return (f"{self.engine}: synced_weights() exposes none of the {len(self.unexposed)} synced weights by "
+                    "checkpoint name: nothing to check (return None to opt out)")
         parts = [f"{name}: {count}/{numel} elements off, worst |diff| {worst:.4g}" for name, count, numel, worst
                  in self.off]
         return (f"{self.engine}: {len(self.off)} of {self.checked} weights the engine computes with are not the "
@@ -260,6 +263,8 @@ class WeightIntegrity:
                 + ". The sync dropped or mis-mapped them.")
 
     def findings(self) -> tuple[Finding, ...]:
+        if not self.checked:
+            return (Finding("mla.weight_integrity", "-", "-", self.message()),)
         return tuple(Finding("mla.weight_integrity", name, "-", f"{count}/{numel} elements off")
                      for name, count, numel, _ in self.off)
 
