@@ -113,10 +113,11 @@ def _absorbed(mod, name: str) -> torch.Tensor | None:
 class VLLMEngine(Engine):
     """vLLM rollout engine (see module docstring).
 
-    VLLMEngine(spec, weights=None, load_format="real", dtype=torch.float32, seed=0, backend=None,
+    VLLMEngine(spec, weights=None, load_format="real", dtype=None, seed=0, backend=None,
                rederive_after_sync=False, max_model_len=512)
       weights      model directory, or a state dict (written to a private temp directory), or None for "dummy".
       load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
+      dtype        None: the platform's engine dtype (harness.config.platforms: bf16 on NPU / GPU, fp32 on CPU).
       backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
       sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
                    reload, which re-runs process_weights_after_loading, then the CPU MoE prepack that vLLM CPU skips
@@ -126,7 +127,7 @@ class VLLMEngine(Engine):
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
-                 load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
                  max_model_len: int = 512,
                  **llm_kwargs):
@@ -135,6 +136,13 @@ class VLLMEngine(Engine):
         if load_format == "real" and weights is None:
             raise BadInput("VLLMEngine(load_format='real') needs weights (a state dict or a model directory)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: the model must be reachable
+        from vllm.platforms import current_platform
+
+        self.platform = current_platform.device_name
+        self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
+        self.facts = platform_facts(_platform_kind(current_platform))
+        # None: the platform's engine dtype (bf16 on NPU / GPU: vllm-ascend's MLA decode takes no fp32)
+        dtype = dtype or getattr(torch, self.facts.engine_dtypes[0])
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
         self._tmp: str | None = None
         self._threads = torch.get_num_threads()  # vLLM CPU lowers torch threads for serving; restored on close
@@ -146,11 +154,7 @@ class VLLMEngine(Engine):
             self._tmp = tempfile.mkdtemp(prefix="harness-vllm-model-")
             model_dir = write_model_dir(spec, weights or {}, self._tmp, dtype=dtype)
         from vllm import LLM
-        from vllm.platforms import current_platform
 
-        self.platform = current_platform.device_name
-        self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
-        self.facts = platform_facts(_platform_kind(current_platform))
         # e.g. VLLM_ASCEND_ENABLE_NZ=0 on NPU, before the engine exists (its wake_up raises otherwise)
         os.environ.update(self.facts.env)
         # vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's
@@ -178,7 +182,7 @@ class VLLMEngine(Engine):
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
-        self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}]"
+        self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
         self._reloading = False  # a layerwise reload opened by load_weights, not yet finalized
         self.llm = LLM(**kwargs)
 
@@ -332,7 +336,7 @@ class VLLMEngine(Engine):
         self.llm.wake_up()
 
 
-def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype = torch.float32,
+def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype | None = None,
                      seed: int = 0, fault: str | None = None, **kwargs) -> VLLMEngine:
     """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). `fault` exists for
     signature parity with the reference engine; real vLLM has no fault injection."""
