@@ -183,7 +183,7 @@ class VLLMEngine(Engine):
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
-        self._reloading = False  # a layerwise reload opened by load_weights, not yet finalized
+        self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
         self.llm = LLM(**kwargs)
 
     # ------------------------------------------------------------ lifetime
@@ -208,42 +208,46 @@ class VLLMEngine(Engine):
     # ------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One bucket of a sync. With the layerwise reload the reload stays open across buckets and is finalized
-        when the engine is next used (`_finish_sync`), the lifecycle vLLM's reload needs and verl 0.9.1 follows
-        (`vllm_rollout/delta_weight_transfer.py` `finish_weight_update`: "finalize it once after the last flush"):
+        when the engine is next used (`_finish_sync`; likewise `rederive_after_sync`'s re-derivation), the
+        lifecycle vLLM's reload needs and verl 0.9.1 follows (`vllm_rollout/delta_weight_transfer.py`
+        `finish_weight_update`: "finalize it once after the last flush"):
         finalizing per bucket leaves a layer whose weights span two buckets half loaded (uninitialized memory;
         caught here by the weight-sync suite's layer-splitting buckets)."""
         batch = [(n, t.to(self.dtype)) for n, t in weights]
 
+        reload = self.sync in ("reload", "vllm-reload")
+
         def sync(model):
-            if self.sync in ("reload", "vllm-reload"):
+            if reload and not self._pending:
                 from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-                if not self._reloading:
-                    initialize_layerwise_reload(model)
-                    self._reloading = True
-                model.load_weights(batch)
-                return
+                initialize_layerwise_reload(model)
             model.load_weights(batch)
-            if self.rederive_after_sync:
-                from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-                process_weights_after_loading(model, self.llm.llm_engine.model_config, next(model.parameters()).device)
 
         self._apply(sync)
+        self._pending = self._pending or reload or self.rederive_after_sync
 
     def _finish_sync(self) -> None:
-        """Finalize an open layerwise reload (re-runs process_weights_after_loading), then the CPU MoE prepack."""
-        if not self._reloading:
+        """Once per sync, after its last bucket: finalize the layerwise reload (re-runs
+        process_weights_after_loading) and re-apply the CPU MoE prepack; or, with `rederive_after_sync`, run
+        process_weights_after_loading once, as verl does after the whole update (PR #4130 / #5235)."""
+        if not self._pending:
             return
 
         def finish(model):
-            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+            config = self.llm.llm_engine.model_config
+            if self.sync in ("reload", "vllm-reload"):
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-            finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
-            if self.sync == "reload":
-                repack_cpu_moe_experts(model)
+                finalize_layerwise_reload(model, config)
+                if self.sync == "reload":
+                    repack_cpu_moe_experts(model)
+            else:
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
-        self._reloading = False
+                process_weights_after_loading(model, config, next(model.parameters()).device)
+
+        self._pending = False
         self._apply(finish)
 
     def mla_layers(self) -> list[MLALayer]:
