@@ -432,8 +432,9 @@ class LogprobAlignment:
 
 
 def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                     dtype: torch.dtype) -> LogprobAlignment:
-    """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward)."""
+                     dtype: torch.dtype, first_step: int = 0) -> LogprobAlignment:
+    """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward).
+    `first_step`: the step number of row 0, when the tables are a slice (decode steps start at 1)."""
     tol = tolerance(LOGPROB_TOL, dtype)
     count = numel = 0
     worst, where = -1.0, (0, 0, 0)
@@ -446,5 +447,5 @@ def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torc
         if bool(bad.any()):
             d, (step, tok) = worst_mismatch(bad, diff)
             if d > worst:
-                worst, where = d, (i, step, tok)
+                worst, where = d, (i, first_step + step, tok)
     return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=max(worst, 0.0), where=where)

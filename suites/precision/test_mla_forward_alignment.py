@@ -20,7 +20,7 @@ def test_rollout_logprobs_match_training_forward(engine_kind, mla_dtype, fresh_r
     training = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, fresh_rollout.token_ids, strict=True)]
     decode = compare_logprobs(f"{engine_kind.name} decode steps vs transformers",
                                   [d[1:] for d in fresh_rollout.dist_logprobs], [t[1:] for t in training],
-                                  mla_dtype)
+                                  mla_dtype, first_step=1)
     prefill = compare_logprobs(f"{engine_kind.name} prefill step vs transformers",
                                    [d[:1] for d in fresh_rollout.dist_logprobs], [t[:1] for t in training],
                                    mla_dtype)
