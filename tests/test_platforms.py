@@ -29,6 +29,8 @@ def test_what_each_platform_gets():
     assert platform_facts("npu").engine_dtypes == ("bfloat16",) == platform_facts("gpu").engine_dtypes
     assert platform_facts("cpu").engine_dtypes == ("float32", "bfloat16")
     assert platform_facts("npu").env == {"VLLM_ASCEND_ENABLE_NZ": "0"} and not platform_facts("cpu").env
+    assert platform_facts("npu").additional_config == {"weight_nz_mode": 0}
+    assert not platform_facts("cpu").additional_config and not platform_facts("gpu").additional_config
     assert (platform_facts("npu").sleep_level, platform_facts("gpu").sleep_level, platform_facts("cpu").sleep_level) \
         == (1, 2, None)
     assert platform_facts("npu").absorbed_owners[0] == "impl"

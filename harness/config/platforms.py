@@ -14,6 +14,7 @@ class PlatformFacts:
     engine_dtypes: tuple[str, ...]  # the dtypes the MLA suites build vLLM engines in, first = the default
     dtype_source: str
     env: dict[str, str] = field(default_factory=dict)  # set before building a vLLM engine
+    additional_config: dict = field(default_factory=dict)  # vLLM `additional_config` (the platform plugin's options)
     env_source: str = ""
     sleep_level: int | None = None  # the level verl's rollout sleeps at here; None: no sleep mode
     sleep_source: str = ""
@@ -41,9 +42,11 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         kind="npu", engine_dtypes=("bfloat16",),
         dtype_source="vllm-ascend v0.20.2rc1/v0.23.0 attention/mla_v1.py _forward_decode -> "
                      "torch_npu.npu_fused_infer_attention_score_v2 takes fp16/bf16/int8 only",
-        env={"VLLM_ASCEND_ENABLE_NZ": "0"},
-        env_source="vllm-ascend v0.23.0 worker/worker.py NPUWorker.wake_up raises unless VLLM_ASCEND_ENABLE_NZ=0; "
-                   "verl 0.9.1 workers/rollout/vllm_rollout/utils.py VLLM_ASCEND_REQUIRED_ENV_VARS sets it",
+        env={"VLLM_ASCEND_ENABLE_NZ": "0"}, additional_config={"weight_nz_mode": 0},
+        env_source="vllm-ascend v0.20.2rc1/v0.23.0 worker/worker.py NPUWorker.wake_up raises while "
+                   "AscendConfig.weight_nz_mode is on (ascend_config.py: additional_config['weight_nz_mode'], else "
+                   "the deprecated env VLLM_ASCEND_ENABLE_NZ, default 1; read when the engine is built); verl 0.9.1 "
+                   "workers/rollout/vllm_rollout/utils.py VLLM_ASCEND_REQUIRED_ENV_VARS sets the env. Both are set",
         sleep_level=1,
         sleep_source="verl 0.9.1 third_party/vllm/__init__.py: VLLM_SLEEP_LEVEL = 1 when is_npu_available "
                      "('sleep_mode=2 is not supported on vllm-ascend')",

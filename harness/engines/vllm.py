@@ -180,6 +180,8 @@ class VLLMEngine(Engine):
         if not current_platform.is_cpu():
             # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
+        if self.facts.additional_config:  # e.g. weight_nz_mode=0 on vllm-ascend (wake_up raises otherwise)
+            kwargs["additional_config"] = {**self.facts.additional_config, **llm_kwargs.pop("additional_config", {})}
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
