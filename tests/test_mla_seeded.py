@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYNC_SUITE = ROOT / "suites/functional/test_mla_weight_sync.py"
 SCALE_SUITE = ROOT / "suites/precision/test_mla_softmax_scale.py"
 ALIGN_SUITE = ROOT / "suites/precision/test_mla_forward_alignment.py"
+SLEEP_SUITE = ROOT / "suites/memory/test_sleep_release.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,6 +51,9 @@ CASES = [
                                                                     "0.1656269"]),
     ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3,
      ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
+    # sleep level 2 discards the copies; syncs after wake_up must re-derive them every time (pt 1, pt 2)
+    ("rederive_once", SLEEP_SUITE, "wake", 1, ["sleep(level=2) -> wake_up -> sync", "generate differently"]),
+    ("two_pass", SLEEP_SUITE, "wake", 1, ["step 1 (sleep(level=2)"]),
     ("decode_scale", SCALE_SUITE, "closed_form or right_scale", 1,  # pt 7: softmax_scale() is right, decode not
      ["behavioural scale check failed", "reports 0.1656269: the closed form", "decode steps",
       "not identified as a scale bug"]),
@@ -68,7 +72,7 @@ def test_seeded_engine_fails_suite(pytester, engine, suite, select, n_failed, wo
         assert word in out, f"{word!r} not in the failure output:\n{out[-3000:]}"
 
 
-@pytest.mark.parametrize("suite, select", [(SYNC_SUITE, "reaches_absorbed"),
+@pytest.mark.parametrize("suite, select", [(SYNC_SUITE, "reaches_absorbed"), (SLEEP_SUITE, "wake"),
                                            (SCALE_SUITE, "closed_form or right_scale"),
                                            (ALIGN_SUITE, "match_training")],
                          ids=lambda v: v.stem if isinstance(v, Path) else None)

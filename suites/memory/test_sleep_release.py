@@ -20,6 +20,7 @@ from harness.config.hardware import torch_device_types
 from harness.config.platforms import platform_facts
 from harness.markers import DETECTED_KEY, skip_or_fail
 from harness.memory.device import check_sleep_release, torch_allocated_bytes, used_bytes
+from harness.mla.sync import sync
 
 # 24 dense layers of the tiny model: ~69 MiB of fp32 weights, well above RSS noise (16 MiB atol) on CPU.
 SLEEP_SPEC = MLA_SPEC.with_layers(24, first_k_dense_replace=24, name="tiny-dsv3-24l")
@@ -72,21 +73,29 @@ def test_sleep_returns_memory_to_preload_level(engine_kind, level, engine_dtype,
 @pytest.mark.tiny
 def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
                                            mla_spec, mla_weights, mla_model_dirs):
-    # verl's rollout loop: sleep after rollout, wake_up before the next one; after level 2 the weights come
-    # back only through the weight sync (load_weights). A wake path that loses or garbles weights (or
-    # absorbed W_UK_T / W_UV copies discarded with the pool and never re-derived) changes the tokens.
+    """verl's rollout loop, two steps of it: sleep after rollout, wake_up, sync (from one-shot generators in
+    buckets, as verl does; after level 2 the weights come back only through it), roll out. Step 1 syncs `old`
+    again, step 2 `new` then `old` (issue 13 pt 1: an engine that re-derives its absorbed copies on the first sync
+    only passes one step). After each step the engine must generate as it did on `old` before any sleep. A wake
+    path that loses or garbles weights, or copies discarded with the pool and not re-derived, changes tokens."""
     if vllm_on_cpu(engine_kind, detected_hardware):
         skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    old, new = mla_weights
+    failures = []
     with engine_kind.make(mla_spec, weights=mla_model_dirs[0], load_format="real", dtype=engine_dtype,
                           seed=0) as engine:
         needs_sleep(pytestconfig, engine)
         before = engine.generate(PROMPTS, MAX_TOKENS)
-        engine.sleep(level=level)
-        engine.wake_up()
-        if level == 2:
-            engine.load_weights(mla_weights[0].items())
-        after = engine.generate(PROMPTS, MAX_TOKENS)
-    diff = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
-    assert not diff, (f"{engine.name}: after sleep(level={level}) -> wake_up{' -> load_weights' * (level == 2)}, "
-                      f"{len(diff)}/{len(before)} prompts generate differently, first prompt {diff[0]}: "
-                      f"{before[diff[0]]} -> {after[diff[0]]}")
+        for step, targets in enumerate(([old], [new, old]), 1):
+            engine.sleep(level=level)
+            engine.wake_up()
+            for weights in targets:
+                sync(engine, weights)
+            after = engine.generate(PROMPTS, MAX_TOKENS)
+            diff = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+            if diff:
+                failures.append(f"step {step} (sleep(level={level}) -> wake_up -> sync "
+                                f"{' -> '.join('new' if w is new else 'old' for w in targets)}): {len(diff)}/"
+                                f"{len(before)} prompts generate differently, first prompt {diff[0]}: "
+                                f"{before[diff[0]]} -> {after[diff[0]]}")
+    assert not failures, f"{engine.name}: " + "; ".join(failures)
