@@ -1,5 +1,7 @@
 """MLA checkers: an engine's softmax scale against the closed form, its absorbed weights' freshness after a
-weight sync, aliasing (information), behaviour after the sync, and log-prob alignment with a reference.
+weight sync (each mismatch diagnosed from evidence: stale / precision loss / layout / unknown), every synced weight's
+integrity, aliasing (information), behaviour after the sync (tokens and log-probs), and log-prob alignment with a
+reference. Comparisons follow torch.testing.assert_close (`mismatches`).
 
 Two bugs broke 671B DAPO on Ascend (seed 001):
 1. vllm-ascend derived the absorbed decode weights W_UK_T / W_UV from `kv_b_proj` with `.contiguous()`

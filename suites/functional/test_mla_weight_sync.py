@@ -4,6 +4,9 @@ Seed 001 (精度问题1): with load_format=dummy, vllm-ascend rollouts stayed gi
 W_UK_T / W_UV were `.contiguous()` copies of kv_b_proj made once at init; verl's in-place sync never reached
 them (fixed by re-deriving after every sync, verl PR #4130; lost in v0.7.0's async path, restored by #5235).
 Stale absorbed weights only show in decode tokens: prefill expands k/v through kv_b_proj itself.
+The sync is exercised the way verl does it (issue 13): every step, from one-shot generators in buckets that split
+layers, with RL-sized updates; each sync is judged on W_UK_T/W_UV (mismatches diagnosed from evidence), on every
+weight the engine exposes, and on tokens and log-probs against an engine built fresh on the same weights.
 """
 import dataclasses
 
