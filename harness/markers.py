@@ -39,6 +39,7 @@ REPORTED_MARKERS = (*TIER_MARKERS, *HARDWARE_MARKERS, "nightly")  # what a repor
 SCALE_KEY = pytest.StashKey["Scale | None"]()  # --scale, resolved (harness.config.scales.Scale)
 DETECTED_KEY = pytest.StashKey["Detected"]()  # the hardware this session runs on (harness.config.hardware)
 CLUSTER_KEY = pytest.StashKey["dict"]()  # --ray-address and, once counted, the cluster's devices
+ENGINE_KEY = pytest.StashKey["Callable | None"]()  # --engine, resolved to its factory at configure time
 
 
 def requires(hardware: str | None = None, *, cards: int | None = None, devices: int | None = None,

@@ -20,6 +20,7 @@ from harness.launch.address import dashboard_url
 from harness.markers import (
     CLUSTER_KEY,
     DETECTED_KEY,
+    ENGINE_KEY,
     HARDWARE_MARKERS,
     OTHER_MARKERS,
     SCALE_KEY,
@@ -97,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_input_paths(config)
+    config.stash[ENGINE_KEY] = _engine_factory(config.getoption("engine"))
     _register_hypothesis_profiles()
     if config.getoption("report_dir"):  # outcomes + record_property measurements -> report.json/.html/.md
         from harness.report.collect import ReportCollector
@@ -121,6 +123,19 @@ def _check_input_paths(config: pytest.Config) -> None:
             run_sources(path)
         except BadInput as exc:
             raise pytest.UsageError(f"{flag}: {exc}") from None
+
+
+def _engine_factory(target: str | None):
+    """--engine resolved once, up front: a bad one (`os:getcwd`, a typo) is one usage error (exit 4), not an
+    error inside every MLA test (issue 16)."""
+    if not target:
+        return None
+    from harness.engines.base import load_factory  # imports torch: only when --engine is given
+
+    try:
+        return load_factory(target)
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _register_hypothesis_profiles() -> None:

@@ -102,6 +102,29 @@ def test_compare_logprobs_locates_worst():
     assert compare_logprobs("x", a, a, torch.float32).ok
 
 
+def test_comparators_follow_assert_close():
+    """Issue 13 pt 6: a finite value against a -inf reference is a mismatch (it used to pass: the threshold became
+    inf); -inf matches -inf, NaN matches nothing; worst/where are over the mismatches only."""
+    want = torch.tensor([[0.0, float("-inf"), -1.0, -2.0]])
+    got = torch.tensor([[0.0, -30.0, -1.0, -2.0]])
+    found = compare_logprobs("x", [got], [want], torch.float32)
+    assert found.count == 1 and found.where == (0, 0, 1) and found.worst == float("inf")
+    assert compare_logprobs("x", [want], [want], torch.float32).ok
+    nan = torch.tensor([[float("nan"), 0.0]])
+    assert compare_logprobs("x", [nan], [nan], torch.float32).count == 1
+    # a large tolerated difference (rtol * |-100|) does not hide the real, smaller mismatch at step 0
+    want = torch.tensor([[-1.0, -100.0], [-1.0, -1.0]])
+    got = torch.tensor([[-1.05, -100.009], [-1.0, -1.0]])
+    found = compare_logprobs("x", [got], [want], torch.float32)
+    assert found.count == 1 and found.where == (0, 0, 0) and found.worst == pytest.approx(0.05)
+    # weights: the same rules
+    from harness.mla.checks import WEIGHT_TOL, _deviation
+
+    exp = torch.tensor([1000.0, float("inf"), 0.0])
+    dev = _deviation(0, "W_UV", torch.tensor([1000.001, 3.0, 1e-3]), exp, WEIGHT_TOL[torch.float32])
+    assert dev.count == 2 and dev.where == (1,) and dev.worst == float("inf")
+
+
 def test_sampling_is_seeded_and_reports_logprobs(weights):
     engine = ReferenceEngine(SPEC, weights[0])
     a = engine.sample(PROMPTS, 6, temperature=1.0, seed=7)
@@ -167,3 +190,95 @@ def test_first_not_pass_names_op_and_its_stack(tmp_path):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(BadInput, match="Result"):
         localize.first_not_pass(tmp_path / "other.csv")
+
+
+def _rollout(engine):
+    return engine.sample(PROMPTS, 5, full_logprobs=True)
+
+
+@pytest.mark.parametrize("rel", [1e-2, 1e-3, 1e-4])
+def test_small_updates_need_logprobs(weights, rel):
+    """Issue 13 pt 3: a kernel copy the engine does not show in mla_layers() stays at the pre-sync weights. After
+    an RL-sized update greedy tokens match an engine built fresh on the new weights; only log-probs tell."""
+    from harness.mla.sync import rl_update, sync
+
+    base = weights[1]
+    target = rl_update(base, rel, seed=0)
+    fresh = _rollout(ReferenceEngine(SPEC, target))
+    for fault, stale in ((None, False), (EngineFault.HIDDEN_COPY, True)):
+        engine = ReferenceEngine(SPEC, base, fault=fault)
+        pre = _rollout(engine)
+        sync(engine, target)
+        post = _rollout(engine)
+        assert check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32).ok  # views: look fresh
+        tokens_only = SyncBehaviour(engine.name, pre.token_ids, post.token_ids, fresh.token_ids)
+        full = SyncBehaviour(engine.name, pre.token_ids, post.token_ids, fresh.token_ids,
+                             logprobs=compare_logprobs("post", post.dist_logprobs, fresh.dist_logprobs, torch.float32),
+                             update=compare_logprobs("pre", pre.dist_logprobs, fresh.dist_logprobs, torch.float32))
+        assert tokens_only.matches_fresh  # what the token-only check saw
+        assert full.changed  # sensitivity: the update itself is visible in log-probs
+        assert full.ok != stale, full.message()
+        if stale:
+            assert "greedy tokens match" in full.message() and "log-probs outside" in full.message()
+
+
+@pytest.mark.parametrize("fault", [EngineFault.REDERIVE_ONCE, EngineFault.TWO_PASS])
+def test_one_sync_from_a_list_hides_what_verl_style_syncs_show(weights, fault):
+    """Issue 13 pts 1-2: one sync from a reusable list passes these engines; repeated syncs from one-shot
+    generators in buckets (harness.mla.sync) catch them, diagnosed stale."""
+    from harness.mla.sync import sync
+
+    old, new = weights
+    engine = ReferenceEngine(SPEC, old, fault=fault)
+    engine.load_weights(list(new.items()))
+    assert check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32).ok
+    engine = ReferenceEngine(SPEC, old, fault=fault)
+    history = [{i: old[f"model.layers.{i}.self_attn.kv_b_proj.weight"] for i in range(SPEC.num_hidden_layers)}]
+    reports = []
+    for target in (new, old, new):
+        sync(engine, target)
+        reports.append(check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32, previous=history))
+        history.append({i: target[f"model.layers.{i}.self_attn.kv_b_proj.weight"]
+                        for i in range(SPEC.num_hidden_layers)})
+    bad = [r for r in reports if not r.ok]
+    assert bad and all(d.cause == "stale" for r in bad for d in r.stale), [r.message() for r in bad]
+
+
+@pytest.mark.parametrize("fault, cause", [(EngineFault.PRECISION, "precision loss"), (EngineFault.LAYOUT, "layout"),
+                                          (EngineFault.STALE_COPY, "stale")])
+def test_freshness_diagnosis_from_evidence(weights, fault, cause):
+    """Issue 13 pt 5: the cause is what the evidence matches, not a fixed blame."""
+    old, new = weights
+    engine = ReferenceEngine(SPEC, old, fault=fault)
+    engine.load_weights(new.items())
+    history = [{i: old[f"model.layers.{i}.self_attn.kv_b_proj.weight"] for i in range(SPEC.num_hidden_layers)}]
+    report = check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32, previous=history)
+    assert not report.ok and {d.cause for d in report.stale} == {cause}, report.message()
+    assert f"-> {cause}" in report.message()
+    # without the earlier state as evidence, a stale copy is not called stale
+    if cause == "stale":
+        assert {d.cause for d in check_freshness("x", engine.mla_layers(), SPEC, torch.float32).stale} == {"unknown"}
+
+
+def test_weight_integrity_names_the_dropped_weight(weights):
+    from harness.mla.checks import check_integrity
+
+    old, new = weights
+    for fault in (None, EngineFault.DROP_KV_A):
+        engine = ReferenceEngine(SPEC, old, fault=fault)
+        engine.load_weights(new.items())
+        report = check_integrity(engine.name, engine.synced_weights(), new, torch.float32)
+        assert report.checked == len(new) and report.ok == (fault is None), report.message()
+    assert {name for name, *_ in report.off} == {f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight"
+                                                 for i in range(SPEC.num_hidden_layers)}
+    empty = check_integrity("x", {}, new, torch.float32)
+    assert not empty.ok and "exposes none" in empty.message()
+
+
+def test_buckets_split_layers_and_are_one_shot(weights):
+    from harness.mla.sync import buckets, one_shot, split_layers
+
+    parts = buckets(weights[0], 3)
+    assert len(parts) == 3 and sum(map(len, parts)) == len(weights[0]) and split_layers(parts)
+    gen = one_shot(parts[0])
+    assert len(list(gen)) == len(parts[0]) and list(gen) == []

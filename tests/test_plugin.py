@@ -171,6 +171,17 @@ def test_unknown_scale_is_a_usage_error(pytester: pytest.Pytester):
     result.stderr.fnmatch_lines(["*--scale: invalid choice: 'full-a4'*"])
 
 
+@pytest.mark.parametrize("target, words", [("os:getcwd", "not an engine factory"), ("os", "MODULE:FACTORY"),
+                                           ("no_such_mod_xyz:f", "cannot import")])
+def test_bad_engine_is_one_usage_error_up_front(pytester: pytest.Pytester, target, words):
+    """Issue 16: a bad --engine stops the session at configure time (exit 4), not inside every MLA test."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest("--engine", target)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if "--engine" in line]
+    assert len(errors) == 1 and words in errors[0], result.errlines
+
+
 def test_broken_torch_npu_is_a_one_line_usage_error(pytester: pytest.Pytester, broken_torch_npu):
     # torch_npu installed without CANN: the session must stop with one line saying what to do.
     result = pytester.runpytest()
@@ -182,3 +193,19 @@ def test_broken_torch_npu_is_a_one_line_usage_error(pytester: pytest.Pytester, b
 def test_requires_rejects_unknown_hardware():
     with pytest.raises(ValueError, match="requires\\(hardware='a4'\\): use one of cpu, gpu, npu, a2, a3"):
         requires(hardware="a4")
+
+
+def test_mla_suites_skip_only_through_skip_or_fail():
+    """Issue 16: a bare pytest.skip / importorskip in a suite bypasses --strict-hardware."""
+    import ast
+    from pathlib import Path
+
+    from fixtures.engines import MLA_SUITES
+
+    root = Path(__file__).resolve().parents[1] / "suites"
+    files = [p for p in root.rglob("test_*.py") if p.name in MLA_SUITES]
+    assert len(files) == len(MLA_SUITES)
+    bare = [f"{p.name}:{node.lineno}" for p in files for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("skip", "importorskip") and getattr(node.func.value, "id", "") == "pytest"]
+    assert not bare, f"bare skips (use harness.markers.skip_or_fail): {bare}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class MLALayer:
     kv_b_proj: torch.Tensor
     w_uk_t: torch.Tensor | None
     w_uv: torch.Tensor | None
+    owner: str = ""  # where these copies live when the engine keeps several (vllm-ascend: "impl", "layer")
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,6 +61,7 @@ class Engine(abc.ABC):
     supports_sleep: bool = False
     spec: ModelSpec
     dtype: torch.dtype = torch.float32
+    device: str = "cpu"  # torch device type the engine's memory lives on (the sleep suite measures there)
 
     def __enter__(self) -> Engine:
         return self
@@ -93,6 +96,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def softmax_scale(self) -> float:
         """The softmax scale the engine's MLA attention uses."""
+
+    def synced_weights(self) -> dict[str, torch.Tensor] | None:
+        """Opt-in: the weights the engine computes with, by HF checkpoint name and in checkpoint layout (undo any
+        fusing, packing or transposing), so the weight-integrity check can compare each with the synced one.
+        None (the default): not exposed, and only the MLA checks and the outputs judge the sync."""
+        return None
 
     def sleep(self, level: int = 1) -> None:
         """Release memory between rollouts (vLLM sleep mode: level 1 offloads, level 2 discards weights)."""
@@ -135,4 +144,12 @@ def load_factory(target: str):
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise BadInput(f"--engine {target!r}: {module_name} has no callable {attr!r}")
+    # A callable that cannot take the factory call (`os:getcwd`) would error inside every test: refuse it here.
+    try:
+        inspect.signature(factory).bind(None, weights=None, load_format="dummy", dtype=torch.float32, seed=0)
+    except TypeError as exc:
+        raise BadInput(f"--engine {target!r}: not an engine factory ({exc}); it must accept "
+                       "(spec, *, weights, load_format, dtype, seed) and return a harness Engine") from None
+    except ValueError:  # no signature to inspect (some builtins): the first call will tell
+        pass
     return factory

@@ -25,7 +25,7 @@ from harness.config.models import ModelSpec
 from harness.engines.base import Engine, MLALayer, Rollout, torch_threads
 from harness.engines.weights import checkpoint_shapes, read_model_dir
 from harness.errors import BadInput
-from harness.mla.derive import derive_absorbed, softmax_scale
+from harness.mla.derive import derive_absorbed, misderive_absorbed, softmax_scale
 
 
 class EngineFault(str, enum.Enum):
@@ -41,6 +41,16 @@ class EngineFault(str, enum.Enum):
     SCALE_V_HEAD    MindSpeed MLA: softmax scale 1/sqrt(v_head_dim) (kv_channels 128) instead of
                     1/sqrt(qk_nope + qk_rope) * mscale^2 (seed 001 精度问题2).
     SCALE_NO_MSCALE softmax scale 1/sqrt(qk_head_dim) without the yarn mscale^2 factor.
+    Issue 13's realistic variants (each slipped through single-sync, list-input, token-only suites):
+    REDERIVE_ONCE   copies re-derived after the FIRST `load_weights` only (verl #4130's fix half done).
+    TWO_PASS        copies; `load_weights` iterates its input twice (load, then find the layers to re-derive):
+                    a one-shot generator, as verl passes, is empty the second time, so nothing is re-derived.
+    HIDDEN_COPY     decode uses packed copies made at init and never re-derived, while `mla_layers()` shows the
+                    fresh views (a pre-packed / format-cast kernel copy): only the outputs can show it.
+    DROP_KV_A       `load_weights` silently drops kv_a_proj_with_mqa (a broken fused-weight mapping).
+    PRECISION       copies re-derived after every sync, but rounded through bf16 in an fp32 engine.
+    LAYOUT          fresh views of kv_b_proj with the per-head rows split [v | nope] instead of [nope | v].
+    DECODE_SCALE    `softmax_scale()` and prefill use the right scale, the decode kernel 1/sqrt(v_head_dim).
     Across sleep the copies behave as in vLLM's sleep pool: level 1 restores them (still the initial weights),
     level 2 discards them and wakes them zeroed, and no sync re-derives them, so they stay stale either way.
     """
@@ -50,6 +60,17 @@ class EngineFault(str, enum.Enum):
     REBIND = "rebind"
     SCALE_V_HEAD = "scale_v_head"
     SCALE_NO_MSCALE = "scale_no_mscale"
+    REDERIVE_ONCE = "rederive_once"
+    TWO_PASS = "two_pass"
+    HIDDEN_COPY = "hidden_copy"
+    DROP_KV_A = "drop_kv_a"
+    PRECISION = "precision"
+    LAYOUT = "layout"
+    DECODE_SCALE = "decode_scale"
+
+
+# Faults whose absorbed weights are copies the engine re-derives itself after a sync (correctly or not).
+_REDERIVING = {EngineFault.REDERIVE_ONCE, EngineFault.TWO_PASS, EngineFault.PRECISION}
 
 
 def yarn_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -156,23 +177,36 @@ class ReferenceEngine(Engine):
             EngineFault.SCALE_V_HEAD: spec.v_head_dim ** -0.5,
             EngineFault.SCALE_NO_MSCALE: spec.qk_head_dim ** -0.5,
         }.get(self.fault, softmax_scale(spec))
+        self._decode_scale = spec.v_head_dim ** -0.5 if self.fault is EngineFault.DECODE_SCALE else self._scale
+        self._syncs = 0
         self._process_weights_after_loading()
 
     # ------------------------------------------------------------ weights
     def _process_weights_after_loading(self) -> None:
         """Derive W_UK_T / W_UV once, as vLLM does at engine init (verl never calls it again after a sync)."""
-        self._absorbed = []
-        for i in range(self.spec.num_hidden_layers):
-            w_uk_t, w_uv = derive_absorbed(self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"], self.spec)
-            if self.fault is EngineFault.STALE_COPY:
-                w_uk_t, w_uv = w_uk_t.contiguous(), w_uv.contiguous()
-            elif self.fault is EngineFault.DTYPE_COPY:
-                w_uk_t, w_uv = w_uk_t.to(torch.float64), w_uv.to(torch.float64)
-            self._absorbed.append((w_uk_t, w_uv))
+        self._absorbed = [self._derive(i) for i in range(self.spec.num_hidden_layers)]
+        # HIDDEN_COPY: the kernel's own packed copies, which mla_layers() does not show
+        self._packed = [(a.clone(), b.clone()) for a, b in self._absorbed] if self.fault is EngineFault.HIDDEN_COPY \
+            else None
+
+    def _derive(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_b = self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"]
+        if self.fault is EngineFault.LAYOUT:
+            return misderive_absorbed(kv_b, self.spec)["v_first"]
+        w_uk_t, w_uv = derive_absorbed(kv_b, self.spec)
+        if self.fault in (EngineFault.STALE_COPY, *_REDERIVING):
+            w_uk_t, w_uv = w_uk_t.contiguous(), w_uv.contiguous()
+        elif self.fault is EngineFault.DTYPE_COPY:
+            w_uk_t, w_uv = w_uk_t.to(torch.float64), w_uv.to(torch.float64)
+        if self.fault is EngineFault.PRECISION:
+            w_uk_t, w_uv = (w.to(torch.bfloat16).to(self.dtype) for w in (w_uk_t, w_uv))
+        return w_uk_t, w_uv
 
     def _copy_in(self, weights: Iterable[tuple[str, torch.Tensor]], *, rebind: bool) -> None:
         with torch.no_grad():
             for pname, tensor in weights:
+                if self.fault is EngineFault.DROP_KV_A and "kv_a_proj_with_mqa" in pname:
+                    continue
                 param = self.params.get(pname)
                 if param is None:
                     raise BadInput(f"load_weights: unknown weight {pname!r} for {self.spec.name}")
@@ -186,7 +220,19 @@ class ReferenceEngine(Engine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._check_awake("load_weights")
-        self._copy_in(weights, rebind=self.fault is EngineFault.REBIND)
+        self._syncs += 1
+        if self.fault is EngineFault.TWO_PASS:
+            self._copy_in(weights, rebind=False)
+            touched = {int(n.split(".")[2]) for n, _ in weights if n.endswith("kv_b_proj.weight")}  # 2nd pass
+        else:
+            touched = None
+            weights = list(weights) if self.fault in _REDERIVING else weights
+            self._copy_in(weights, rebind=self.fault is EngineFault.REBIND)
+            if self.fault in _REDERIVING:
+                touched = {int(n.split(".")[2]) for n, _ in weights if n.endswith("kv_b_proj.weight")}
+        if touched and (self.fault is not EngineFault.REDERIVE_ONCE or self._syncs == 1):
+            for i in touched:  # re-derive the copies of the layers this sync reached (verl #4130)
+                self._absorbed[i] = self._derive(i)
 
     def mla_layers(self) -> list[MLALayer]:
         return [MLALayer(layer=i, kv_b_proj=self.params[f"model.layers.{i}.self_attn.kv_b_proj.weight"].data,
@@ -194,6 +240,9 @@ class ReferenceEngine(Engine):
 
     def softmax_scale(self) -> float:
         return self._scale
+
+    def synced_weights(self) -> dict[str, torch.Tensor]:
+        return {k: p.data for k, p in self.params.items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The engine's current weights by checkpoint name (live tensors, do not modify)."""
@@ -333,9 +382,10 @@ class ReferenceEngine(Engine):
         rows = torch.arange(len(x))
         cache[rows, lengths] = latent
         c, k_pe = cache.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
-        w_uk_t, w_uv = (w.to(x.dtype) for w in self._absorbed[i])
+        w_uk_t, w_uv = (w.to(x.dtype) for w in (self._packed or self._absorbed)[i])
         q_lat = torch.einsum("bnp,npl->bnl", q_nope, w_uk_t)
-        scores = (torch.einsum("bnl,bsl->bns", q_lat, c) + torch.einsum("bnr,bsr->bns", q_pe, k_pe)) * self._scale
+        scores = (torch.einsum("bnl,bsl->bns", q_lat, c) + torch.einsum("bnr,bsr->bns", q_pe, k_pe)) \
+            * self._decode_scale
         valid = torch.arange(cache.shape[1])[None, :] <= lengths[:, None]
         probs = scores.float().masked_fill(~valid[:, None, :], float("-inf")).softmax(-1).to(x.dtype)
         o_lat = torch.einsum("bns,bsl->bnl", probs, c)

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from harness.config.models import ModelSpec
+from harness.config.platforms import platform_facts
 from harness.engines.base import Engine, MLALayer, Rollout
-from harness.engines.weights import write_model_dir
+from harness.engines.weights import checkpoint_shapes, write_model_dir
 from harness.errors import BadInput
 
 # The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
@@ -75,22 +76,48 @@ def _mla_modules(model) -> list:
     return [m for m in model.modules() if isinstance(m, MLAAttention)]
 
 
+def absorbed_copies(mod, owners: tuple[str, ...]) -> list[tuple[str, torch.Tensor | None, torch.Tensor | None]]:
+    """(owner, W_UK_T, W_UV) of one MLAAttention for each owner that holds them, in `owners` order (the decode
+    kernel's copy first; harness.config.platforms). Upstream vLLM keeps views on the layer; vllm-ascend since vLLM
+    PR #33284 (vllm-ascend 922e5c16; v0.20.2rc1 / v0.23.0 ops/mla.py `wrapped_process_weights`) keeps those AND
+    `.contiguous()` copies on `impl` (attention/mla_v1.py `AscendMLAImpl.process_weights_after_loading`), and
+    decode reads only impl's: every copy found is returned, so freshness checks them all. A copy that is the same
+    tensor as one already listed is listed once."""
+    out, seen = [], set()
+    for owner in (*owners, *(o for o in ("impl", "layer") if o not in owners)):
+        holder = mod.impl if owner == "impl" else mod
+        pair = [getattr(holder, n, None) for n in ("W_UK_T", "W_UV")]
+        pair = [t if isinstance(t, torch.Tensor) else None for t in pair]
+        key = tuple(t.data_ptr() if t is not None else None for t in pair)
+        if any(t is not None for t in pair) and key not in seen:
+            seen.add(key)
+            out.append((owner, *pair))
+    return out
+
+
+def _platform_kind(platform) -> str:
+    """The harness.config.platforms row of a vLLM platform."""
+    return "cpu" if platform.is_cpu() else "npu" if platform.device_type == "npu" else "gpu"
+
+
 def _absorbed(mod, name: str) -> torch.Tensor | None:
-    # Upstream keeps W_UV / W_UK_T on the MLAAttention layer; vllm-ascend's AscendMLAImpl keeps them on impl.
-    for owner in (mod, getattr(mod, "impl", None)):
-        t = getattr(owner, name, None)
-        if isinstance(t, torch.Tensor):
-            return t
+    """The W_UK_T / W_UV the decode kernel uses: impl's copy where there is one (vllm-ascend, see
+    `absorbed_copies`), else the layer's (upstream)."""
+    for _owner, w_uk_t, w_uv in absorbed_copies(mod, ("impl", "layer")):
+        tensor = w_uk_t if name == "W_UK_T" else w_uv
+        if tensor is not None:
+            return tensor
     return None
 
 
 class VLLMEngine(Engine):
     """vLLM rollout engine (see module docstring).
 
-    VLLMEngine(spec, weights=None, load_format="real", dtype=torch.float32, seed=0, backend=None,
+    VLLMEngine(spec, weights=None, load_format="real", dtype=None, seed=0, backend=None,
                rederive_after_sync=False, max_model_len=512)
       weights      model directory, or a state dict (written to a private temp directory), or None for "dummy".
       load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
+      dtype        None: the platform's engine dtype (harness.config.platforms: bf16 on NPU / GPU, fp32 on CPU).
       backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
       sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
                    reload, which re-runs process_weights_after_loading, then the CPU MoE prepack that vLLM CPU skips
@@ -100,7 +127,7 @@ class VLLMEngine(Engine):
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
-                 load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
                  max_model_len: int = 512,
                  **llm_kwargs):
@@ -109,6 +136,13 @@ class VLLMEngine(Engine):
         if load_format == "real" and weights is None:
             raise BadInput("VLLMEngine(load_format='real') needs weights (a state dict or a model directory)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: the model must be reachable
+        from vllm.platforms import current_platform
+
+        self.platform = current_platform.device_name
+        self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
+        self.facts = platform_facts(_platform_kind(current_platform))
+        # None: the platform's engine dtype (bf16 on NPU / GPU: vllm-ascend's MLA decode takes no fp32)
+        dtype = dtype or getattr(torch, self.facts.engine_dtypes[0])
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
         self._tmp: str | None = None
         self._threads = torch.get_num_threads()  # vLLM CPU lowers torch threads for serving; restored on close
@@ -120,9 +154,9 @@ class VLLMEngine(Engine):
             self._tmp = tempfile.mkdtemp(prefix="harness-vllm-model-")
             model_dir = write_model_dir(spec, weights or {}, self._tmp, dtype=dtype)
         from vllm import LLM
-        from vllm.platforms import current_platform
 
-        self.platform = current_platform.device_name
+        # e.g. VLLM_ASCEND_ENABLE_NZ=0 on NPU, before the engine exists (its wake_up raises otherwise)
+        os.environ.update(self.facts.env)
         # vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's
         # kv_b_proj), so verl's plain `model.load_weights` cannot land there; vLLM's own RL path is the
         # layerwise reload (restore checkpoint layout, load, re-run process_weights_after_loading).
@@ -146,9 +180,12 @@ class VLLMEngine(Engine):
         if not current_platform.is_cpu():
             # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
+        if self.facts.additional_config:  # e.g. weight_nz_mode=0 on vllm-ascend (wake_up raises otherwise)
+            kwargs["additional_config"] = {**self.facts.additional_config, **llm_kwargs.pop("additional_config", {})}
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
-        self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}]"
+        self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
+        self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
         self.llm = LLM(**kwargs)
 
     # ------------------------------------------------------------ lifetime
@@ -172,37 +209,95 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of a sync. With the layerwise reload the reload stays open across buckets and is finalized
+        when the engine is next used (`_finish_sync`; likewise `rederive_after_sync`'s re-derivation), the
+        lifecycle vLLM's reload needs and verl 0.9.1 follows (`vllm_rollout/delta_weight_transfer.py`
+        `finish_weight_update`: "finalize it once after the last flush"):
+        finalizing per bucket leaves a layer whose weights span two buckets half loaded (uninitialized memory;
+        caught here by the weight-sync suite's layer-splitting buckets)."""
         batch = [(n, t.to(self.dtype)) for n, t in weights]
 
+        reload = self.sync in ("reload", "vllm-reload")
+
         def sync(model):
-            if self.sync in ("reload", "vllm-reload"):
-                from vllm.model_executor.model_loader.reload import (
-                    finalize_layerwise_reload,
-                    initialize_layerwise_reload,
-                )
+            if reload and not self._pending:
+                from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
                 initialize_layerwise_reload(model)
-                model.load_weights(batch)
-                finalize_layerwise_reload(model, self.llm.llm_engine.model_config)
-                if self.sync == "reload":
-                    repack_cpu_moe_experts(model)
-                return
             model.load_weights(batch)
-            if self.rederive_after_sync:
-                from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-                process_weights_after_loading(model, self.llm.llm_engine.model_config, next(model.parameters()).device)
 
         self._apply(sync)
+        self._pending = self._pending or reload or self.rederive_after_sync
+
+    def _finish_sync(self) -> None:
+        """Once per sync, after its last bucket: finalize the layerwise reload (re-runs
+        process_weights_after_loading) and re-apply the CPU MoE prepack; or, with `rederive_after_sync`, run
+        process_weights_after_loading once, as verl does after the whole update (PR #4130 / #5235)."""
+        if not self._pending:
+            return
+
+        def finish(model):
+            config = self.llm.llm_engine.model_config
+            if self.sync in ("reload", "vllm-reload"):
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                finalize_layerwise_reload(model, config)
+                if self.sync == "reload":
+                    repack_cpu_moe_experts(model)
+            else:
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+                process_weights_after_loading(model, config, next(model.parameters()).device)
+
+        self._pending = False
+        self._apply(finish)
 
     def mla_layers(self) -> list[MLALayer]:
+        self._finish_sync()
+        owners = self.facts.absorbed_owners
+
         def read(model):
-            return [MLALayer(layer=i, kv_b_proj=m.kv_b_proj.weight, w_uk_t=_absorbed(m, "W_UK_T"),
-                             w_uv=_absorbed(m, "W_UV")) for i, m in enumerate(_mla_modules(model))]
+            out = []
+            for i, m in enumerate(_mla_modules(model)):
+                copies = absorbed_copies(m, owners) or [("", None, None)]
+                out += [MLALayer(layer=i, kv_b_proj=m.kv_b_proj.weight, w_uk_t=uk, w_uv=uv,
+                                 owner=owner if len(copies) > 1 else "") for owner, uk, uv in copies]
+            return out
+
+        return self._apply(read)
+
+    def synced_weights(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by HF checkpoint name, the fused ones split back along vLLM's
+        `DeepseekV2ForCausalLM.load_weights` stacked_params_mapping (fused_qkv_a_proj = [q_a_proj;
+        kv_a_proj_with_mqa], gate_up_proj = [gate_proj; up_proj], both on dim 0). Parameters whose shape is not the
+        checkpoint's (vLLM CPU's packed GEMM weights, which also lose `.weight`) are left out: the integrity check
+        lists them as not exposed rather than misjudging a layout it cannot undo."""
+        self._finish_sync()
+        spec, shapes = self.spec, checkpoint_shapes(self.spec)
+        qkv_a = [spec.q_lora_rank or 0, spec.kv_lora_rank + spec.qk_rope_head_dim]
+
+        def read(model):
+            out = {}
+            for name, p in model.named_parameters():
+                t = p.detach()
+                if t.dim() != 2:  # vLLM CPU leaves packed linears an empty (or packed-shape) placeholder
+                    parts = {None: t}
+                elif name.endswith("fused_qkv_a_proj.weight") and t.shape[0] == sum(qkv_a):
+                    parts = dict(zip(("q_a_proj", "kv_a_proj_with_mqa"), t.split(qkv_a), strict=True))
+                elif name.endswith("gate_up_proj.weight") and t.shape[0] % 2 == 0:
+                    parts = dict(zip(("gate_proj", "up_proj"), t.chunk(2), strict=True))
+                else:
+                    parts = {None: t}
+                for part, tensor in parts.items():
+                    hf = name.replace(name.split(".")[-2], part) if part else name
+                    if shapes.get(hf) == tuple(tensor.shape):
+                        out[hf] = tensor.cpu().clone()
+            return out
 
         return self._apply(read)
 
     def softmax_scale(self) -> float:
+        self._finish_sync()
         return self._apply(lambda model: float(_mla_modules(model)[0].impl.scale))
 
     # ------------------------------------------------------------ rollout
@@ -211,6 +306,8 @@ class VLLMEngine(Engine):
                eos_token_id: int | None = None) -> Rollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        self._finish_sync()
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, detokenize=False,
                                 ignore_eos=eos_token_id is None,
@@ -236,6 +333,7 @@ class VLLMEngine(Engine):
     def sleep(self, level: int = 1) -> None:
         if not self.supports_sleep:
             super().sleep(level)
+        self._finish_sync()
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
@@ -244,7 +342,7 @@ class VLLMEngine(Engine):
         self.llm.wake_up()
 
 
-def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype = torch.float32,
+def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype | None = None,
                      seed: int = 0, fault: str | None = None, **kwargs) -> VLLMEngine:
     """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). `fault` exists for
     signature parity with the reference engine; real vLLM has no fault injection."""

@@ -1,5 +1,7 @@
 """MLA checkers: an engine's softmax scale against the closed form, its absorbed weights' freshness after a
-weight sync, aliasing (information), behaviour after the sync, and log-prob alignment with a reference.
+weight sync (each mismatch diagnosed from evidence: stale / precision loss / layout / unknown), every synced weight's
+integrity, aliasing (information), behaviour after the sync (tokens and log-probs), and log-prob alignment with a
+reference. Comparisons follow torch.testing.assert_close (`mismatches`).
 
 Two bugs broke 671B DAPO on Ascend (seed 001):
 1. vllm-ascend derived the absorbed decode weights W_UK_T / W_UV from `kv_b_proj` with `.contiguous()`
@@ -12,6 +14,7 @@ The closed forms the checks compare with live in harness.mla.derive.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ import torch
 
 from harness.config.models import ModelSpec
 from harness.findings import Finding
-from harness.mla.derive import derive_absorbed, softmax_scale, wrong_scales
+from harness.mla.derive import derive_absorbed, misderive_absorbed, softmax_scale, wrong_scales
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,29 @@ class Deviation:
     weight: str  # "W_UK_T" or "W_UV"
     count: int  # elements outside the tolerance
     numel: int
-    worst: float  # max |actual - derived|
-    where: tuple[int, ...]  # index of the worst element
+    worst: float  # max |actual - derived| over the mismatches
+    where: tuple[int, ...]  # index of the worst mismatch
+    cause: str = "unknown"  # one of CAUSES, from the evidence (see `diagnose`)
+    owner: str = ""  # where the engine keeps this copy ("impl", "layer"), when it has several
 
     def describe(self) -> str:
-        return (f"layer {self.layer} {self.weight}: {self.count}/{self.numel} elements off, worst |diff| "
-                f"{self.worst:.4g} at {list(self.where)}")
+        at = f" ({self.owner})" if self.owner else ""
+        return (f"layer {self.layer} {self.weight}{at}: {self.count}/{self.numel} elements off, worst |diff| "
+                f"{self.worst:.4g} at {list(self.where)} -> {self.cause}")
+
+
+# What a freshness mismatch is, by the evidence that matches it (issue 13 pt 5); `diagnose` tries them in order.
+CAUSES = {
+    "stale": "equals the derivation from an EARLIER kv_b_proj (a previous sync or the initial load): a copy not "
+             "re-derived after the sync (vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj rebound to "
+             "new storage",
+    "precision loss": "within the next-lower dtype's rounding of the right derivation: re-derived, then rounded",
+    "layout": "equals a permuted derivation of the current kv_b_proj: wrong [nope | v] split or head order",
+    "unknown": "matches neither the previous weights, a rounding, nor a known wrong layout",
+}
+# The dtype whose rounding explains a "precision loss" mismatch in an engine of the key dtype.
+NEXT_LOWER = {torch.float64: torch.float32, torch.float32: torch.bfloat16, torch.float16: torch.float8_e4m3fn,
+              torch.bfloat16: torch.float8_e4m3fn}
 
 
 @dataclass(frozen=True)
@@ -123,32 +143,68 @@ class FreshnessReport:
 
     def message(self) -> str:
         parts = [d.describe() for d in self.stale] + list(self.problems)
+        causes = sorted({d.cause for d in self.stale}, key=list(CAUSES).index)
         return (f"{self.engine}: W_UK_T/W_UV are not the derivation of the current kv_b_proj in "
-                f"{len(parts)} of {2 * self.layers_checked} checks (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): "
-                + "; ".join(parts) + ". The absorbed weights were copies not re-derived after the weight sync "
-                "(vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj was rebound to new storage.")
+                f"{len(parts)} checks (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): " + "; ".join(parts) + ". "
+                + " ".join(f"{c}: {CAUSES[c]}." for c in causes))
 
     def findings(self) -> tuple[Finding, ...]:
         return (*(Finding("mla.freshness", d.weight, f"layer {d.layer}", d.describe()) for d in self.stale),
                 *(Finding("mla.freshness", "kv_b_proj", "-", p) for p in self.problems))
 
 
+def mismatches(actual: torch.Tensor, expected: torch.Tensor, tol: DtypeTolerance) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask of elements NOT close, |actual - expected|) with torch.testing.assert_close's semantics: finite values
+    within atol + rtol * |expected|; a non-finite value is close only to the same value (-inf to -inf; NaN to
+    nothing, assert_close's equal_nan=False), so a finite log-prob against a -inf reference is a mismatch, never
+    a threshold of inf. Compared in float64 on the CPU (device tensors are moved first: NPUs have no float64)."""
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    close = torch.isclose(a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=False)
+    diff = (a - e).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)  # inf - inf is NaN: off by inf
+    return ~close, diff
+
+
+def worst_mismatch(bad: torch.Tensor, diff: torch.Tensor) -> tuple[float, tuple[int, ...]]:
+    """(worst |diff|, its index), taken over the mismatching elements only, as assert_close reports them (a large
+    but tolerated difference elsewhere is not the worst mismatch)."""
+    masked = torch.where(bad, diff, torch.full_like(diff, -1.0))
+    flat = int(masked.argmax())
+    return float(masked.flatten()[flat]), tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+
+
 def _deviation(layer: int, weight: str, actual: torch.Tensor, expected: torch.Tensor,
                tol: DtypeTolerance) -> Deviation | None:
-    a, e = actual.detach().double(), expected.detach().double()
-    diff = (a - e).abs()
-    bad = diff > tol.atol + tol.rtol * e.abs()
+    bad, diff = mismatches(actual, expected, tol)
     if not bool(bad.any()):
         return None
-    flat = int(diff.argmax())
-    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=float(diff.max()),
-                     where=where)
+    worst, where = worst_mismatch(bad, diff)
+    return Deviation(layer=layer, weight=weight, count=int(bad.sum()), numel=diff.numel(), worst=worst, where=where)
 
 
-def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: torch.dtype) -> FreshnessReport:
+def diagnose(actual: torch.Tensor, expected: torch.Tensor, *, previous: Sequence[torch.Tensor],
+             permuted: Sequence[torch.Tensor], tol: DtypeTolerance, dtype: torch.dtype) -> str:
+    """The CAUSES key the evidence supports for an absorbed weight that is not `expected`: equal to an earlier
+    derivation (stale), within the next-lower dtype's rounding of `expected` (precision loss), equal to a permuted
+    derivation (layout), else unknown. Checked in that order: an unchanged weight is stale even when the update
+    was small enough to sit within a rounding."""
+    if any(not bool(mismatches(actual, p, tol)[0].any()) for p in previous):
+        return "stale"
+    lower = NEXT_LOWER.get(dtype)
+    if lower is not None and not bool(mismatches(actual, expected, DtypeTolerance(
+            rtol=torch.finfo(lower).eps, atol=tol.atol))[0].any()):
+        return "precision loss"
+    if any(not bool(mismatches(actual, p, tol)[0].any()) for p in permuted):
+        return "layout"
+    return "unknown"
+
+
+def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: torch.dtype,
+                    previous: Sequence[dict[int, torch.Tensor]] = ()) -> FreshnessReport:
     """Every layer's W_UK_T / W_UV must equal the derivation from its CURRENT kv_b_proj within the dtype
-    tolerance (layers are `harness.engines.MLALayer`; layers without absorbed weights are skipped)."""
+    tolerance (layers are `harness.engines.MLALayer`; layers without absorbed weights are skipped). `previous`:
+    each earlier state's kv_b_proj by layer (the initial load, earlier syncs), the evidence for a "stale"
+    diagnosis (see `diagnose`)."""
     tol = tolerance(WEIGHT_TOL, dtype)
     stale, problems, checked = [], [], 0
     for layer in layers:
@@ -161,7 +217,11 @@ def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: 
             problems.append(f"layer {layer.layer}: {exc} (the engine dropped or reshaped kv_b_proj.weight, so a weight "
                             f"sync cannot reach W_UK_T/W_UV)")
             continue
-        for name, actual, expected in (("W_UK_T", layer.w_uk_t, w_uk_t), ("W_UV", layer.w_uv, w_uv)):
+        earlier = [derive_absorbed(state[layer.layer].to(layer.kv_b_proj.device), spec) for state in previous
+                   if layer.layer in state]
+        old = ([uk for uk, _ in earlier], [uv for _, uv in earlier])
+        wrong = list(zip(*misderive_absorbed(layer.kv_b_proj, spec).values(), strict=True))
+        for k, (name, actual, expected) in enumerate((("W_UK_T", layer.w_uk_t, w_uk_t), ("W_UV", layer.w_uv, w_uv))):
             if actual is None:
                 continue
             if tuple(actual.shape) != tuple(expected.shape):
@@ -169,11 +229,66 @@ def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: 
                 continue
             dev = _deviation(layer.layer, name, actual, expected, tol)
             if dev:
-                stale.append(dev)
+                cause = diagnose(actual, expected, previous=old[k], permuted=wrong[k], tol=tol, dtype=dtype)
+                stale.append(dataclasses.replace(dev, cause=cause, owner=getattr(layer, "owner", "")))
     if checked == 0:
         problems.append("the engine exposes no W_UK_T/W_UV in any layer (mla_layers() returned none)")
     return FreshnessReport(engine=engine_name, tol=tol, layers_checked=checked, stale=tuple(stale),
                            problems=tuple(problems))
+
+
+# ---------------------------------------------------------------- every weight (issue 13 pt 4)
+@dataclass(frozen=True)
+class WeightIntegrity:
+    """After a sync, each weight the engine computes with (`Engine.synced_weights()`, in checkpoint layout) equals
+    the synced one within the dtype tolerance. `unexposed`: synced names the engine does not show (packed or fused
+    beyond its reverse mapping), listed, not judged."""
+
+    engine: str
+    tol: DtypeTolerance
+    checked: int
+    off: tuple[tuple[str, int, int, float], ...]  # (name, elements off, numel, worst |diff|)
+    unexposed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.off and self.checked > 0  # an engine that opts in but shows none could not fail
+
+    def message(self) -> str:
+        if not self.checked:
+            return (f"{self.engine}: synced_weights() exposes none of the {len(self.unexposed)} synced weights by "
+                    "checkpoint name: nothing to check (return None to opt out)")
+        parts = [f"{name}: {count}/{numel} elements off, worst |diff| {worst:.4g}" for name, count, numel, worst
+                 in self.off]
+        return (f"{self.engine}: {len(self.off)} of {self.checked} weights the engine computes with are not the "
+                f"synced ones (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): " + "; ".join(parts)
+                + ". The sync dropped or mis-mapped them.")
+
+    def findings(self) -> tuple[Finding, ...]:
+        if not self.checked:
+            return (Finding("mla.weight_integrity", "-", "-", self.message()),)
+        return tuple(Finding("mla.weight_integrity", name, "-", f"{count}/{numel} elements off")
+                     for name, count, numel, _ in self.off)
+
+
+def check_integrity(engine_name: str, engine_weights: dict[str, torch.Tensor],
+                    synced: dict[str, torch.Tensor], dtype: torch.dtype) -> WeightIntegrity:
+    """Compare every synced weight with the engine's copy of it (`synced` is cast to the engine dtype first: the
+    rounding of the sync itself is not a fault)."""
+    tol = tolerance(WEIGHT_TOL, dtype)
+    off, checked = [], 0
+    for name, want in synced.items():
+        have = engine_weights.get(name)
+        if have is None:
+            continue
+        checked += 1
+        bad, diff = mismatches(have, want.to(dtype), tol) if have.shape == want.shape else (None, None)
+        if bad is None:
+            off.append((name, want.numel(), want.numel(), float("inf")))
+        elif bool(bad.any()):
+            off.append((name, int(bad.sum()), bad.numel(), worst_mismatch(bad, diff)[0]))
+    return WeightIntegrity(engine=engine_name, tol=tol, checked=checked, off=tuple(off),
+                           unexposed=tuple(sorted(set(synced) - set(engine_weights))))
 
 
 # ---------------------------------------------------------------- aliasing (information)
@@ -220,19 +335,26 @@ def first_divergence(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] 
 
 @dataclass(frozen=True)
 class SyncBehaviour:
-    """Greedy tokens before the sync, after it, and from an engine built fresh with the new weights."""
+    """Greedy tokens before the sync, after it, and from an engine built fresh with the new weights; with
+    `logprobs` (post-sync per-step log-probs vs the fresh engine's, `compare_logprobs`) also the distributions:
+    RL-sized updates (0.01-1 %) leave greedy tokens equal while a stale kernel copy moves log-probs by more than
+    the tolerance (issue 13 pt 3). `changed` is then judged on the fresh log-probs vs the pre-sync ones."""
 
     engine: str
     pre: list[list[int]]
     post: list[list[int]]
     fresh: list[list[int]]
+    logprobs: LogprobAlignment | None = None
+    update: LogprobAlignment | None = None  # pre-sync vs fresh log-probs: the update must be visible
 
     @property
     def matches_fresh(self) -> bool:
-        return first_divergence(self.post, self.fresh) is None
+        return first_divergence(self.post, self.fresh) is None and (self.logprobs is None or self.logprobs.ok)
 
     @property
     def changed(self) -> bool:
+        if self.update is not None:
+            return not self.update.ok
         return first_divergence(self.post, self.pre) is not None
 
     @property
@@ -241,8 +363,12 @@ class SyncBehaviour:
 
     def message(self) -> str:
         if not self.changed:
-            return (f"{self.engine}: greedy tokens after the weight sync equal those before it: the sync changed "
-                    f"nothing (sensitivity guard)")
+            return (f"{self.engine}: the outputs before the weight sync equal those of an engine built fresh with "
+                    f"the new weights: the sync changed nothing this check could see (sensitivity guard)")
+        if first_divergence(self.post, self.fresh) is None:
+            return (f"{self.engine}: after the weight sync greedy tokens match an engine built fresh with the new "
+                    f"weights, but the log-probs do not: {self.logprobs.message()} (step 0 is prefill, later steps "
+                    f"decode through W_UK_T/W_UV)")
         i, j = first_divergence(self.post, self.fresh)
         n_bad = sum(first_divergence([x], [y]) is not None for x, y in zip(self.post, self.fresh, strict=False))
         where = "prefill (first token)" if j == 0 else "decode (absorbed W_UK_T/W_UV path)"
@@ -256,8 +382,29 @@ class SyncBehaviour:
         if self.ok:
             return ()
         first = first_divergence(self.post, self.fresh) if self.changed else None
+        if first is None and self.changed:
+            return (Finding("mla.sync_behaviour", "log-probs", f"prompt {self.logprobs.where[0]} step "
+                            f"{self.logprobs.where[1]}", self.message()),)
         where = f"prompt {first[0]} token {first[1]}" if first else "-"
         return (Finding("mla.sync_behaviour", "greedy tokens", where, self.message()),)
+
+
+@dataclass(frozen=True)
+class AtSync:
+    """A check result taken after one sync of a series (old -> new -> old -> ...): its message says which."""
+
+    label: str  # e.g. "sync 3/6 (old)"
+    result: object  # a CheckResult
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    def message(self) -> str:
+        return f"after {self.label}: {self.result.message()}"
+
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(dataclasses.replace(f, where=f"{self.label}: {f.where}") for f in self.result.findings())
 
 
 # ---------------------------------------------------------------- forward alignment
@@ -287,21 +434,20 @@ class LogprobAlignment:
 
 
 def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                     dtype: torch.dtype) -> LogprobAlignment:
-    """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward)."""
+                     dtype: torch.dtype, first_step: int = 0) -> LogprobAlignment:
+    """Compare per-prompt [T, vocab] log-prob tables (e.g. rollout decode steps vs the training forward).
+    `first_step`: the step number of row 0, when the tables are a slice (decode steps start at 1)."""
     tol = tolerance(LOGPROB_TOL, dtype)
     count = numel = 0
     worst, where = -1.0, (0, 0, 0)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if g.shape != w.shape:
             raise ValueError(f"{name}: prompt {i} shapes differ: {tuple(g.shape)} vs {tuple(w.shape)}")
-        g, w = g.double(), w.double()
-        diff = (g - w).abs()
-        diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
-        count += int((diff > tol.atol + tol.rtol * w.abs()).sum())
+        bad, diff = mismatches(g, w, tol)
+        count += int(bad.sum())
         numel += diff.numel()
-        if float(diff.max()) > worst:
-            worst = float(diff.max())
-            step, tok = divmod(int(diff.argmax()), diff.shape[1])
-            where = (i, step, tok)
-    return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=worst, where=where)
+        if bool(bad.any()):
+            d, (step, tok) = worst_mismatch(bad, diff)
+            if d > worst:
+                worst, where = d, (i, first_step + step, tok)
+    return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=max(worst, 0.0), where=where)

@@ -42,3 +42,16 @@ def derive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> tuple[torch.T
                          f"expected {(n * (p + v), lat)}")
     w_uk, w_uv = kv_b_weight.T.view(lat, n, p + v).split([p, v], dim=-1)
     return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
+
+
+def misderive_absorbed(kv_b_weight: torch.Tensor, spec: ModelSpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Wrong layouts of `derive_absorbed` that real code can produce (the freshness diagnosis matches a mismatch
+    against them): "v_first" splits each head's rows [v | nope] instead of [nope | v]; "heads_inner" reads the
+    rows as [(P+V), N] instead of [N, (P+V)]. Same shapes as the right derivation, so only values tell."""
+    n, p, v, lat = spec.num_attention_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    derive_absorbed(kv_b_weight, spec)  # validates the shape
+    w_v, w_k = kv_b_weight.T.view(lat, n, p + v).split([v, p], dim=-1)
+    out = {"v_first": (w_k.permute(1, 2, 0), w_v.transpose(0, 1))}
+    w_k2, w_v2 = kv_b_weight.T.view(lat, p + v, n).transpose(1, 2).split([p, v], dim=-1)
+    out["heads_inner"] = (w_k2.permute(1, 2, 0), w_v2.transpose(0, 1))
+    return out

@@ -60,15 +60,25 @@ def test_a2_gbs128_vanilla_prefill_ooms_chunked_fits(scale, record_property, exp
     expect(chunked)
 
 
-def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_len: int) -> int:
-    """Child process: one vllm-ascend engine, one batch of long prompts; the prefill's transient peak
-    (max_memory_allocated during generate minus what was allocated before: weights and KV pool)."""
+def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_len: int, out: str) -> None:
+    """Child process: one vllm-ascend engine, one batch of long prompts; writes the prefill's transient peak
+    (max_memory_allocated during generate minus what was allocated before: weights and KV pool) to `out`."""
+    import json
+    import os
+
+    # The model must run in THIS process for torch.npu's counters to see it (V1 otherwise runs it in an
+    # engine-core child and the peak here reads 0); the platform env (VLLM_ASCEND_ENABLE_NZ=0) before vLLM.
+    from harness.config.platforms import platform_facts
+
+    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **platform_facts("npu").env})
     import torch_npu  # noqa: F401  (registers torch.npu)
     from vllm import LLM, SamplingParams
 
     # chunked_prefill_for_mla selects the fused MLA prefill in vllm-ascend before PR #2781; later
     # versions dropped the vanilla branch (the key is then ignored) and always chunk.
+    # skip_tokenizer_init: the model directory holds config + weights only, no tokenizer.
     llm = LLM(model=model_dir, tensor_parallel_size=1, enforce_eager=True, load_format="dummy",
+              skip_tokenizer_init=True, dtype=torch.bfloat16,
               max_model_len=prompt_len + 8, max_num_seqs=prompts, enable_chunked_prefill=chunked,
               max_num_batched_tokens=2048 if chunked else prompts * prompt_len,
               additional_config={"chunked_prefill_for_mla": chunked}, gpu_memory_utilization=0.5)
@@ -76,17 +86,39 @@ def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_
     before = torch.npu.memory_allocated()
     torch.npu.reset_peak_memory_stats()
     llm.generate([{"prompt_token_ids": [1 + i % 100] * prompt_len} for i in range(prompts)],
-                 SamplingParams(max_tokens=1), use_tqdm=False)
+                 SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
     torch.npu.synchronize()
-    return torch.npu.max_memory_allocated() - before
+    with open(out, "w") as f:
+        json.dump(torch.npu.max_memory_allocated() - before, f)
+
+
+def _in_own_process(target, *args, timeout: float = 900) -> int:
+    """Run `target(*args, out)` in a fresh spawned process and return the int it wrote. One plain (non-daemonic)
+    mp.Process per engine (issue 11): a daemonic Pool worker cannot start vLLM's own children, and two engines
+    in one worker would share (and leak) the device."""
+    import json
+    import multiprocessing as mp
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/result.json"
+        proc = mp.get_context("spawn").Process(target=target, args=(*args, out))
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            raise TimeoutError(f"{target.__name__}{args}: no result after {timeout:.0f} s")
+        if proc.exitcode != 0:
+            raise RuntimeError(f"{target.__name__}{args}: child exited {proc.exitcode} (its log is above)")
+        with open(out) as f:
+            return int(json.load(f))
 
 
 @pytest.mark.layer
 @pytest.mark.npu
 @requires(hardware="npu", packages=["vllm", "vllm_ascend", "torch_npu"])
 def test_vllm_ascend_chunked_prefill_has_no_score_matrix(tmp_path, record_property):
-    import multiprocessing as mp
-
     from harness.config.models import DEEPSEEK_V3
     from harness.engines.weights import write_model_dir
     from harness.memory import phases as mm
@@ -96,13 +128,18 @@ def test_vllm_ascend_chunked_prefill_has_no_score_matrix(tmp_path, record_proper
     # config only: load_format="dummy" lets vLLM initialize the weights on the device
     write_model_dir(spec, {}, tmp_path / "model", dtype=torch.bfloat16)
     prompts, prompt_len = 4, 2048
-    ctx = mp.get_context("spawn")  # one engine per process: the device is released between the two
-    with ctx.Pool(1) as pool:
-        transient = {c: pool.apply(_vllm_prefill_transient, (str(tmp_path / "model"), c, prompts, prompt_len))
-                     for c in (True, False)}
+    transient = {c: _in_own_process(_vllm_prefill_transient, str(tmp_path / "model"), c, prompts, prompt_len)
+                 for c in (True, False)}
     vanilla = mm.prefill_activation_bytes(spec, batch=prompts, seq=prompt_len, tp=1, chunk=None)
+    # Sensitivity guard: any prefill allocates at least its bf16 query [b*s, h, qk_head_dim]; a measurement below
+    # that cannot see the prefill (e.g. it ran in another process and reads 0), and the check below could not fail.
+    query = prompts * prompt_len * spec.num_attention_heads * spec.qk_head_dim * 2
     record_property("memory.prefill", {"scale": "layer-npu", "transient_bytes": {
-        "chunked": transient[True], "chunking_off": transient[False]}, "vanilla_model_bytes": vanilla})
+        "chunked": transient[True], "chunking_off": transient[False]}, "vanilla_model_bytes": vanilla,
+        "query_bytes": query})
+    assert min(transient.values()) >= query, (
+        f"the prefill's measured transient peak ({transient}) is below its own query tensor ({query} bytes): "
+        "the measurement does not see the prefill")
     # With chunking on, the prefill must not build the [b, h, s, s] chain the vanilla path builds.
     assert transient[True] < 0.5 * vanilla, (
         f"chunked prefill transient {transient[True] / 2**30:.2f} GiB; the vanilla chain is "

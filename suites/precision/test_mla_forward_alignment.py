@@ -15,20 +15,21 @@ from harness.mla.checks import compare_logprobs
 
 
 @pytest.mark.tiny
-def test_rollout_logprobs_match_training_forward(engine_kind, fresh_rollout, hf_training, record_property, expect):
+def test_rollout_logprobs_match_training_forward(engine_kind, mla_dtype, fresh_rollout, hf_training, record_property,
+                                                 expect):
     training = [hf_training.response_logprobs(p, t) for p, t in zip(PROMPTS, fresh_rollout.token_ids, strict=True)]
     decode = compare_logprobs(f"{engine_kind.name} decode steps vs transformers",
                                   [d[1:] for d in fresh_rollout.dist_logprobs], [t[1:] for t in training],
-                                  torch.float32)
+                                  mla_dtype, first_step=1)
     prefill = compare_logprobs(f"{engine_kind.name} prefill step vs transformers",
                                    [d[:1] for d in fresh_rollout.dist_logprobs], [t[:1] for t in training],
-                                   torch.float32)
+                                   mla_dtype)
     # The sampled tokens' log-probs are what verl compares (training/rollout_probs_diff_mean).
     chosen_train = [t.gather(1, torch.tensor(toks)[:, None])
                     for t, toks in zip(training, fresh_rollout.token_ids, strict=True)]
     chosen_rollout = [torch.tensor(lp)[:, None] for lp in fresh_rollout.logprobs]
     chosen = compare_logprobs(f"{engine_kind.name} sampled-token log-probs vs transformers", chosen_rollout,
-                                  chosen_train, torch.float32)
+                                  chosen_train, mla_dtype)
     gaps = [(r.exp() - t.exp()).abs() for r, t in zip(chosen_rollout, chosen_train, strict=True)]
     probs_diff_mean = float(torch.cat(gaps).mean())
     record_property("mla.forward_alignment", {"engine": engine_kind.name, "worst_decode": decode.worst,

@@ -5,16 +5,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness.markers import requires
+from harness.markers import requires, skip_or_fail
 from harness.mla import localize
 
 
 @pytest.mark.tiny
 @pytest.mark.cpu
 @requires(packages=["msprobe"])
-def test_msprobe_names_first_divergent_op(tmp_path, record_property):
+def test_msprobe_names_first_divergent_op(tmp_path, record_property, pytestconfig):
     if localize.msprobe_command() is None:
-        pytest.skip("the `msprobe` command is missing beside this Python and on PATH (pip install mindstudio-probe)")
+        skip_or_fail(pytestconfig, "the `msprobe` command (beside this Python or on PATH; pip install "
+                                   "mindstudio-probe)")
     with ThreadPoolExecutor(2) as pool:  # two child processes, one per core
         golden, target = pool.map(lambda a: localize.dump_step(tmp_path / a[0], fault=a[1]),
                                   [("golden", None), ("target", "scale_v_head")])

@@ -1,0 +1,65 @@
+"""Per-platform facts the MLA engines and suites decide from, in ONE table with the upstream source of each row
+(issue 11: a wrong fact is one line to fix). tests/test_platforms.py unit-tests the decisions on CPU.
+
+Dtypes are names ("bfloat16"), not torch dtypes: this leaf module imports no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    kind: str  # "cpu" | "gpu" | "npu" (harness.config.hardware.Detected.kind)
+    engine_dtypes: tuple[str, ...]  # the dtypes the MLA suites build vLLM engines in, first = the default
+    dtype_source: str
+    env: dict[str, str] = field(default_factory=dict)  # set before building a vLLM engine
+    additional_config: dict = field(default_factory=dict)  # vLLM `additional_config` (the platform plugin's options)
+    env_source: str = ""
+    sleep_level: int | None = None  # the level verl's rollout sleeps at here; None: no sleep mode
+    sleep_source: str = ""
+    absorbed_owners: tuple[str, ...] = ("layer",)  # where W_UK_T / W_UV live, the decode kernel's copy first
+    absorbed_source: str = ""
+
+
+PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
+    PlatformFacts(
+        kind="cpu", engine_dtypes=("float32", "bfloat16"),
+        dtype_source="vLLM CPU runs fp32 and bf16 (vllm/platforms/cpu.py supported_dtypes); both run here so the "
+                     "bf16 path and its tolerances are exercised every run",
+        sleep_level=None,
+        sleep_source="vLLM CPU has no sleep mode (vllm/v1/worker/cpu_worker.py sleep: 'not supported on CPU')",
+        absorbed_owners=("layer",),
+        absorbed_source="vLLM MLAAttention.process_weights_after_loading keeps W_UK_T / W_UV views on the layer"),
+    PlatformFacts(
+        kind="gpu", engine_dtypes=("bfloat16",),
+        dtype_source="verl rollouts run bf16 (verl 0.9.1 workers/config/rollout.py dtype='bfloat16')",
+        sleep_level=2,
+        sleep_source="verl 0.9.1 third_party/vllm/__init__.py: VLLM_SLEEP_LEVEL = 2 for vllm >= 0.18.0",
+        absorbed_owners=("layer",),
+        absorbed_source="vLLM MLAAttention.process_weights_after_loading keeps W_UK_T / W_UV views on the layer"),
+    PlatformFacts(
+        kind="npu", engine_dtypes=("bfloat16",),
+        dtype_source="vllm-ascend v0.20.2rc1/v0.23.0 attention/mla_v1.py _forward_decode -> "
+                     "torch_npu.npu_fused_infer_attention_score_v2 takes fp16/bf16/int8 only",
+        env={"VLLM_ASCEND_ENABLE_NZ": "0"}, additional_config={"weight_nz_mode": 0},
+        env_source="vllm-ascend v0.20.2rc1/v0.23.0 worker/worker.py NPUWorker.wake_up raises while "
+                   "AscendConfig.weight_nz_mode is on (ascend_config.py: additional_config['weight_nz_mode'], else "
+                   "the deprecated env VLLM_ASCEND_ENABLE_NZ, default 1; read when the engine is built); verl 0.9.1 "
+                   "workers/rollout/vllm_rollout/utils.py VLLM_ASCEND_REQUIRED_ENV_VARS sets the env. Both are set",
+        sleep_level=1,
+        sleep_source="verl 0.9.1 third_party/vllm/__init__.py: VLLM_SLEEP_LEVEL = 1 when is_npu_available "
+                     "('sleep_mode=2 is not supported on vllm-ascend')",
+        absorbed_owners=("impl", "layer"),
+        absorbed_source="vllm-ascend v0.20.2rc1/v0.23.0 ops/mla.py wrapped_process_weights runs upstream "
+                        "MLAAttention.process_weights_after_loading (views on the layer), then "
+                        "AscendMLAImpl.process_weights_after_loading (attention/mla_v1.py: .contiguous() copies on "
+                        "impl); decode reads only the impl copies"),
+)}
+
+
+def platform_facts(kind: str) -> PlatformFacts:
+    try:
+        return PLATFORMS[kind]
+    except KeyError:
+        raise ValueError(f"no platform facts for {kind!r}; known: {', '.join(PLATFORMS)}") from None
