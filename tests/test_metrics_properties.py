@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hostile_json import SETTINGS, json_values, numbers, with_fields_replaced
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
@@ -19,13 +20,6 @@ from harness.errors import BadInput
 from harness.metrics.baseline import load_baseline
 from harness.metrics.ingest import load_run
 
-SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
-
-numbers = st.one_of(st.integers(min_value=-10**30, max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
-                    st.just(10**400))
-json_scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=8))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=8)
 keys = st.sampled_from(["critic/rewards/mean", "actor/pg_loss", "timing_s/step", "perf/throughput", "a", ""])
 
 
@@ -133,26 +127,11 @@ def golden_doc() -> dict:
     return Baseline.from_runs(runs, ("critic/rewards/mean",)).to_json()
 
 
-def _paths(doc, prefix=()):
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*prefix, i))
-
 
 @SETTINGS
 @given(st.data())
 def test_golden_files(golden_doc, data):
-    doc = json.loads(json.dumps(golden_doc))
-    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
-        path = data.draw(st.sampled_from(list(_paths(doc))[1:]))
-        parent = doc
-        for part in path[:-1]:
-            parent = parent[part]
-        parent[path[-1]] = data.draw(json_values)
+    doc = with_fields_replaced(golden_doc, data)
     try:
         text = json.dumps(doc)
     except (ValueError, OverflowError):

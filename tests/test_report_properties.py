@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hostile_json import SETTINGS, json_values, with_fields_replaced
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from fixtures.report import make_report
@@ -20,11 +21,6 @@ from harness.errors import BadInput
 from harness.report.render import render_html, render_markdown
 from harness.report.schema import load_report
 from harness.report.trend import find_steps
-
-SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
-numbers = st.one_of(st.integers(min_value=-10**30, max_value=10**30), st.floats(), st.just(10**400))
-json_values = st.recursive(st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=8)), lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=8)
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +33,6 @@ def report_doc() -> dict:
                                                           "calibrated": False, "where": [1, 2], "detail": "x"}]})
     return report.to_dict()
 
-
-def _paths(doc, prefix=()):
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*prefix, i))
 
 
 def _loads_and_renders(text: bytes) -> None:
@@ -84,13 +71,7 @@ def test_a_lone_surrogate_is_written_escaped(report_doc, text):
 @SETTINGS
 @given(st.data())
 def test_report_with_fields_replaced(report_doc, data):
-    doc = json.loads(json.dumps(report_doc))
-    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
-        path = data.draw(st.sampled_from(list(_paths(doc))[1:]))
-        parent = doc
-        for part in path[:-1]:
-            parent = parent[part]
-        parent[path[-1]] = data.draw(json_values)
+    doc = with_fields_replaced(report_doc, data)
     _loads_and_renders(json.dumps(doc).encode())
 
 
