@@ -49,7 +49,9 @@ for scale in $SCALES; do
   # Keep the report whatever happened: the trend store is how a regression is seen the next morning.
   if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     run mkdir -p "$TREND_STORE/$scale"
-    run cp "$out/report.json" "$TREND_STORE/$scale/$NIGHT.json"
+    # copy, then rename: a copy cut short (node lost, disk full) never sits in the store as a half-written night
+    run cp "$out/report.json" "$TREND_STORE/$scale/.$NIGHT.json.tmp"
+    run mv "$TREND_STORE/$scale/.$NIGHT.json.tmp" "$TREND_STORE/$scale/$NIGHT.json"
     run "$PYTHON" -m harness.report.nightly "$out/report.json" || true  # FAIL <scale> <suite>::<test> metric .. step ..
   fi
   if [ "$tier_status" -ne 0 ]; then

@@ -58,8 +58,10 @@ def test_tiers_in_order_strict_trend_and_publish(hardware, tmp_path):
         assert c[c.index("--ray-address") + 1] == "http://head:8265"
         scale = get_scale(c[c.index("--scale") + 1])
         assert scale.tier in ("tiny", "layer") or scale.hardware.name == hardware, f"{scale.name} on {hardware}"
-    stored = [c for c in commands if c[0] == "cp" and str(tmp_path / "trend") in c[-1]]
-    assert len(stored) == len(scales) and all(c[1].endswith("report.json") for c in stored)
+    copied = [c for c in commands if c[0] == "cp" and str(tmp_path / "trend") in c[-1]]
+    assert len(copied) == len(scales) and all(c[1].endswith("report.json") for c in copied)
+    stored = [c for c in commands if c[0] == "mv" and str(tmp_path / "trend") in c[-1]]  # atomic: copy, then rename
+    assert [c[1] for c in stored] == [c[2] for c in copied] and all(c[2].endswith(".json") for c in stored)
     reports = [c for c in commands if c[:2] == ["ascend-rl-harness", "report"]]
     assert len(reports) == len(scales) and all(c[3].startswith(str(tmp_path / "public")) for c in reports)
 
