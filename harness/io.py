@@ -108,28 +108,37 @@ def clean_stale_tmp(directory: str | os.PathLike, older_than_s: float = STALE_TM
     return removed
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write `data` to `path` through a temporary file renamed into place. The file gets the mode a plain
-    open() would give (0666 less the umask; issue 16: mkstemp's 0600 made shared reports unreadable), and
-    temporaries of earlier killed writers of the same file are cleaned."""
+@contextlib.contextmanager
+def atomic_target(path: str | os.PathLike):
+    """Yields a temporary path beside `path` for a writer that takes a file name (safetensors, DataProto); on a
+    clean exit it is renamed onto `path`, otherwise removed. The file gets the mode a plain open() would give
+    (0666 less the umask; issue 16: mkstemp's 0600 made shared reports unreadable), and temporaries of earlier
+    killed writers in the directory are cleaned."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(path.parent)
-    mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        # backslashreplace: a JSON string may hold a lone surrogate ("\ud800" is valid JSON, not valid UTF-8); a
-        # page shows it escaped instead of the write failing with a traceback (issue 16)
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write `data` to `path` through a temporary file renamed into place (see atomic_target)."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with atomic_target(path) as tmp:
+        # backslashreplace: a JSON string may hold a lone surrogate ("\ud800" is valid JSON, not valid UTF-8); a
+        # page shows it escaped instead of the write failing with a traceback (issue 16)
+        with open(tmp, mode, **({} if mode == "wb" else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, obj, *, indent: int = 2) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from fixtures.report import hold_lock as hold
 from harness.errors import BadInput
-from harness.io import STALE_TMP_S, exclusive, write_atomic
+from harness.io import STALE_TMP_S, atomic_target, exclusive, write_atomic
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
@@ -21,6 +21,19 @@ def test_atomic_writes_keep_the_umask_mode(tmp_path, umask, mode):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == mode
+
+
+def test_a_writer_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    # atomic_target serves writers that take a file name (replay's DataProto and safetensors dumps)
+    target = tmp_path / "gen_batch.dp"
+    target.write_text("step 3")
+    with pytest.raises(OSError), atomic_target(target) as tmp:
+        tmp.write_text("half a batch")
+        raise OSError("disk full")
+    assert [p.name for p in tmp_path.iterdir()] == ["gen_batch.dp"] and target.read_text() == "step 3"
+    with atomic_target(target) as tmp:
+        tmp.write_text("step 4")
+    assert [p.name for p in tmp_path.iterdir()] == ["gen_batch.dp"] and target.read_text() == "step 4"
 
 
 def test_stale_temporaries_of_killed_writers_are_cleaned(tmp_path):

@@ -44,13 +44,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from harness.errors import BadInput
-from harness.io import write_json_atomic
+from harness.io import atomic_target, write_atomic, write_json_atomic
 
 GEN_BATCH_FILE = "gen_batch.dp"  # RolloutSkip.gen_batch_name
 SAFE_TENSORS_FILE = "gen_batch.safetensors"  # the harness's non-pickle copy: tensors
@@ -155,14 +154,8 @@ class RolloutReplay:
         """Write `batch` (a verl DataProto) and meta.json for `step`; both files appear atomically."""
         d = self.step_dir(step)
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{GEN_BATCH_FILE}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            batch.save_to_disk(tmp)
-            os.replace(tmp, d / GEN_BATCH_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_target(d / GEN_BATCH_FILE) as tmp:
+            batch.save_to_disk(str(tmp))
         _dump_safe(d, batch)
         # meta.json last: verl treats a step as dumped only when both files exist
         write_json_atomic(d / STEP_META_FILE, {"global_steps": int(step)})
@@ -235,7 +228,6 @@ def _dump_safe(step_dir: Path, batch) -> None:
     import numpy as np
     from safetensors.torch import save_file
 
-    from harness.io import write_atomic
 
     fields = {}
     for key, value in batch.non_tensor_batch.items():
@@ -247,14 +239,8 @@ def _dump_safe(step_dir: Path, batch) -> None:
     except (TypeError, ValueError):
         return
     tensors = {} if batch.batch is None else {k: v.detach().cpu().contiguous() for k, v in batch.batch.items()}
-    fd, tmp = tempfile.mkstemp(dir=step_dir, prefix=f".{SAFE_TENSORS_FILE}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp)
-        os.replace(tmp, step_dir / SAFE_TENSORS_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_target(step_dir / SAFE_TENSORS_FILE) as tmp:
+        save_file(tensors, str(tmp))
     write_atomic(step_dir / SAFE_FIELDS_FILE, text)
 
 
