@@ -13,7 +13,23 @@ from harness.config.recipe import dapo_recipe
 from harness.config.scales import SCALES, get_scale
 from harness.errors import BadInput
 from harness.launch.k8s import NPU_RESOURCE, manifest_yaml
-from harness.launch.ray_job import JobSpec, job_for_scale, read_progress, verdict
+from harness.launch.ray_job import JobSpec, NodeWatch, job_for_scale, read_progress, verdict
+
+
+def test_a_node_dying_before_the_job_is_placed_is_only_suspect():
+    # the CI proof's race: the victim node died while the lab job was still pending, and the lab job -- placed on
+    # the head a moment later, and fine -- was called node-lost
+    watch = NodeWatch(frozenset({"head", "victim"}))
+    watch.observe({"head"})
+    assert watch.lost(ended=False) == ()  # pending, placement unknown: wait
+    assert watch.lost(ended=True) == ("victim",)  # ended unplaced (failed / timed out): the lost node is why
+    watch.job_nodes |= {"head"}
+    assert watch.lost(ended=True) == ()  # placed on the head: the victim's death is not this job's
+    on_victim = NodeWatch(frozenset({"head", "victim"}), job_nodes={"victim"})
+    on_victim.observe(None)  # the cluster did not answer: nothing learned
+    assert on_victim.lost(ended=False) == ()
+    on_victim.observe({"head"})
+    assert on_victim.lost(ended=False) == ("victim",)
 
 
 @pytest.mark.parametrize("status, kw, expected", [

@@ -212,6 +212,27 @@ def _alive_nodes(url: str, attempts: int = 3) -> set[str] | None:
     return None
 
 
+@dataclass
+class NodeWatch:
+    """Which node deaths decide a job's verdict. A node that died matters when the job runs there. Before the job
+    is placed anywhere a death is only suspect: the job may still be placed on the nodes left (the CI proof's
+    victim node died while the lab job's runtime env was being set up, and the lab job was called node-lost), so
+    it becomes the verdict only when the job ends unplaced (failed or timed out)."""
+
+    nodes_before: frozenset[str]
+    job_nodes: set[str] = field(default_factory=set)
+    dead: set[str] = field(default_factory=set)
+
+    def observe(self, alive: set[str] | None) -> None:
+        if alive is not None:  # None: the cluster did not answer; nothing learned
+            self.dead |= self.nodes_before - alive
+
+    def lost(self, *, ended: bool) -> tuple[str, ...]:
+        if self.job_nodes:
+            return tuple(sorted(self.dead & self.job_nodes))
+        return tuple(sorted(self.dead)) if ended else ()
+
+
 def _job_nodes(client, url: str, job_id: str) -> set[str]:
     """Nodes the job runs on: its driver's node and the nodes of its actors (verl's workers span them all)."""
     nodes: set[str] = set()
@@ -262,7 +283,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     start = time.monotonic()
     last_node_check = start
-    job_nodes: set[str] = set()
+    watch = NodeWatch(frozenset(nodes_before))
     result = None
     progress = Progress(0)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
@@ -277,19 +298,16 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                 latest = " ".join(f"{k} {v:.4g}" for k, v in (("reward", progress.reward), ("TPS", progress.tps))
                                   if v is not None) or str(status.value if hasattr(status, "value") else status).lower()
                 bar.update(task, completed=min(progress.steps_done, spec.total_steps), latest=latest)
-                lost: tuple[str, ...] = ()
                 now = time.monotonic()
                 due = now - last_node_check >= node_check_s and status in (JobStatus.RUNNING, JobStatus.PENDING)
                 # a failed job is checked too: when its node died, that -- not "failed" -- is the verdict
                 if nodes_before and (due or status == JobStatus.FAILED):
                     last_node_check = now
                     if status == JobStatus.RUNNING:
-                        job_nodes |= _job_nodes(client, url, job_id)
-                    alive = _alive_nodes(url)
-                    # a node that died matters when the job ran there (before it runs anywhere: any node)
-                    scope = (job_nodes or nodes_before) & nodes_before
-                    lost = tuple(sorted(scope - alive)) if alive is not None else ()
+                        watch.job_nodes |= _job_nodes(client, url, job_id)
+                    watch.observe(_alive_nodes(url))
                 timed_out = now - start > timeout_s and not status.is_terminal()
+                lost = watch.lost(ended=timed_out or status == JobStatus.FAILED)
                 message = (client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
                                   steps_done=progress.steps_done, total=spec.total_steps, lost_nodes=lost,
