@@ -221,16 +221,14 @@ class ReferenceEngine(Engine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._check_awake("load_weights")
         self._syncs += 1
-        if self.fault is EngineFault.TWO_PASS:
-            self._copy_in(weights, rebind=False)
-            touched = {int(n.split(".")[2]) for n, _ in weights if n.endswith("kv_b_proj.weight")}  # 2nd pass
-        else:
-            touched = None
-            weights = list(weights) if self.fault in _REDERIVING else weights
+        if self.fault not in _REDERIVING:
             self._copy_in(weights, rebind=self.fault is EngineFault.REBIND)
-            if self.fault in _REDERIVING:
-                touched = {int(n.split(".")[2]) for n, _ in weights if n.endswith("kv_b_proj.weight")}
-        if touched and (self.fault is not EngineFault.REDERIVE_ONCE or self._syncs == 1):
+            return
+        # TWO_PASS iterates the input itself twice: a one-shot generator (verl's) is empty the second time
+        weights = weights if self.fault is EngineFault.TWO_PASS else list(weights)
+        self._copy_in(weights, rebind=False)
+        touched = {int(n.split(".")[2]) for n, _ in weights if n.endswith("kv_b_proj.weight")}
+        if self.fault is not EngineFault.REDERIVE_ONCE or self._syncs == 1:
             for i in touched:  # re-derive the copies of the layers this sync reached (verl #4130)
                 self._absorbed[i] = self._derive(i)
 
