@@ -60,6 +60,45 @@ def test_without_the_platform_module_verl_picks_cuda():
     assert done.stdout.split()[-2:] == ["cuda", "nccl"], done.stdout + done.stderr[-500:]
 
 
+_REF_ENGINE_PROBE = """
+import os, sys, torch, torch.distributed as dist
+if sys.argv[1] == "plugin":
+    import verl  # imports VERL_USE_EXTERNAL_MODULES
+from torch.distributed.device_mesh import init_device_mesh
+from verl.utils.fsdp_utils import CPUOffloadPolicy, fsdp2_load_full_state_dict, fully_shard
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1,))
+model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+full = model.state_dict()
+policy = CPUOffloadPolicy(pin_memory=True)  # what verl's FSDP engine builds for a forward-only (reference) model
+try:
+    fully_shard(model, mesh=mesh, offload_policy=policy)
+    fsdp2_load_full_state_dict(model, full, mesh, policy)
+    print("ok", float(model(torch.ones(2, 4)).sum()))
+except RuntimeError as exc:
+    print("error", str(exc).splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["cpu-platform", "seeded-no-plugin"])
+def test_reference_policy_engine_builds_on_cpu(plugin):
+    """A KL-loss recipe turns on verl's reference policy, a forward-only FSDP2 engine verl offloads with
+    CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator. With the CPU platform module the policy pins
+    nothing and the engine loads and runs a forward; without it (the seeded miss) torch raises the error a KL-loss
+    recipe died of on the CPU tier."""
+    env = {**os.environ, **cpu_tier.ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29561 + plugin),
+           "RANK": "0", "WORLD_SIZE": "1"}
+    if not plugin:
+        env.update(VERL_USE_EXTERNAL_MODULES="", VERL_PLATFORM="")
+    done = subprocess.run([sys.executable, "-c", _REF_ENGINE_PROBE, "plugin" if plugin else "torch"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    if plugin:
+        assert last.startswith("ok "), last
+    else:
+        assert last == "error Cannot access accelerator device when none is available.", last
+
+
 def test_tokenizer_covers_the_whole_vocab():
     """verl masks rollout logits at or above len(tokenizer): a smaller tokenizer would fake a rollout/actor diff."""
     tokenizer = tiny_task.build_tokenizer()

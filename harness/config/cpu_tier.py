@@ -44,6 +44,7 @@ ENV: dict[str, str] = {
 }
 
 _A, _RO, _FSDP = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.fsdp_config"
+_REF = "actor_rollout_ref.ref"
 _VLLM = f"{_RO}.engine_kwargs.vllm"
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
@@ -57,6 +58,13 @@ OVERRIDES: dict[str, str] = {
     f"+{_FSDP}.mixed_precision": _FP32,
     f"{_FSDP}.use_torch_compile": "False",
     f"{_A}.use_torch_compile": "False",
+    # The reference policy (KL loss / KL in reward) is a second FSDP engine with its own fsdp_config (verl 0.9.1
+    # trainer/config/ref/dp_ref.yaml): the same FSDP2 + fp32 as the actor, so its log-probs are the actor's own at
+    # step 0; its CPU offload pins no memory (harness.launch.verl_cpu).
+    f"{_REF}.fsdp_config.strategy": "fsdp2",
+    f"{_REF}.fsdp_config.dtype": "float32",
+    f"+{_REF}.fsdp_config.mixed_precision": _FP32,
+    f"{_REF}.fsdp_config.use_torch_compile": "False",
     "actor_rollout_ref.model.use_remove_padding": "False",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "False",
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",

@@ -206,6 +206,9 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         f"{a}.ppo_mini_batch_size={b.ppo_mini_batch_size or b.gbs}",
         f"{a}.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         f"{ro}.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
+        # The reference policy (on when a recipe sets use_kl_loss or use_kl_in_reward) has its own micro batch;
+        # verl's validate_config refuses a recipe that turns it on without one.
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         f"{ro}.n={b.n}",
         # --- model and Megatron training parallelism
         f"actor_rollout_ref.model.path={_hydra_value(model_path)}",

