@@ -54,3 +54,30 @@ def scale_arg(name: str) -> Scale:
     except PlanError as exc:
         raise PlanError(f"--scale {scale.name}: {exc}") from None
     return scale
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
+    """The user's own job, the same on plan / memory / launch: `--recipe FILE`, `--model-path`, `--data-dir` and
+    verl overrides after `--` (Hydra syntax, as `python3 -m verl.trainer.main_ppo` takes them)."""
+    p.add_argument("--recipe", metavar="FILE", help="your verl job: a launch script (exports, variables and the "
+                   "`python3 -m verl.trainer.main_ppo key=value ...` command; read, never run) or a Hydra YAML; its "
+                   "settings win over the scale's")
+    if paths:
+        p.add_argument("--model-path", default=None, help="HF model directory written into the overrides "
+                       "(default models/<model name>, or the recipe's actor_rollout_ref.model.path)")
+        p.add_argument("--data-dir", default=None,
+                       help="directory with train.parquet and test.parquet (default data/dapo, or the recipe's)")
+    p.add_argument("overrides", nargs="*", metavar="-- OVERRIDE",
+                   help="verl Hydra overrides after `--` (key=value, +key=value, ~key); they win over --recipe's")
+
+
+def job_from_args(args: argparse.Namespace, scale: Scale | None = None):
+    """The harness.config.job.Job of `--scale` (or `scale`) with --recipe, the overrides after `--`, --model-path
+    and --data-dir."""
+    from harness.config.job import build_job
+    from harness.config.user_recipe import read_recipe
+
+    scale = scale or scale_arg(args.scale)
+    user = read_recipe(getattr(args, "recipe", None), getattr(args, "overrides", None) or ())
+    return build_job(scale, user, model_path=getattr(args, "model_path", None),
+                     data_dir=getattr(args, "data_dir", None))

@@ -1,12 +1,17 @@
-"""`ascend-rl-harness launch`: submit a scale's DAPO job to a Ray cluster and watch it, print a K8s job
-manifest for bare-metal clusters, or prove the launcher on a loopback-only local Ray cluster.
+"""`ascend-rl-harness launch`: submit a scale's DAPO job -- or your own recipe on a scale -- to a Ray cluster and watch
+it, print a K8s job manifest for bare-metal clusters, prove the launcher on a loopback-only local Ray cluster, or
+inspect a submitted job by id (`--status / --logs / --stop JOB_ID`).
 
-Exit 0 the job succeeded and logged every step, 1 it failed / timed out / lost a node, 2 bad input.
+The cluster is `--ray-address`, else $RAY_ADDRESS (Ray's own convention), as its dashboard http://HEAD:8265.
+Exit 0 the job succeeded and logged every step (or was submitted with --no-wait), 1 it failed / timed out / lost a
+node / was aborted, 2 bad input.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,22 +19,66 @@ from pathlib import Path
 from harness.errors import BadInput
 
 
+def _cluster_address(args: argparse.Namespace) -> str | None:
+    """--ray-address, else $RAY_ADDRESS (what `ray job submit` reads), validated as a dashboard address naming the
+    one it came from."""
+    from harness.launch.address import dashboard_url
+
+    if args.ray_address:
+        return dashboard_url(args.ray_address, "--ray-address")
+    if os.environ.get("RAY_ADDRESS"):
+        return dashboard_url(os.environ["RAY_ADDRESS"], "RAY_ADDRESS")
+    return None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """--status / --logs / --stop JOB_ID of a submitted job (Ray's JobSubmissionClient)."""
+    from harness.launch.ray_job import job_logs, job_status, stop_job
+
+    address = _cluster_address(args)
+    if address is None:
+        raise BadInput("--status/--logs/--stop need the cluster: --ray-address http://HEAD:8265 (or RAY_ADDRESS)")
+    if args.logs:
+        sys.stdout.write(job_logs(address, args.logs))
+        return 0
+    if args.stop:
+        status = stop_job(address, args.stop)
+        print(f"job {args.stop}: {status}")
+        return 0
+    doc = job_status(address, args.status)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        steps = f", {doc['steps_done']} step(s) logged in {doc['run_dir']}" if doc["steps_done"] is not None else ""
+        verdict = f", launcher verdict {doc['verdict']}" if doc["verdict"] else ""
+        message = f": {doc['message'].strip().splitlines()[-1][:200]}" if doc["message"].strip() else ""
+        print(f"job {doc['job_id']} on {doc['address']}: {doc['status']}{steps}{verdict}{message}")
+    return 1 if doc["status"] in ("FAILED", "STOPPED") else 0
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
-    from harness.cli.args import scale_arg
+    if args.status or args.logs or args.stop:
+        return cmd_inspect(args)
+    if not args.scale:
+        raise BadInput("--scale is required (see `ascend-rl-harness scales`), or --status/--logs/--stop JOB_ID")
+    from harness.cli.args import job_from_args, scale_arg
     from harness.launch.ray_job import check_steps
 
     scale = scale_arg(args.scale)
     check_steps(args.steps)
+    job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
     if args.k8s:
         from harness.launch.k8s import manifest_yaml
 
-        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps, pvc=args.pvc), end="")
+        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps, pvc=args.pvc,
+                            job=job), end="")
         return 0
+    address = None if args.local else _cluster_address(args)
     if args.local and args.ray_address:
         raise BadInput("--local starts its own cluster; drop --ray-address (or --local)")
-    if not args.local and not args.ray_address:
-        raise BadInput("--ray-address is required (the dashboard of an existing cluster, http://HEAD:8265), "
-                       "or --local for a throwaway loopback-only cluster, or --k8s for a manifest")
+    if not args.local and not address:
+        raise BadInput("--ray-address is required (the dashboard of an existing cluster, http://HEAD:8265; or set "
+                       "RAY_ADDRESS), or --local for a throwaway loopback-only cluster, or --k8s for a manifest")
     if args.timeout is None:
         # every CPU-tier launch is bounded: verl's main_ppo hangs instead of exiting when a weight sync fails
         from harness.launch.tiny_verl import TIMEOUT_S
@@ -39,40 +88,58 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from harness.launch import local
 
     if args.local and not local.isolated():
-        # re-execute this very command as PID 1 of a loopback-only network namespace
-        argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", scale.name, "--local",
-                "--run-dir", str(run_dir), "--timeout", str(args.timeout)]
-        argv += ["--steps", str(args.steps)] if args.steps is not None else []
-        argv += ["--resume"] if args.resume else []
-        argv += ["--seed", str(args.seed)] + (["--fault", args.fault] if args.fault else [])
         from harness.launch.tiny_verl import one_at_a_time
 
+        # re-execute this very command as PID 1 of a loopback-only network namespace
         with one_at_a_time() if scale.tier == "tiny" else contextlib.nullcontext():
-            return local.run_isolated(argv, timeout_s=args.timeout + 120).returncode
+            return local.run_isolated(_isolated_argv(args, scale.name, run_dir),
+                                      timeout_s=args.timeout + 120).returncode
     from rich.console import Console
 
-    from harness.launch.ray_job import job_for_scale, launch
+    from harness.launch.ray_job import job_for_scale, launch, stop_rules_for
 
     console = Console(stderr=True)
-    spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault)
+    spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
+                         user=job.user, model_path=args.model_path, data_dir=args.data_dir)
+    rules = stop_rules_for(job) if args.abort_on_fail else ()
+    kw = {"timeout_s": args.timeout, "console": console, "stop_rules": rules, "wait": not args.no_wait}
     if args.local:
         with local.local_cluster() as url:
             console.print(f"local Ray cluster at {url}, network interfaces {local.interfaces()}")
-            result = launch(url, spec, timeout_s=args.timeout, console=console)
+            result = launch(url, spec, **kw)
     else:
-        result = launch(args.ray_address, spec, timeout_s=args.timeout, console=console)
+        result = launch(address, spec, **kw)
+    if result.verdict == "submitted":
+        print(result.job_id)
+        return 0
     style = "green" if result.ok else "red"
     console.print(f"[bold {style}]{result.line()}[/]")
     return 0 if result.ok else 1
 
 
+def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[str]:
+    """This launch again, for the loopback-only namespace: every option that shapes the job, paths absolute."""
+    argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", scale, "--local",
+            "--run-dir", str(run_dir), "--timeout", str(args.timeout), "--seed", str(args.seed)]
+    argv += ["--steps", str(args.steps)] if args.steps is not None else []
+    argv += ["--resume"] if args.resume else []
+    argv += ["--fault", args.fault] if args.fault else []
+    argv += ["--abort-on-fail"] if args.abort_on_fail else []
+    argv += ["--recipe", str(Path(args.recipe).resolve())] if args.recipe else []
+    argv += ["--model-path", args.model_path] if args.model_path else []
+    argv += ["--data-dir", args.data_dir] if args.data_dir else []
+    return argv + (["--", *args.overrides] if args.overrides else [])
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import positive_float
+    from harness.cli.args import add_job_arguments, positive_float
     from harness.launch.k8s import AUTH_SECRET, SHARED_CLAIM, SHARED_MOUNT
 
-    p = sub.add_parser("launch", help="submit a scale's DAPO job to Ray (or print a K8s manifest)")
-    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
-    p.add_argument("--ray-address", help="Ray dashboard / job server of an existing cluster (http://HEAD:8265)")
+    p = sub.add_parser("launch", help="submit a scale's DAPO job (or your recipe) to Ray, print a K8s manifest, "
+                                      "or inspect a submitted job")
+    p.add_argument("--scale", help="scale name (see `scales`); required unless --status/--logs/--stop")
+    p.add_argument("--ray-address", help="Ray dashboard / job server of an existing cluster (http://HEAD:8265; "
+                                         "default $RAY_ADDRESS)")
     p.add_argument("--local", action="store_true",
                    help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
@@ -82,6 +149,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
     p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
+    p.add_argument("--abort-on-fail", action="store_true",
+                   help="stop the job at the first verdict it can no longer pass (non-finite loss/grad, rollout "
+                        "mismatch far beyond band, throughput far below target; harness/metrics/early_stop.py) and "
+                        "record why; its outputs are kept")
+    p.add_argument("--no-wait", action="store_true", help="print the job id once submitted and exit 0 (inspect it "
+                                                          "with --status/--logs/--stop)")
+    inspect = p.add_mutually_exclusive_group()
+    inspect.add_argument("--status", metavar="JOB_ID", help="status of a submitted job (exit 1 failed or stopped)")
+    inspect.add_argument("--logs", metavar="JOB_ID", help="print a submitted job's driver log")
+    inspect.add_argument("--stop", metavar="JOB_ID", help="stop a submitted job")
+    p.add_argument("--json", action="store_true", help="--status as JSON")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
     p.add_argument("--image", default="verl-ascend:latest",
                    help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...; "
@@ -92,4 +170,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pvc", default=SHARED_CLAIM,
                    help=f"PersistentVolumeClaim for --k8s, mounted at {SHARED_MOUNT} in every pod: models/, data/, "
                         "runs/ (default %(default)s)")
+    add_job_arguments(p)
     p.set_defaults(func=cmd_launch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from harness.cli.args import add_job_arguments
 from harness.errors import BadInput
 from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memory
 
@@ -14,27 +15,31 @@ from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memor
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from harness.cli.args import scale_arg
+    from harness.cli.args import job_from_args
+    from harness.memory.job_options import memory_options
 
-    scale = scale_arg(args.scale)
+    job = job_from_args(args)
+    scale = job.scale
     if args.gbs is not None:
         if args.gbs < 1:
             raise BadInput(f"--gbs {args.gbs}: must be a positive number of prompts per step")
         scale = replace(scale, batch=replace(scale.batch, gbs=args.gbs))
     if args.micro_batch is not None and args.micro_batch < 1:
         raise BadInput(f"--micro-batch {args.micro_batch}: must be >= 1")
-    options = MemoryOptions(chunked_prefill=args.chunked_prefill, micro_batch=args.micro_batch)
+    memory = memory_options(job, MemoryOptions(chunked_prefill=args.chunked_prefill, micro_batch=args.micro_batch))
     phases = (args.phase,) if args.phase else PHASES
-    results = plan_memory(scale, options, phases)
+    results = plan_memory(scale, memory.options, phases)
     ok = all(p.fits for p in results)
     if args.json:
-        print(json.dumps({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results]}, indent=2))
+        print(json.dumps({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results],
+                          "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
+                          "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}, indent=2))
     else:
-        _print(scale.name, results, ok)
+        _print(scale.name, results, ok, memory, job)
     return 0 if ok else 1
 
 
-def _print(scale: str, results: list[PhaseMemory], ok: bool) -> None:
+def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -54,6 +59,13 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool) -> None:
     for p in results:
         for note in p.notes:
             console.print(f"  {p.phase}: {escape(note)}")
+    if job is not None and job.user is not None:
+        modelled = ", ".join(memory.modelled) or "plan and batch only"
+        console.print(f"recipe {escape(job.user.source)}: modelled {escape(modelled)}", soft_wrap=True)
+        if job.plan_error:
+            console.print(f"  the plan breaks {escape(job.plan_error)} (modelled as written)", soft_wrap=True)
+    for item in (memory.unmodelled if memory else ()):
+        console.print(f"  not modelled: {escape(item)}", soft_wrap=True)
     bad = [p for p in results if not p.fits]
     if ok:
         console.print(f"[bold green]PASS[/]: all {len(results)} phase(s) fit with headroom")
@@ -73,4 +85,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="rollout chunked (MLA) prefill on/off (default: the scale's)")
     p.add_argument("--json", action="store_true", help="print JSON; each phase carries a boolean `fits`")
+    add_job_arguments(p)
     p.set_defaults(func=run)

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from harness.cli.args import scale_arg
+from harness.cli.args import add_job_arguments
 from harness.config.scales import SCALES
 
 
@@ -31,12 +31,17 @@ def cmd_scales(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from harness.cli.args import job_from_args
     from harness.config import recipe as recipes
     from harness.config.recipe import VERL_VERSION, validate_recipe
+    from harness.errors import PlanError
 
-    scale = scale_arg(args.scale)
-    doc = recipes.plan_document(scale, model_path=args.model_path, data_dir=args.data_dir)
-    recipe = recipes.dapo_recipe(scale, model_path=args.model_path, data_dir=args.data_dir)
+    job = job_from_args(args)
+    scale, recipe = job.scale, job.recipe
+    if job.plan_error and args.format == "verl-cli":
+        # no runnable command line exists for a plan megatron-core cannot run
+        raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+    doc = recipes.plan_document(scale, recipe=recipe)
     # Only a command line someone will run depends on verl accepting it; composing in verl's schema imports verl
     # (~20 s on this CPU), so the plan itself answers at once unless asked (issue 15: plan took ~20 s).
     validate = args.format == "verl-cli" if args.validate is None else args.validate
@@ -45,31 +50,89 @@ def cmd_plan(args: argparse.Namespace) -> int:
         with Console(stderr=True).status(f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
+    doc.update(_recipe_section(job))
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:
-        console = Console()
-        t, r = scale.plan.train, scale.plan.rollout
-        console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
-        console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
-                      f"{scale.model.total_params() / 1e9:.1f}B params "
-                      f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
-        console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on "
-                      f"{scale.nodes} nodes")
-        console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
-                      f"stage layers {list(t.stage_layers) or 'uniform'}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
-        # overrides are copied into shells: no rich markup ([console,file]) and no wrapping at 80 columns
-        console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
-        for key, value in doc["env"].items():
-            console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
-        for override in doc["overrides"]:
-            console.print(f"  {override}", markup=False, soft_wrap=True)
-        verdict = (f"verl {VERL_VERSION} accepts the overrides" if validate else
-                   f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
-        console.print(f"[green]plan valid[/]; {verdict}", soft_wrap=True)
-    return 0
+        _print_plan(job, doc, validate)
+    return 1 if job.plan_error else 0
+
+
+def _recipe_section(job) -> dict:
+    """What `plan` adds for a user's recipe: what it read, its notes, the plan rule it breaks and the memory verdict
+    of the analytic model on the recipe's plan (harness.memory: the same model `memory` runs)."""
+    from harness.errors import BadInput
+    from harness.memory.job_options import memory_options
+    from harness.memory.phases import plan_memory
+
+    out = {"valid": job.plan_error is None, "plan_error": job.plan_error}
+    if job.user is None:
+        return out
+    memory = memory_options(job)
+    try:
+        phases = plan_memory(job.scale, memory.options)
+        verdict = {"fits": all(p.fits for p in phases), "phases": [p.to_json() for p in phases]}
+    except BadInput as exc:
+        verdict = {"fits": None, "error": str(exc)}
+    out["recipe"] = {"source": job.user.source, "entrypoint": job.recipe.entrypoint, "read": list(job.read),
+                     "notes": list(job.notes), "user_overrides": list(job.user.overrides),
+                     "user_env": dict(job.user.env)}
+    out["memory"] = {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}
+    return out
+
+
+def _print_plan(job, doc: dict, validate: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from harness.config.recipe import VERL_VERSION
+
+    scale = job.scale
+    console = Console()
+    t, r = scale.plan.train, scale.plan.rollout
+    console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
+    if job.user is not None:
+        console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
+                      f"{len(job.user.env)} environment variable(s); its settings win over the scale's")
+        for note in job.notes:
+            console.print(f"  note: {note}", markup=False, soft_wrap=True)
+    console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
+                  f"{scale.model.total_params() / 1e9:.1f}B params "
+                  f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
+    console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on "
+                  f"{scale.nodes} nodes")
+    recompute = (f"recompute {t.recompute.method} {t.recompute.num_layers}" if t.recompute else "no recompute")
+    console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
+                  f"stage layers {list(t.stage_layers) or 'uniform'}, {recompute}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
+    b = scale.batch
+    console.print(f"batch GBS {b.gbs} x n {b.n}, prompt/response {b.max_prompt_length}/{b.max_response_length}, "
+                  f"micro batch {b.micro_batch_size_per_device}")
+    # overrides are copied into shells: no rich markup ([console,file]) and no wrapping at 80 columns
+    console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
+    for key, value in doc["env"].items():
+        console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
+    for override in doc["overrides"]:
+        console.print(f"  {override}", markup=False, soft_wrap=True)
+    memory = doc.get("memory")
+    if memory is not None:
+        if memory["fits"] is None:
+            console.print(f"memory: not modelled ({memory['error']})", markup=False)
+        else:
+            bad = [p for p in memory["phases"] if not p["fits"]]
+            head = "every phase fits" if not bad else f"{len(bad)} of {len(memory['phases'])} phase(s) do not fit: " + \
+                ", ".join(f"{p['phase']} {p['peak_gib']:.1f} GiB" for p in bad)
+            console.print(f"memory: {head} (per device, budget {memory['phases'][0]['budget_gib']:g} GiB; "
+                          "`memory` with the same arguments shows each component)", markup=False, soft_wrap=True)
+        for item in memory["not_modelled"]:
+            console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
+    checked = (f"verl {VERL_VERSION} accepts the overrides" if validate else
+               f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
+    if job.plan_error:
+        console.print(f"[bold red]PLAN INVALID[/]: {escape(job.plan_error)}; {checked}", soft_wrap=True)
+    else:
+        console.print(f"[green]plan valid[/]; {checked}", soft_wrap=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,9 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
                      help="verl-cli prints a runnable verl command line")
-    p.add_argument("--model-path", default=None, help="HF model directory written into the overrides "
-                   "(default models/<model name>)")
-    p.add_argument("--data-dir", default=None, help="directory with train.parquet and test.parquet (default data/dapo)")
+    add_job_arguments(p)
     p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=None,
                    help="compose the overrides in the installed verl's config and run verl's checks (imports verl, "
                         "~20 s); default: only for --format verl-cli, the command line you would run")

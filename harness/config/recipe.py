@@ -67,7 +67,27 @@ class Recipe:
 
     def override_map(self) -> dict[str, str]:
         """Override key (without a leading `+`) -> value string."""
-        return dict(_split_override(o) for o in self.overrides)
+        return dict(_split_override(o) for o in self.overrides if not o.startswith("~"))
+
+    def with_overrides(self, overrides, env: Mapping[str, str] | None = None) -> Recipe:
+        """This recipe with `overrides` applied the way a later override on verl's command line wins: one of a key
+        this recipe sets replaces it in place (keeping this recipe's `+` form, which is the one that composes in
+        verl's schema), `~key` removes it, the rest are appended. `env` is merged over this recipe's."""
+        out = list(self.overrides)
+        for override in overrides:
+            key = override.lstrip("+~").partition("=")[0]
+            at = next((i for i, o in enumerate(out) if o.lstrip("+~").partition("=")[0] == key), None)
+            if override.startswith("~"):
+                if at is not None:
+                    del out[at]
+                else:
+                    out.append(override)
+            elif at is not None:
+                prefix = out[at][:len(out[at]) - len(out[at].lstrip("+"))]
+                out[at] = prefix + override.lstrip("+")
+            else:
+                out.append(override)
+        return dataclasses.replace(self, overrides=tuple(out), env={**self.env, **(env or {})})
 
 
 def _split_override(override: str) -> tuple[str, str]:
@@ -160,6 +180,17 @@ def recipe_env(scale: Scale) -> dict[str, str]:
         # the engine's process model changes sampling and tensor distribution.
         env.update(DETERMINISTIC_ENV)
     return env
+
+
+def path_overrides(*, model_path: str | None = None, data_dir: str | None = None) -> list[str]:
+    """The overrides of `--model-path` / `--data-dir` (only those given): the HF model directory, and the directory
+    holding train.parquet and test.parquet."""
+    out = [f"actor_rollout_ref.model.path={_hydra_value(model_path)}"] if model_path else []
+    if data_dir:
+        data_dir = data_dir.rstrip("/")
+        out += [f"data.train_files={_hydra_value(data_dir + '/train.parquet')}",
+                f"data.val_files={_hydra_value(data_dir + '/test.parquet')}"]
+    return out
 
 
 def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> Recipe:
@@ -255,10 +286,11 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
     return recipe
 
 
-def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None) -> dict:
+def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str | None = None,
+                  recipe: Recipe | None = None) -> dict:
     """JSON-ready description of a scale (what `plan --json` prints and a report embeds): model values, plan,
-    DAPO overrides and environment."""
-    recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
+    DAPO overrides and environment (`recipe`'s when given: a job's, harness.config.job)."""
+    recipe = recipe or dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     return {
         "scale": scale.name,
         "tier": scale.tier,

@@ -117,10 +117,11 @@ def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str =
 
 
 def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "default",
-             steps: int | None = None, pvc: str = SHARED_CLAIM) -> list[dict]:
+             steps: int | None = None, pvc: str = SHARED_CLAIM, job=None) -> list[dict]:
     """The manifest documents (Service, Volcano Job) for a scale, as plain dicts. BadInput for a namespace, image or
     PVC name that is not one, or steps < 1. `pvc`: the claim mounted at SHARED_MOUNT in every pod (issue 15,
-    point 6: the default is overridable)."""
+    point 6: the default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale --
+    its overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
     from harness.launch.ray_job import DEFAULT_STEPS_VERL, check_steps, verl_job
 
     check_namespace(namespace)
@@ -132,7 +133,14 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
     name = _name(scale)
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
     # resume_mode=auto: a rescheduled head (seed 001's resumable K8s launch) continues from the checkpoints
-    job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True)
+    recipe = None
+    if job is not None:
+        if job.plan_error:
+            from harness.errors import PlanError
+
+            raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+        scale, recipe = job.scale, job.recipe
+    job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe)
     # verl_job resolves paths on this machine; on the cluster the run dir is the shared mount's
     env = _env(scale, run_dir, dict(job.env))
     head_host = f"{name}-head.{namespace}.svc.cluster.local"

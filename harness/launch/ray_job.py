@@ -32,7 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
 WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "data", "**/__pycache__",
                         ".benchmarks", ".hypothesis", "*.egg-info")
-VERDICTS = ("succeeded", "failed", "timeout", "node-lost", "stopped")
+# aborted: stopped by the harness at the first verdict the job could no longer pass (harness.metrics.early_stop)
+VERDICTS = ("succeeded", "failed", "timeout", "node-lost", "stopped", "aborted")
 LAUNCH_SCHEMA = "ascend-rl-harness/launch"  # launch.json (harness.metrics.keys.LAUNCH_FILE)
 LAUNCH_VERSION = 1
 
@@ -72,12 +73,13 @@ def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "py
 
 
 def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
-             extra_overrides: tuple[str, ...] = (), resume: bool = False) -> JobSpec:
-    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides, writing into `run_dir`."""
+             extra_overrides: tuple[str, ...] = (), resume: bool = False, recipe=None) -> JobSpec:
+    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides (or `recipe`'s: a job's,
+    harness.config.job), writing into `run_dir`."""
     from harness.config.recipe import dapo_recipe
 
     run_dir = Path(run_dir).resolve()
-    recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
+    recipe = recipe or dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     overrides = [*recipe.overrides,
                  f"trainer.total_training_steps={steps}",
                  f"trainer.default_local_dir={run_dir / 'checkpoints'}",
@@ -102,17 +104,26 @@ def check_steps(steps: int | None) -> int | None:
 
 
 def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, seed: int = 0,
-                  fault: str | None = None, **kw) -> JobSpec:
-    """The job `launch --scale NAME` submits: verl's DAPO (at tiny: on CPU, `seed` and a seeded rollout `fault`
-    through harness.launch.tiny_verl)."""
+                  fault: str | None = None, user=None, model_path: str | None = None,
+                  data_dir: str | None = None) -> JobSpec:
+    """The job `launch --scale NAME` submits: the scale with the user's recipe (`user`, a
+    harness.config.user_recipe.UserRecipe) as harness.config.job.build_job makes it -- the job `plan --format
+    verl-cli` prints for the same arguments -- (at tiny: the recipe rehearsed on CPU, `seed` and a seeded rollout
+    `fault` through harness.launch.tiny_verl). PlanError when the plan breaks a rule: no cards are booked for it."""
+    from harness.config.job import build_job
+    from harness.errors import PlanError
+
     steps = check_steps(steps)
     if scale.tier == "tiny":
         from harness.launch.tiny_verl import DEFAULT_STEPS, tiny_job
 
-        return tiny_job(run_dir, steps=steps or DEFAULT_STEPS, seed=seed, fault=fault)
+        return tiny_job(run_dir, steps=steps or DEFAULT_STEPS, seed=seed, fault=fault, user=user)
     if fault is not None:
         raise BadInput(f"--fault {fault}: rollout faults are seeded only into the tiny CPU run")
-    return verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, **kw)
+    job = build_job(scale, user, model_path=model_path, data_dir=data_dir)
+    if job.plan_error:
+        raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
+    return verl_job(job.scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, recipe=job.recipe)
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,7 @@ class LaunchResult:
     total_steps: int
     elapsed_s: float
     address: str
+    stopped_by: dict | None = None  # an abort: the rule, metric, step and values (harness.metrics.early_stop)
 
     @property
     def ok(self) -> bool:
@@ -254,9 +266,11 @@ def _job_nodes(client, url: str, job_id: str) -> set[str]:
 
 
 def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: float = 2.0,
-           console=None, node_check_s: float = 10.0) -> LaunchResult:
+           console=None, node_check_s: float = 10.0, stop_rules: tuple = (), wait: bool = True) -> LaunchResult:
     """Submit `spec`, show progress until it ends, keep its logs; return the verdict (never raises on a
-    failed job -- the verdict says it). BadInput when the cluster cannot be reached."""
+    failed job -- the verdict says it). BadInput when the cluster cannot be reached. `stop_rules`
+    (harness.metrics.early_stop) stop the job at the first verdict it can no longer pass ("aborted"); `wait=False`
+    returns once the job is submitted (verdict "submitted": inspect it with `job_status` / `job_logs`)."""
     from ray.job_submission import JobStatus
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -281,7 +295,14 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     shown = redact_url(url)  # launch.json and the verdict line are shared: no token from the address
     _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running",
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
+    # the id on its own line: what `launch --status/--logs/--stop JOB_ID` (and Ray's `ray job ...`) take
+    console.print(f"job {job_id} submitted to {shown}; inspect it with `ascend-rl-harness launch --status|--logs|"
+                  f"--stop {job_id} --ray-address {shown}`", soft_wrap=True)
+    if not wait:
+        return LaunchResult("submitted", job_id, str(run_dir), "not waited for (--no-wait)", 0, spec.total_steps,
+                            0.0, shown)
     start = time.monotonic()
+    stopped_by = None
     last_node_check = start
     watch = NodeWatch(frozenset(nodes_before))
     result = None
@@ -312,11 +333,16 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
                                   steps_done=progress.steps_done, total=spec.total_steps, lost_nodes=lost,
                                   timed_out=timed_out, job_message=message)
+                if decided is None and stop_rules and status == JobStatus.RUNNING:
+                    stop = early_stop(spec.metrics_path, stop_rules)
+                    if stop is not None:
+                        decided = ("aborted", f"{stop.message()}; the job's outputs are kept")
+                        stopped_by = stop.to_json()
                 if decided is not None:
                     if not status.is_terminal():
                         client.stop_job(job_id)
                     result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
-                                          spec.total_steps, time.monotonic() - start, shown)
+                                          spec.total_steps, time.monotonic() - start, shown, stopped_by)
     except KeyboardInterrupt:
         client.stop_job(job_id)
         result = LaunchResult("stopped", job_id, str(run_dir), "interrupted by the user", progress.steps_done,
@@ -346,3 +372,81 @@ def _keep_logs(client, job_id: str, run_dir: Path) -> None:
     except Exception as exc:  # the head itself died: say so in the log file instead of losing the verdict
         logs = f"[harness] could not fetch the job logs: {type(exc).__name__}: {exc}\n"
     write_atomic(run_dir / JOB_LOG_FILE, logs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stop paying for a run that has failed (`launch --abort-on-fail`, the nightly's launched_run by default)
+
+def stop_rules_for(job) -> tuple:
+    """The early-stop rules of a harness.config.job.Job: its rollout precision (verl's rollout dtype, default
+    bfloat16) and its scale's tokens/s-per-card target (harness.metrics.early_stop.stop_rules)."""
+    from harness.metrics.baseline import precision_name
+    from harness.metrics.early_stop import stop_rules
+
+    dtype = job.recipe.override_map().get("actor_rollout_ref.rollout.dtype", "bfloat16")
+    scale = job.scale
+    return stop_rules(precision_name(dtype), tps_target=scale.targets.tps_per_card,
+                      devices_per_card=scale.hardware.dies_per_card)
+
+
+def early_stop(metrics_path: Path, rules: tuple):
+    """The first stop rule the metrics logged so far break (harness.metrics.early_stop.first_stop), or None; a
+    file still being written is read leniently (its last line may be half written)."""
+    from harness.metrics.early_stop import first_stop
+    from harness.metrics.ingest import load_run
+
+    if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
+        return None
+    try:
+        return first_stop(load_run(metrics_path, strict=False), rules)
+    except BadInput:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# A submitted job, by id: what `launch --status / --logs / --stop JOB_ID` answer (Ray's JobSubmissionClient)
+
+def _known_job(client, url: str, job_id: str):
+    try:
+        return client.get_job_info(job_id)
+    except Exception as exc:  # RuntimeError "Job ... does not exist" (404), connection errors
+        raise BadInput(f"job {job_id}: not known to the Ray job server at {redact_url(url)} "
+                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def job_status(address: str, job_id: str) -> dict:
+    """The job's status, message, entrypoint, run directory and (when that directory is readable here) the steps it
+    logged; `launch.json`'s verdict when the launcher that watched it recorded one."""
+    client, url = _client(address)
+    info = _known_job(client, url, job_id)
+    status = str(getattr(info.status, "value", info.status))
+    run_dir = (info.metadata or {}).get("harness.run_dir")
+    doc = {"job_id": job_id, "address": redact_url(url), "status": status, "message": info.message or "",
+           "entrypoint": info.entrypoint, "run_dir": run_dir, "steps_done": None, "verdict": None}
+    if run_dir and Path(run_dir).is_dir():
+        doc["steps_done"] = read_progress(Path(run_dir) / METRICS_FILE).steps_done
+        try:
+            doc["verdict"] = read_launch(run_dir).get("verdict")
+        except BadInput:
+            pass
+    return doc
+
+
+def job_logs(address: str, job_id: str) -> str:
+    client, url = _client(address)
+    _known_job(client, url, job_id)
+    return client.get_job_logs(job_id)
+
+
+def stop_job(address: str, job_id: str) -> str:
+    """Stop the job; returns its status afterwards (a job that already ended is left as it is)."""
+    from ray.job_submission import JobStatus
+
+    client, url = _client(address)
+    info = _known_job(client, url, job_id)
+    if not JobStatus(info.status).is_terminal():
+        client.stop_job(job_id)
+        deadline = time.monotonic() + 30.0
+        while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return str(getattr(client.get_job_status(job_id), "value", client.get_job_status(job_id)))

@@ -97,20 +97,23 @@ def seed_overrides(seed: int) -> tuple[str, ...]:
 
 
 def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, fault: str | None = None,
-             python: str = "python"):
-    """The Ray job of the tiny scale (a harness.launch.ray_job.JobSpec): prepare, then verl's main_ppo."""
+             python: str = "python", user=None):
+    """The Ray job of the tiny scale (a harness.launch.ray_job.JobSpec): prepare, then verl's main_ppo. With `user`
+    (a harness.config.user_recipe.UserRecipe) the user's recipe is rehearsed: its algorithm on the tiny scale's
+    model, lengths, batch and CPU tier (harness.config.job.rehearsal)."""
     import dataclasses
 
     from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
     from harness.config.cpu_tier import ROLLOUT_FAULTS as FAULTS
+    from harness.config.job import build_job
     from harness.config.scales import get_scale
     from harness.launch.ray_job import verl_job
 
     if fault is not None and fault not in FAULTS:
         raise BadInput(f"--fault {fault!r}: the verl rollout injects {', '.join(FAULTS)}")
     run_dir = Path(run_dir).resolve()
-    spec = verl_job(get_scale("tiny"), run_dir, steps=steps, model_path=str(model_dir(run_dir)),
-                    data_dir=str(data_dir(run_dir)), extra_overrides=seed_overrides(seed))
+    job = build_job(get_scale("tiny"), user, model_path=str(model_dir(run_dir)), data_dir=str(data_dir(run_dir)))
+    spec = verl_job(job.scale, run_dir, steps=steps, recipe=job.recipe, extra_overrides=seed_overrides(seed))
     prepare_cmd = [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps)]
     prepare_cmd += ["--fault", fault] if fault else []
     env = {**spec.env, **({FAULT_ENV: fault} if fault else {})}

@@ -43,6 +43,10 @@ class MemoryOptions:
     # vocab-parallel cross entropy they are split by TP (set True to model that).
     vocab_parallel_logits: bool = False
     micro_batch: int | None = None  # None: scale.batch.micro_batch_size_per_device (dynamic bsz packs more)
+    # The log-prob phases' own micro batches (verl: rollout.log_prob_micro_batch_size_per_gpu for old_log_prob,
+    # ref.log_prob_micro_batch_size_per_gpu for ref_log_prob); None: the training micro batch.
+    log_prob_micro_batch: int | None = None
+    ref_micro_batch: int | None = None
     max_response_length: int | None = None  # None: scale.batch.max_response_length
     hccl_buffsize_mb: int | None = None  # None: harness.config.recipe.HCCL_BUFFSIZE_MB (the recipe's HCCL_BUFFSIZE)
     # vLLM: the KV pool is what gpu_memory_utilization leaves after weights, non-torch (HCCL) memory
@@ -56,9 +60,12 @@ class MemoryOptions:
     def resolve(self, scale: Scale) -> MemoryOptions:
         from harness.config.recipe import HCCL_BUFFSIZE_MB
 
+        micro = self.micro_batch or scale.batch.micro_batch_size_per_device
         return replace(
             self,
-            micro_batch=self.micro_batch or scale.batch.micro_batch_size_per_device,
+            micro_batch=micro,
+            log_prob_micro_batch=self.log_prob_micro_batch or micro,
+            ref_micro_batch=self.ref_micro_batch or micro,
             max_response_length=self.max_response_length or scale.batch.max_response_length,
             hccl_buffsize_mb=self.hccl_buffsize_mb or HCCL_BUFFSIZE_MB,
             chunked_prefill=scale.chunked_prefill if self.chunked_prefill is None else self.chunked_prefill)
@@ -344,7 +351,8 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
     spec, t = scale.model, scale.plan.train
     w = scale.devices
     seq = scale.batch.max_prompt_length + o.max_response_length
-    tokens = o.micro_batch * seq
+    micro = {"old_log_prob": o.log_prob_micro_batch, "ref_log_prob": o.ref_micro_batch}.get(phase, o.micro_batch)
+    tokens = micro * seq
     dp = t.dp(w)
     vocab = vocab_padded(spec, t.tp)
     mini = scale.batch.ppo_mini_batch_size or scale.batch.gbs
@@ -374,7 +382,7 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
         if best is None or cand.peak_gib > best.peak_gib:
             best = cand
     if "logits" in best.components and best.largest == "logits" and not best.fits:
-        best = replace(best, notes=best.notes + (logits_fix(scale, o),))
+        best = replace(best, notes=best.notes + (logits_fix(scale, replace(o, micro_batch=micro)),))
     return best
 
 

@@ -196,6 +196,11 @@ _DTYPES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16
            "float16": "fp16", "fp16": "fp16", "half": "fp16"}
 
 
+def precision_name(dtype) -> str | None:
+    """fp32 / bf16 / fp16 for a dtype name as verl's configs and meta.json write it ("float32", "bfloat16", ...)."""
+    return _DTYPES.get(str(dtype).strip("'\"").lower())
+
+
 def run_precision(run: Run) -> str | None:
     """The precision a run rolled out in: meta.json "precision", else its verl config's rollout dtype
     (actor_rollout_ref.rollout.dtype, verl's RolloutConfig), else fp32 for the tiny lab (harness/lab/loop.py
