@@ -381,10 +381,10 @@ def _dollar(line: str, i: int, script: _Script) -> tuple[str, int]:
     """Expand the `$...` at line[i]; returns (text, index after it)."""
     rest = line[i + 1:]
     if rest.startswith("(("):
-        end = line.find("))", i + 3)
-        if end < 0:
+        end = _closing(line, i + 1, "(", ")")  # the `)` that closes the outer `(`: `$(( ... ))`
+        if end < 0 or line[end - 1] != ")":
             raise BadInput(f"--recipe {script.source}:{script.line}: unterminated $((")
-        return str(_arithmetic(line[i + 3:end], script)), end + 2
+        return str(_arithmetic(line[i + 3:end - 1], script)), end + 1
     if rest.startswith("("):
         end = _closing(line, i + 1, "(", ")")
         end = len(line) - 1 if end < 0 else end
