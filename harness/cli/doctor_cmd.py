@@ -1,7 +1,12 @@
 """`ascend-rl-harness doctor [--json]`: what this machine has (CANN, driver, the Python stack, the SoC and its
 memory), which supported stack (harness.config.stacks) it matches, and which suites will run, skip or break, and why.
 
-Exit 0 the machine runs a supported stack, 1 it does not, 2 bad input. Progress goes to stderr, the verdict last.
+With `--recipe FILE` / `-- overrides` (and `--stack NAME` for a stack that is not this machine's) it also evaluates
+the known-bug table (harness.config.known_bugs) and prints, per hit, the symptom, the fix and the suite that would
+catch it.
+
+Exit 0 the machine runs a supported stack and no known bug certainly hits, 1 otherwise, 2 bad input. Progress goes to
+stderr, the verdict last.
 """
 from __future__ import annotations
 
@@ -123,10 +128,18 @@ def diagnose() -> dict:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from harness.config.user_recipe import read_recipe
+
+    user = read_recipe(args.recipe, args.overrides or ())
+    if args.stack:
+        return cmd_known_bugs(args, user)
     doc = diagnose()
+    bugs = known_bugs(doc["installed"], user, installed=True)
+    doc["known_bugs"] = bugs
+    doc["ok"] = doc["supported"] and not bugs["certain"]
     if args.json:
         print(json.dumps(doc, indent=2))
-        return 0 if doc["supported"] else 1
+        return 0 if doc["ok"] else 1
     m, s = doc["machine"], doc["stack"]
     memory = f"{m['device_memory_gib']:g} GiB {'RAM' if m['kind'] == 'cpu' else 'per device'}"
     print(f"machine: {m['kind']} {m['soc']} (profile {m['profile']}, {m['devices']} devices, {memory}); "
@@ -139,17 +152,73 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  differs: {line}")
     for row in doc["suites"]:
         print(f"  {row['verdict'].upper():5} {row['area']}: {row['reason']}")
-    if doc["supported"]:
-        print(f"SUPPORTED: this machine runs the {s['name']} stack")
-        return 0
-    print(f"UNSUPPORTED: {len(s['mismatches'])} difference(s) from the {s['name']} stack"
-          + (f"; install with -c {s['constraints']}" if s["constraints"] else ""))
-    return 1
+    _print_known_bugs(bugs)
+    if not doc["supported"]:
+        print(f"UNSUPPORTED: {len(s['mismatches'])} difference(s) from the {s['name']} stack"
+              + (f"; install with -c {s['constraints']}" if s["constraints"] else ""))
+        return 1
+    if bugs["certain"]:
+        print(f"KNOWN BUG: {len(bugs['certain'])} certain hit(s) with this stack and {bugs['recipe']}: "
+              f"{', '.join(bugs['certain'])}")
+        return 1
+    print(f"SUPPORTED: this machine runs the {s['name']} stack")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- known bugs
+
+def known_bugs(stack: dict, user, *, installed: bool) -> dict:
+    """The known-bug table (harness.config.known_bugs) against `stack` and the user's recipe, as data."""
+    from harness.config.known_bugs import KNOWN_BUGS, check
+
+    values = user.override_map() if user else {}
+    values = {k: v for k, v in values.items() if v is not None}
+    hits = check(stack, values, dict(user.env) if user else {}, installed=installed)
+    return {"recipe": user.source if user else "no recipe (verl's defaults)", "table_size": len(KNOWN_BUGS),
+            "hits": [h.to_json() for h in hits], "certain": [h.bug.id for h in hits if h.certain]}
+
+
+def _print_known_bugs(bugs: dict) -> None:
+    print(f"known bugs ({bugs['table_size']} in harness/config/known_bugs.py) against {bugs['recipe']}: "
+          f"{len(bugs['hits'])} hit(s)")
+    for hit in bugs["hits"]:
+        print(f"  {'HIT' if hit['certain'] else 'RISK':4} {hit['id']} ({hit['why']})")
+        print(f"       symptom: {hit['symptom']}")
+        print(f"       fix: {hit['fix']}")
+        print(f"       caught by: {hit['suite']}")
+
+
+def cmd_known_bugs(args: argparse.Namespace, user) -> int:
+    """`doctor --stack NAME|requirements/npu-NAME.txt`: the known bugs of a named stack with the recipe (no machine
+    check: the stack is not this machine's)."""
+    from harness.config.known_bugs import stack_versions
+
+    stack = stack_versions(args.stack)
+    bugs = known_bugs(stack, user, installed=False)
+    bugs["stack"] = args.stack
+    if args.json:
+        print(json.dumps({**bugs, "ok": not bugs["certain"]}, indent=2))
+    else:
+        print(f"stack {args.stack}: " + ", ".join(f"{k} {v}" for k, v in stack.items()))
+        _print_known_bugs(bugs)
+        if bugs["certain"]:
+            print(f"KNOWN BUG: {len(bugs['certain'])} certain hit(s) with {args.stack} and {bugs['recipe']}: "
+                  f"{', '.join(bugs['certain'])}")
+        else:
+            print(f"NO KNOWN BUG: {args.stack} with {bugs['recipe']} hits no certain row")
+    return 1 if bugs["certain"] else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     # description, example and exit codes: harness/cli/help.py
     p = sub.add_parser(
-        "doctor", help="check this machine's stack against the supported matrix; predict what the suites do")
+        "doctor", help="check this machine's stack against the supported matrix and the known bugs; predict what "
+                       "the suites do")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument("--stack", metavar="NAME|FILE", help="check the known bugs of a named stack instead of this "
+                   "machine's (a harness/config/stacks.py row, e.g. vllm-ascend-0.23.0 or "
+                   "requirements/npu-vllm-ascend-0.23.0.txt)")
+    p.add_argument("--recipe", metavar="FILE", help="your verl job (launch script or Hydra YAML): its settings "
+                   "decide which known bugs it would hit")
+    p.add_argument("overrides", nargs="*", metavar="-- OVERRIDE", help="verl Hydra overrides after `--`")
     p.set_defaults(func=cmd_doctor)

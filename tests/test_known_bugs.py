@@ -1,0 +1,185 @@
+"""Self-tests of the known-bug table (harness/config/known_bugs.py) and `doctor --recipe / --stack`: every row hits
+a stack + recipe that triggers it and misses one that does not (a row without both cases fails here), versions
+compare with `packaging`, the source detectors tell MindSpeed v2.2.0 from v2.3.0 and mbridge v0.15.1 from 680253f
+although both report the same version, and doctor's exit code and JSON agree."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.config import known_bugs as kb
+from harness.config.known_bugs import KNOWN_BUGS, check, in_range, parse_version, stack_versions
+
+SEED002 = Path(__file__).parent / "recipes" / "seed002_a3_grpo.sh"
+_RO, _MG = "actor_rollout_ref.rollout", "actor_rollout_ref.actor.megatron"
+FLASH = f"{_MG}.override_transformer_config.use_flash_attn"
+A3_STACK = stack_versions("vllm-ascend-0.23.0")
+
+# id -> ((stack, values, env) that hits, (stack, values, env) that does not). Stacks are full rows with a change, so
+# a miss is caused by the one difference named.
+CASES = {
+    "mindspeed-mla-softmax-scale": (
+        ({**A3_STACK, "mindspeed": "2.2.0_core_r0.12.1"}, {FLASH: "True"}, {}),
+        (A3_STACK, {FLASH: "True"}, {})),  # v2.3.0
+    "verl-async-stale-absorbed-mla": (
+        ({**A3_STACK, "verl": "0.7.0"}, {}, {}),
+        ({**A3_STACK, "verl": "0.7.1"}, {}, {})),
+    "vllm-ascend-wake-up-nz": (
+        (A3_STACK, {}, {"VLLM_ASCEND_ENABLE_NZ": "1"}),
+        (A3_STACK, {f"{_RO}.free_cache_engine": "False"}, {"VLLM_ASCEND_ENABLE_NZ": "1"})),
+    "vllm-ascend-camem-expandable-segments": (
+        (A3_STACK, {}, {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}),
+        (A3_STACK, {}, {"PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:512"})),
+    "verl-npu-sleep-level-1": (
+        (A3_STACK, {}, {}),
+        ({**A3_STACK, "verl": "0.8.0"}, {}, {})),
+    "router-replay-r3-needs-vllm-0.22": (
+        ({**A3_STACK, "vllm": "0.20.2"}, {f"{_RO}.enable_rollout_routing_replay": "True"}, {}),
+        (A3_STACK, {f"{_RO}.enable_rollout_routing_replay": "True"}, {})),
+    "router-replay-megatron-core-0.12": (
+        (A3_STACK, {f"{_MG}.router_replay.mode": "R2"}, {}),
+        (A3_STACK, {f"{_MG}.router_replay.mode": "disabled"}, {})),
+    "mbridge-rope-theta-transformers-5": (
+        ({**A3_STACK, "mbridge": "0.15.1"}, {f"{_MG}.vanilla_mbridge": "True"}, {}),
+        (A3_STACK, {f"{_MG}.vanilla_mbridge": "True"}, {})),  # 0.15.1+680253f
+    "vllm-cpu-amx-mla-packs-copies": (
+        (stack_versions("cpu"), {}, {}),
+        (stack_versions("cpu"), {f"{_RO}.engine_kwargs.vllm.attention_backend": "CPU_MLA"}, {})),
+    "vllm-cpu-batch-invariant": (
+        (stack_versions("cpu"), {f"{_RO}.full_determinism": "True"}, {}),
+        (stack_versions("cpu"), {}, {})),
+    "vllm-ascend-0.19-numpy-conflict": (
+        (stack_versions("vllm-ascend-0.19.1rc1"), {}, {}),
+        (stack_versions("vllm-ascend-0.20.2rc1"), {}, {})),
+    "mla-vanilla-prefill-oom": (
+        (A3_STACK, {f"{_RO}.enable_chunked_prefill": "False"}, {}),
+        (A3_STACK, {}, {})),
+    "logits-oom-long-responses": (
+        (A3_STACK, {"data.max_response_length": "12288"}, {}),
+        (A3_STACK, {"data.max_response_length": "12288", f"{_MG}.context_parallel_size": "2"}, {})),
+}
+
+
+def _ids(stack, values, env, installed=False) -> set[str]:
+    return {h.bug.id for h in check(stack, values, env, installed=installed)}
+
+
+def test_every_row_has_a_self_test():
+    assert set(CASES) == {b.id for b in KNOWN_BUGS}, "a row without a trigger / non-trigger case, or a stale case"
+    assert len({b.id for b in KNOWN_BUGS}) == len(KNOWN_BUGS)
+    for bug in KNOWN_BUGS:
+        assert bug.symptom and bug.fix and bug.suite and bug.source, bug.id
+
+
+@pytest.mark.parametrize("bug_id", sorted(CASES))
+def test_row_hits_its_trigger_and_misses_the_rest(bug_id):
+    (hit_stack, hit_values, hit_env), (miss_stack, miss_values, miss_env) = CASES[bug_id]
+    assert bug_id in _ids(hit_stack, hit_values, hit_env), f"{bug_id} misses its trigger"
+    assert bug_id not in _ids(miss_stack, miss_values, miss_env), f"{bug_id} hits a stack + recipe without the bug"
+
+
+def test_versions_compare_with_packaging():
+    assert parse_version("2.2.0_core_r0.12.1") < parse_version("2.3.0_core_r0.12.1")
+    assert parse_version("8.2.RC2") < parse_version("8.5.1")
+    assert in_range("0.20.2rc1", ">=0.20.2rc1") and not in_range("0.19.1rc1", ">=0.20.2rc1")
+    assert in_range("0.7.0.dev0", "<0.7.1") and not in_range("0.9.1", "<0.7.1")
+    assert in_range("0.15.1", "===0.15.1") and not in_range("0.15.1+680253f", "===0.15.1")
+    assert in_range("2.13.0+cpu", ">=2.13") and in_range(None, ">=1") is None
+
+
+def test_a_host_condition_is_only_possible_for_a_named_stack(monkeypatch):
+    hit = next(h for h in check(stack_versions("cpu")) if h.bug.id == "vllm-cpu-amx-mla-packs-copies")
+    assert not hit.certain and "unknown" in hit.why
+    monkeypatch.setitem(kb.HOST_CHECKS, "amx", lambda: True)
+    hit = next(h for h in check(stack_versions("cpu"), installed=True) if h.bug.id == "vllm-cpu-amx-mla-packs-copies")
+    assert hit.certain
+    monkeypatch.setitem(kb.HOST_CHECKS, "amx", lambda: False)
+    assert "vllm-cpu-amx-mla-packs-copies" not in _ids(stack_versions("cpu"), {}, {}, installed=True)
+
+
+# The two upstream versions of the function the MindSpeed detector reads (Ascend/MindSpeed v2.2.0_core_r0.12.1 and
+# v2.3.0_core_r0.12.1 mindspeed/core/transformer/flash_attention/flash_attention/adaptor.py), reduced to the lines
+# that differ plus their frame.
+MINDSPEED_V220 = """
+import math
+def dot_product_attention_forward_impl(self, query, key, value, attention_mask, attn_mask_type=None,
+                                       attention_bias=None, packed_seq_params=None):
+    scale = (
+        1.0 / math.sqrt(self.hidden_size_per_attention_head)
+        if self.scale_mask_softmax.scale is None
+        else self.softmax_scale
+    )
+    return torch_npu.npu_fusion_attention(query, key, value, n_head, 'SBH', scale=scale)[0]
+"""
+MINDSPEED_V230 = """
+import math
+def dot_product_attention_forward_impl(self, query, key, value, attention_mask, attn_mask_type=None,
+                                       attention_bias=None, packed_seq_params=None):
+    scale = self.softmax_scale
+    return torch_npu.npu_fusion_attention(query, key, value, n_head, 'SBH', scale=scale)[0]
+"""
+
+
+def test_mindspeed_detector_reads_the_source_not_the_version(monkeypatch, tmp_path):
+    assert kb.mindspeed_scale_bug_in_source(MINDSPEED_V220) is True
+    assert kb.mindspeed_scale_bug_in_source(MINDSPEED_V230) is False
+    assert kb.mindspeed_scale_bug_in_source("def other(): pass") is None
+    # an installed copy that reports 0.12.1 (MindSpeed's setup.py for both): decided by its source
+    lying = {**A3_STACK, "mindspeed": "0.12.1"}
+    adaptor = tmp_path / "mindspeed" / kb.MINDSPEED_ADAPTOR
+    adaptor.parent.mkdir(parents=True)
+    (tmp_path / "mindspeed" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    adaptor.write_text(MINDSPEED_V230)
+    assert "mindspeed-mla-softmax-scale" not in _ids(lying, {}, {}, installed=True)
+    adaptor.write_text(MINDSPEED_V220)
+    hit = next(h for h in check(lying, installed=True) if h.bug.id == "mindspeed-mla-softmax-scale")
+    assert hit.certain and "installed source" in hit.why
+    adaptor.unlink()  # unreadable: the lying version alone is only a risk
+    hit = next(h for h in check(lying, installed=True) if h.bug.id == "mindspeed-mla-softmax-scale")
+    assert not hit.certain
+
+
+def test_mbridge_detector_tells_the_fixed_commit():
+    assert kb.mbridge_rope_theta_bug_in_source("rotary_base=hf_config.rope_theta,") is True
+    assert kb.mbridge_rope_theta_bug_in_source(
+        "from ..utils.hf_config import get_hf_rope_theta\nrotary_base=get_hf_rope_theta(hf_config)") is False
+
+
+# ---------------------------------------------------------------------------------------------------- doctor
+
+def _doctor(capsys, *argv):
+    code = main(["doctor", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_doctor_names_the_mindspeed_bug_for_v220_with_flash_attn_not_for_v230(capsys):
+    """The done criterion: seed 001's stack (MindSpeed v2.2.0_core_r0.12.1) with use_flash_attn -> the MLA scale bug,
+    its symptom, fix and suite, exit 1; the v0.23.0 row (MindSpeed v2.3.0_core_r0.12.1) -> not named."""
+    code, out, _ = _doctor(capsys, "--stack", "seed-001", "--", f"+{FLASH}=True")
+    assert code == 1
+    assert "HIT  mindspeed-mla-softmax-scale" in out and "v2.3.0_core_r0.12.1" in out
+    assert "suites/precision/test_training_softmax_scale.py" in out
+    assert out.strip().splitlines()[-1].startswith("KNOWN BUG:")
+    code, out, _ = _doctor(capsys, "--stack", "requirements/npu-vllm-ascend-0.23.0.txt", "--", f"+{FLASH}=True")
+    assert code == 0 and "mindspeed-mla-softmax-scale" not in out
+    assert out.strip().splitlines()[-1].startswith("NO KNOWN BUG:")
+
+
+def test_doctor_recipe_json_agrees_with_its_exit_code(capsys):
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--recipe", str(SEED002), "--json")
+    doc = json.loads(out)
+    assert doc["certain"] == ["vllm-ascend-camem-expandable-segments"], doc["certain"]  # the seed's alloc conf
+    assert doc["ok"] is False and code == 1
+    assert doc["table_size"] == len(KNOWN_BUGS)
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--json")
+    assert json.loads(out)["ok"] is True and code == 0
+
+
+def test_doctor_bad_stack_is_one_line(capsys):
+    code, out, err = _doctor(capsys, "--stack", "requirements/npu-nope.txt")
+    assert code == 2 and out == "" and "--stack requirements/npu-nope.txt" in err and len(err.splitlines()) == 1
