@@ -79,3 +79,27 @@ def test_lost_node_is_its_own_verdict(isolated_ray_proof):
     assert result["verdict"] == "node-lost" and not result["ok"], (result["verdict"], result["message"])
     assert "1 node(s) died" in result["message"]
     assert (Path(result["run_dir"]) / JOB_LOG_FILE).is_file()
+
+
+def test_abort_on_fail_stops_a_diverged_job_at_its_step(isolated_ray_proof):
+    """--abort-on-fail on a real Ray job: the seeded job logs a NaN gradient norm at step 2 and would run on for
+    minutes; the launcher stops it (Ray Jobs stop) at step 2, says by which rule, and keeps what it wrote."""
+    result = isolated_ray_proof["results"]["diverged"]
+    assert result["verdict"] == "aborted" and not result["ok"], (result["verdict"], result["message"])
+    assert result["stopped_by"]["rule"] == "non-finite-grad" and result["stopped_by"]["step"] == 2, result
+    assert "stopped at step 2 by non-finite-grad" in result["message"]
+    assert result["elapsed_s"] < 60, "the job ran on after its failure was certain"
+    run_dir = Path(result["run_dir"])
+    assert (run_dir / METRICS_FILE).is_file() and (run_dir / JOB_LOG_FILE).is_file()
+    assert read_launch(run_dir)["stopped_by"]["step"] == 2
+
+
+def test_a_submitted_job_is_inspected_by_id(isolated_ray_proof):
+    """What `launch --status / --logs / --stop JOB_ID` answer (Ray's JobSubmissionClient), on a job another
+    launcher is watching: running, its log, stopped, and a job id the cluster does not know is one line."""
+    seen = isolated_ray_proof["inspection"]
+    assert seen["running"]["status"] == "RUNNING" and seen["running"]["run_dir"].endswith("inspected"), seen
+    assert "seeded hang" in seen["logs"]
+    assert seen["stopped"] == "STOPPED" and seen["after_stop"]["status"] == "STOPPED"
+    assert "job no-such-job: not known" in seen["unknown_job"]
+    assert isolated_ray_proof["results"]["inspected"]["verdict"] == "stopped"

@@ -166,6 +166,11 @@ def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
 FAILING_ENTRYPOINT = "python -c \"import sys; print('seeded failure: the trainer crashed'); sys.exit(3)\""
 HANG_TIMEOUT_S = 10.0
 HANGING_ENTRYPOINT = "python -c \"import time; print('seeded hang', flush=True); time.sleep(600)\""
+# A job whose gradient norm goes NaN at step 2 and that would then run on: --abort-on-fail must stop it there.
+DIVERGING_ENTRYPOINT = ("python -c \"import json, os, time; log = open(os.environ['VERL_FILE_LOGGER_PATH'], 'a'); "
+                        "[print(json.dumps({'step': s, 'data': {'actor/grad_norm': g, 'actor/pg_loss': 0.1}}), "
+                        "file=log, flush=True) or time.sleep(1.5) for s, g in ((1, 0.7), (2, float('nan')))]; "
+                        "print('seeded divergence: still running', flush=True); time.sleep(600)\"")
 
 
 def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> dict:
@@ -179,6 +184,7 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
 
     from harness.io import write_json_atomic
     from harness.launch.ray_job import JobSpec, lab_job, launch
+    from harness.metrics.early_stop import stop_rules
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,20 +200,31 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
         jobs = {"lab": (lab_job(out / "lab", steps=steps), timeout_s),
                 "victim": (victim, timeout_s),
                 "crash": (JobSpec("crash", FAILING_ENTRYPOINT, str(out / "crash"), 1, working_dir=None), 60.0),
-                "hang": (JobSpec("hang", HANGING_ENTRYPOINT, str(out / "hang"), 1, working_dir=None), HANG_TIMEOUT_S)}
+                "hang": (JobSpec("hang", HANGING_ENTRYPOINT, str(out / "hang"), 1, working_dir=None), HANG_TIMEOUT_S),
+                "diverged": (JobSpec("diverged", DIVERGING_ENTRYPOINT, str(out / "diverged"), 5, working_dir=None),
+                             timeout_s),
+                "inspected": (JobSpec("inspected", HANGING_ENTRYPOINT, str(out / "inspected"), 1, working_dir=None),
+                              timeout_s)}
+        inspection: dict = {}
 
         def run(name: str) -> dict:
             spec, timeout = jobs[name]
             # only the lab job draws its progress bar; the seeded jobs run beside it quietly
             console = Console(stderr=True, width=120) if name == "lab" else Console(file=io.StringIO())
             t = time.monotonic()
-            if name == "victim":
-                killer = ThreadPoolExecutor(1)
-                killed = killer.submit(lambda: kill_victim_node(url, _job_id(out / "victim")))
-            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console, node_check_s=2.0)
-            if name == "victim":
-                times["victim_killed"] = killed.result()
-                killer.shutdown()
+            if name in ("victim", "inspected"):
+                helper = ThreadPoolExecutor(1)
+                done = helper.submit(lambda: kill_victim_node(url, _job_id(out / "victim")) if name == "victim"
+                                     else inspect_job(url, _job_id(out / "inspected"), inspection))
+            rules = stop_rules("fp32") if name == "diverged" else ()
+            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console, node_check_s=2.0,
+                            stop_rules=rules)
+            if name in ("victim", "inspected"):
+                if name == "victim":
+                    times["victim_killed"] = done.result()
+                else:
+                    done.result()
+                helper.shutdown()
             times[f"{name}_s"] = time.monotonic() - t
             return {**dataclasses.asdict(result), "ok": result.ok}
 
@@ -216,6 +233,7 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
     proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results,
+             "inspection": inspection,
              "user_ray_state": {"home_token": (Path.home() / ".ray" / "auth_token").is_file(),
                                 "auth_mode": os.environ.get("RAY_AUTH_MODE")},
              "times": times,
@@ -235,6 +253,26 @@ def _job_id(run_dir: Path, timeout_s: float = 60.0) -> str:
         except (BadInput, KeyError):
             time.sleep(0.2)
     raise BadInput(f"{run_dir / LAUNCH_FILE}: the launcher wrote no job id in {timeout_s:.0f} s")
+
+
+def inspect_job(url: str, job_id: str, into: dict, timeout_s: float = 60.0) -> None:
+    """What `launch --status / --logs / --stop JOB_ID` answer for a job another launcher watches: its status once
+    it runs, its log once it printed, then stop it and read its status again (into `into`)."""
+    from harness.launch.ray_job import job_logs, job_status, stop_job
+
+    deadline = time.monotonic() + timeout_s
+    while job_status(url, job_id)["status"] != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    while "seeded hang" not in job_logs(url, job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    into["running"] = job_status(url, job_id)
+    into["logs"] = job_logs(url, job_id)
+    into["stopped"] = stop_job(url, job_id)
+    into["after_stop"] = job_status(url, job_id)
+    try:
+        job_status(url, "no-such-job")
+    except BadInput as exc:
+        into["unknown_job"] = str(exc)
 
 
 def add_victim_node() -> None:

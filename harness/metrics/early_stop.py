@@ -73,9 +73,12 @@ class StopDecision:
         return f"stopped at step {self.step} by {r.name}: {what}"
 
     def to_json(self) -> dict:
+        """JSON-safe (launch.json is strict JSON): a non-finite value is written as its name ("nan", "inf")."""
         r = self.rule
-        return {"rule": r.name, "metric": r.metric, "kind": r.kind, "threshold": r.threshold,
-                "consecutive": r.consecutive, "step": self.step, "values": list(self.values), "why": r.why}
+        safe = lambda v: v if math.isfinite(v) else str(v)  # noqa: E731
+        return {"rule": r.name, "metric": r.metric, "kind": r.kind,
+                "threshold": None if math.isnan(r.threshold) else r.threshold, "consecutive": r.consecutive,
+                "step": self.step, "values": [safe(v) for v in self.values], "why": r.why}
 
 
 # rollout vs actor probabilities of the sampled tokens, per precision. fp32: healthy <= 6.5e-9 (probs_diff_max of
