@@ -7,9 +7,11 @@ with `--fault stale-absorbed` (harness.launch.verl_rollout), queued behind it (o
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -120,14 +122,19 @@ def test_reward_varies_within_a_group():
     assert tiny_task.compute_score("tiny", "", "latin")["score"] == -1.0
 
 
+STALE_STEPS = 8  # what the faulty run would take; --abort-on-fail must stop it long before
+SEED002 = Path(__file__).parent / "recipes" / "seed002_a3_grpo.sh"
+
+
 @pytest.fixture(scope="session")
 def stale_absorbed_verl_run(pytestconfig, tiny_verl_run):
-    """verl's real main_ppo at tiny scale, 3 steps, with the rollout's W_UK_T / W_UV frozen at their pre-sync
-    copies (after the session's clean run: one tiny verl run at a time)."""
+    """verl's real main_ppo at tiny scale, launched for STALE_STEPS steps with --abort-on-fail, with the rollout's
+    W_UK_T / W_UV frozen at their pre-sync copies (after the session's clean run: one tiny verl run at a time)."""
     from fixtures.dapo import TinyVerlLaunch, _session_home
 
-    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-stale-absorbed"), steps=3, fault="stale-absorbed")
-    return launch.result(pytestconfig)
+    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-stale-absorbed"), steps=STALE_STEPS,
+                            fault="stale-absorbed")
+    return launch.result(pytestconfig, aborted=True)
 
 
 @pytest.mark.tiny
@@ -149,3 +156,66 @@ def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_a
     clean_diff = max(tiny_verl_run[ROLLOUT_PROBS_DIFF].values)
     faulty_diff = min(stale_absorbed_verl_run[ROLLOUT_PROBS_DIFF].values)
     assert faulty_diff > 100 * max(clean_diff, 1e-6), (clean_diff, faulty_diff)
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_abort_on_fail_stops_the_stale_run_within_the_first_steps(stale_absorbed_verl_run):
+    """The real trainer with stale absorbed MLA weights, launched for 8 steps with --abort-on-fail: the launcher
+    stops the Ray job within the first few steps on the rollout/actor mismatch, records rule and step in launch.json
+    and keeps what the job wrote."""
+    from harness.launch.ray_job import read_launch
+    from harness.metrics.keys import JOB_LOG_FILE, METRICS_FILE
+
+    run_dir = Path(stale_absorbed_verl_run.meta.sources[0]).parent
+    record = read_launch(run_dir)
+    assert record["verdict"] == "aborted", record["message"]
+    stop = record["stopped_by"]
+    assert stop["rule"] in ("rollout-mismatch", "rollout-kl") and stop["step"] <= 3, stop
+    assert record["steps_done"] < STALE_STEPS, "the faulty run was paid for to the end"
+    assert f"stopped at step {stop['step']} by {stop['rule']}" in record["message"]
+    assert (run_dir / METRICS_FILE).is_file() and (run_dir / JOB_LOG_FILE).is_file()
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_the_clean_run_is_never_stopped_early(tiny_verl_run):
+    """The session's clean run ran under --abort-on-fail (fixtures/dapo.py) and logged every step."""
+    from harness.launch.ray_job import read_launch
+
+    record = read_launch(Path(tiny_verl_run.meta.sources[0]).parent)
+    assert "rollout-mismatch" in record["stop_rules"] and "non-finite-grad" in record["stop_rules"], record
+    assert record["verdict"] == "succeeded" and record["stopped_by"] is None
+    assert record["steps_done"] == record["total_steps"]
+
+
+@pytest.fixture(scope="session")
+def kl_rehearsal_verl_run(pytestconfig, stale_absorbed_verl_run):
+    """Seed 002's KL-loss GRPO recipe (tests/recipes/seed002_a3_grpo.sh) rehearsed at tiny scale on verl's real
+    trainer: `launch --scale tiny --local --recipe FILE --steps 3` (after the other tiny runs: one at a time)."""
+    from fixtures.dapo import TinyVerlLaunch, _session_home
+
+    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-kl-rehearsal"), steps=3, recipe=str(SEED002))
+    return launch.result(pytestconfig)
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_kl_loss_recipe_rehearses_to_the_end_on_cpu(kl_rehearsal_verl_run):
+    """The reference policy runs on the CPU tier: every step of the rehearsal is logged with the KL loss, which is 0
+    at step 1 (the reference is the actor's own start, same FSDP2 fp32 engine) and grows once the actor moves; the
+    recipe's 16 samples per prompt are what the rollout drew."""
+    from harness.metrics.keys import METRICS_FILE
+
+    run = kl_rehearsal_verl_run
+    assert run.steps == (1, 2, 3), run.steps
+    kl = run["actor/kl_loss"].values
+    assert all(map(math.isfinite, kl)) and abs(kl[0]) < 1e-6 < kl[-1], kl
+    assert "actor/kl_coef" in run and run["actor/kl_coef"].values[0] == pytest.approx(0.001)
+    rollouts = Path(run.meta.sources[0]).parent / "rollouts" / "1.jsonl"
+    groups: dict[str, int] = {}
+    for line in rollouts.read_text().splitlines():
+        uid = json.loads(line)["uid"].rsplit("_", 2)[0]
+        groups[uid] = groups.get(uid, 0) + 1
+    assert groups and set(groups.values()) == {16}, groups
+    assert (Path(run.meta.sources[0]).parent / METRICS_FILE).is_file()

@@ -305,3 +305,16 @@ def test_derive_reads_megatron_first_last_stage_counts():
                                    f"{MG}.override_transformer_config.num_layers_in_first_pipeline_stage": "13",
                                    f"{MG}.override_transformer_config.num_layers_in_last_pipeline_stage": "14"})
     assert derived.scale.plan.train.stage_layers == (13, 17, 17, 14) and not derived.problems
+
+
+def test_the_rehearsal_composes_in_verls_schema():
+    """verl's YAML writes rollout top_p as `1` though its dataclass field is a float: the recipe's 0.9 is accepted,
+    while a float epoch count (an int field) is still refused."""
+    from harness.config.recipe import validate_recipe
+    from harness.errors import RecipeError
+
+    job = build_job(get_scale("tiny"), read_recipe(str(SEED002)))
+    validate_recipe(job.recipe)
+    bad = build_job(get_scale("tiny"), read_recipe(None, ["actor_rollout_ref.actor.ppo_epochs=1.5"]))
+    with pytest.raises(RecipeError, match="ppo_epochs"):
+        validate_recipe(bad.recipe)

@@ -414,12 +414,37 @@ def _check_types(recipe: Recipe, config) -> None:
         if isinstance(default, bool):
             ok = isinstance(value, bool)
         elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
+            # verl's YAML writes some float fields as whole numbers (rollout top_p: 1; workers/config/rollout.py
+            # says `top_p: float = 1.0`): a float there is the field's own type
+            ok = isinstance(value, int) and not isinstance(value, bool) or \
+                isinstance(value, float) and _declared_float(config, key)
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok:
             raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} rejected: verl {VERL_VERSION} "
                               f"expects {type(default).__name__} (default {default!r})", key=key)
+
+
+def _declared_float(config, key: str) -> bool:
+    """Whether verl's dataclass for the section holding `key` (the nearest enclosing node with a `_target_`)
+    declares the field a float."""
+    import typing
+
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        node = OmegaConf.select(config, ".".join(parts[:cut]), default=None, throw_on_missing=False)
+        target = node.get("_target_") if hasattr(node, "get") else None
+        if not target or cut != len(parts) - 1:
+            continue
+        try:
+            hints = typing.get_type_hints(get_class(target))
+        except Exception:  # a target that is not importable here: no evidence either way
+            return False
+        return hints.get(parts[-1]) is float
+    return False
 
 
 def _check_choices(recipe: Recipe, config) -> None:

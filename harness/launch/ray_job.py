@@ -293,7 +293,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                                              f"{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
     shown = redact_url(url)  # launch.json and the verdict line are shared: no token from the address
-    _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running",
+    rules = [r.name for r in stop_rules]  # what could have stopped it: recorded whatever the verdict
+    _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running", "stop_rules": rules,
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     # the id on its own line: what `launch --status/--logs/--stop JOB_ID` (and Ray's `ray job ...`) take
     console.print(f"job {job_id} submitted to {shown}; inspect it with `ascend-rl-harness launch --status|--logs|"
@@ -351,7 +352,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
         _keep_logs(client, job_id, run_dir)
         if result is not None:
             _write_launch(run_dir, {**dataclasses.asdict(result), "nodes_at_submit": len(nodes_before),
-                                    "spec": dataclasses.asdict(spec)})
+                                    "stop_rules": rules, "spec": dataclasses.asdict(spec)})
     return result
 
 
