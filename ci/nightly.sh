@@ -14,6 +14,8 @@
 #   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
 #   PUBLISH_DIR   where the HTML goes (default ./public)
 #   NIGHTLY_DRY_RUN=1  print the commands instead of running them
+#   HARNESS_ABORT_ON_FAIL=0  run a launched job to its end even after its failure is certain (default: the
+#                 launcher stops it at the first verdict it can no longer pass; harness/metrics/early_stop.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -241,3 +241,51 @@ def test_existing_run_dir_is_refused_before_submitting(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
     assert main(["launch", "--scale", "tiny", "--ray-address", "http://127.0.0.1:9", "--run-dir", str(tmp_path)]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_cluster_address_is_ray_address_by_convention(capsys, monkeypatch):
+    """With no --ray-address, RAY_ADDRESS (Ray's own convention) names the cluster, and a wrong one is one line
+    naming RAY_ADDRESS."""
+    from harness.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert main(["launch", "--scale", "full-a3"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS ray://head:10001: a Ray client address" in err and len(err.splitlines()) == 1
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:1")
+    monkeypatch.setenv("HARNESS_RAY_CONNECT_TIMEOUT", "2")
+    assert main(["launch", "--status", "raysubmit_123"]) == 2
+    assert "no Ray dashboard answers" in capsys.readouterr().err
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert main(["launch", "--logs", "raysubmit_123"]) == 2
+    assert "need the cluster" in capsys.readouterr().err
+    assert main(["launch"]) == 2
+    assert "--scale is required" in capsys.readouterr().err
+
+
+def test_local_launch_passes_the_whole_job_into_the_namespace(tmp_path):
+    """`launch --local` re-executes itself in a loopback-only namespace: the recipe (absolute), the overrides after
+    `--`, --abort-on-fail and the paths reach the inner command."""
+    from harness.cli import build_parser
+    from harness.cli.launch_cmd import _isolated_argv
+
+    recipe = tmp_path / "job.sh"
+    args = build_parser().parse_args(["launch", "--scale", "tiny", "--local", "--recipe", str(recipe), "--steps", "3",
+                                      "--abort-on-fail", "--", "actor_rollout_ref.rollout.n=8"])
+    args.timeout = 600.0
+    argv = _isolated_argv(args, "tiny", tmp_path / "run")
+    assert argv[argv.index("--recipe") + 1] == str(recipe.resolve())
+    assert "--abort-on-fail" in argv and argv[-2:] == ["--", "actor_rollout_ref.rollout.n=8"]
+    again = build_parser().parse_args(argv[3:])
+    assert again.overrides == ["actor_rollout_ref.rollout.n=8"] and again.abort_on_fail and again.steps == 3
+
+
+def test_stop_rules_follow_the_jobs_precision_and_target():
+    from harness.config.job import build_job
+    from harness.launch.ray_job import stop_rules_for
+
+    tiny = {r.name: r for r in stop_rules_for(build_job(get_scale("tiny")))}
+    assert tiny["rollout-mismatch"].threshold == 2e-4 and "rollout-kl" in tiny and "throughput" not in tiny
+    a3 = {r.name: r for r in stop_rules_for(build_job(get_scale("full-a3")))}
+    assert a3["rollout-mismatch"].threshold == 0.05 and "rollout-kl" not in a3
+    assert a3["throughput"].threshold == 30.0  # half of 120 TPS/card, per die (2 dies per A3 card)

