@@ -97,3 +97,21 @@ def test_rules_are_checked_data():
         StopRule("x", GRAD_NORM, "sideways")
     with pytest.raises(ValueError, match="consecutive"):
         StopRule("x", GRAD_NORM, "above", 1.0, consecutive=0)
+
+
+def test_truncated_sampling_turns_the_mismatch_rules_off():
+    """verl's rollout log-probs are vLLM's processed ones (after top-k / top-p) and the actor's the full softmax: with
+    seed 002's top_k 50 / top_p 0.9 the healthy tiny rehearsal logged rollout_probs_diff_mean 0.017 at every step,
+    which the fp32 rule would stop at step 2. Such a recipe keeps only the rules its sampling cannot trip."""
+    from harness.metrics.early_stop import truncated_sampling
+
+    healthy_truncated = _run(**{ROLLOUT_PROBS_DIFF: (0.0172, 0.0170, 0.0171)})
+    assert first_stop(healthy_truncated, stop_rules("fp32")).step == 2, "the seeded miss: rules blind to sampling"
+    rules = stop_rules("fp32", truncated=True)
+    assert first_stop(healthy_truncated, rules) is None
+    assert {r.name for r in rules} == {"non-finite-loss", "non-finite-grad"}
+    assert truncated_sampling({"actor_rollout_ref.rollout.top_k": "50"})
+    assert truncated_sampling({"actor_rollout_ref.rollout.top_p": "0.9"})
+    assert not truncated_sampling({"actor_rollout_ref.rollout.top_k": "-1", "actor_rollout_ref.rollout.top_p": "1"})
+    assert not truncated_sampling({"actor_rollout_ref.rollout.temperature": "0.9"}), \
+        "temperature scales both sides alike: the mismatch rules stay"

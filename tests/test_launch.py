@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -289,3 +290,11 @@ def test_stop_rules_follow_the_jobs_precision_and_target():
     a3 = {r.name: r for r in stop_rules_for(build_job(get_scale("full-a3")))}
     assert a3["rollout-mismatch"].threshold == 0.05 and "rollout-kl" not in a3
     assert a3["throughput"].threshold == 30.0  # half of 120 TPS/card, per die (2 dies per A3 card)
+    from harness.config.user_recipe import read_recipe
+
+    seed002 = Path(__file__).parent / "recipes" / "seed002_a3_grpo.sh"
+    rehearsal = {r.name for r in stop_rules_for(build_job(get_scale("tiny"), read_recipe(str(seed002))))}
+    assert rehearsal == {"non-finite-loss", "non-finite-grad"}, "top_k 50 / top_p 0.9: mismatch by design"
+    warm = {r.name for r in stop_rules_for(build_job(get_scale("tiny"), read_recipe(
+        None, ["actor_rollout_ref.rollout.temperature=0.9"])))}
+    assert "rollout-mismatch" in warm

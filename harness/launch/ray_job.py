@@ -380,14 +380,16 @@ def _keep_logs(client, job_id: str, run_dir: Path) -> None:
 
 def stop_rules_for(job) -> tuple:
     """The early-stop rules of a harness.config.job.Job: its rollout precision (verl's rollout dtype, default
-    bfloat16) and its scale's tokens/s-per-card target (harness.metrics.early_stop.stop_rules)."""
+    bfloat16), its sampling (top-k / top-p: no mismatch rule) and its scale's tokens/s-per-card target
+    (harness.metrics.early_stop.stop_rules)."""
     from harness.metrics.baseline import precision_name
-    from harness.metrics.early_stop import stop_rules
+    from harness.metrics.early_stop import stop_rules, truncated_sampling
 
-    dtype = job.recipe.override_map().get("actor_rollout_ref.rollout.dtype", "bfloat16")
+    values = job.recipe.override_map()
     scale = job.scale
-    return stop_rules(precision_name(dtype), tps_target=scale.targets.tps_per_card,
-                      devices_per_card=scale.hardware.dies_per_card)
+    return stop_rules(precision_name(values.get("actor_rollout_ref.rollout.dtype", "bfloat16")),
+                      tps_target=scale.targets.tps_per_card, devices_per_card=scale.hardware.dies_per_card,
+                      truncated=truncated_sampling(values))
 
 
 def early_stop(metrics_path: Path, rules: tuple):
