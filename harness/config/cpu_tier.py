@@ -67,6 +67,15 @@ OVERRIDES: dict[str, str] = {
     f"{_REF}.fsdp_config.dtype": "float32",
     f"+{_REF}.fsdp_config.mixed_precision": _FP32,
     f"{_REF}.fsdp_config.use_torch_compile": "False",
+    # The critic (PPO / GAE recipes) is a third FSDP engine (verl 0.9.1 trainer/config/critic/dp_critic.yaml: its
+    # own `fsdp` engine config and `model` section, a value head on the policy's architecture): the same CPU tier.
+    "critic.strategy": "fsdp2",
+    "critic.fsdp.dtype": "float32",
+    "+critic.fsdp.mixed_precision": _FP32,
+    "critic.fsdp.use_torch_compile": "False",
+    "critic.model.use_remove_padding": "False",
+    "critic.model.enable_gradient_checkpointing": "False",
+    "+critic.model.override_config.attn_implementation": "sdpa",
     "actor_rollout_ref.model.use_remove_padding": "False",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "False",
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",

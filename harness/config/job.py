@@ -47,6 +47,7 @@ REHEARSED = tuple(re.compile(p) for p in (
     rf"{re.escape(_A)}\.(use_kl_loss|kl_loss_coef|kl_loss_type|clip_ratio|clip_ratio_low|clip_ratio_high|"
     r"clip_ratio_c|loss_agg_mode|entropy_coeff|ppo_epochs|policy_loss\..+)",
     rf"{re.escape(_RO)}\.(n|temperature|top_p|top_k|do_sample|calculate_log_probs)",
+    r"critic\.(cliprange_value|ppo_epochs|loss_agg_mode)",
     r"reward\.reward_manager\..+",
     r"reward\.reward_kwargs\.overlong_buffer_cfg\.(enable|penalty_factor|log)",
 ))

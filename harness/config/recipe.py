@@ -240,9 +240,14 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         # The reference policy (on when a recipe sets use_kl_loss or use_kl_in_reward) has its own micro batch;
         # verl's validate_config refuses a recipe that turns it on without one.
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
+        # The critic (on when a recipe's advantage estimator is gae) likewise, and it loads the policy's model.
+        f"critic.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         f"{ro}.n={b.n}",
         # --- model and Megatron training parallelism
         f"actor_rollout_ref.model.path={_hydra_value(model_path)}",
+        # a critic's value model is the policy's model unless a recipe says otherwise (an interpolation: it follows
+        # any later actor_rollout_ref.model.path)
+        "critic.model.path=${actor_rollout_ref.model.path}",
         f"{mg}.tensor_model_parallel_size={t.tp}",
         f"{mg}.pipeline_model_parallel_size={t.pp}",
         f"{mg}.expert_model_parallel_size={t.ep}",
