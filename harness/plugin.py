@@ -83,7 +83,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "submits there and device counts come from there)")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.config.host import apply_isa_mask
+
+    try:  # HARNESS_CPU_ISA: behave as a plainer host, before any test runs a kernel
+        apply_isa_mask()
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
     for name, text in {**TIER_MARKERS, **HARDWARE_MARKERS, **OTHER_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     try:
@@ -139,13 +146,20 @@ def _engine_factory(target: str | None):
 
 
 def _register_hypothesis_profiles() -> None:
+    """`ci` (the default everywhere, `make test` included): derandomized, so the same commit gives the same
+    verdict on every run and host. `explore` (opt in: HYPOTHESIS_PROFILE=explore) draws new cases each run, more
+    of them: what finds the next hostile input, never what gates a merge."""
     try:
         from hypothesis import settings
     except ImportError:
         return
-    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
-    settings.register_profile("dev", deadline=None, max_examples=50)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=100)
+    settings.register_profile("explore", deadline=None, max_examples=500)
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    try:
+        settings.load_profile(name)
+    except Exception:  # noqa: BLE001 -- hypothesis raises InvalidArgument for an unknown profile
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={name!r}: use ci (the default) or explore") from None
 
 
 def item_tier(item: pytest.Item) -> str | None:

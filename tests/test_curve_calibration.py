@@ -79,11 +79,25 @@ def test_the_five_run_golden_passes_the_held_out_seed_and_its_own_self_check(gol
 
 @pytest.mark.parametrize("fault, reproduces", [("none", True), ("stale-absorbed", False)])
 def test_a_golden_seed_reproduces_exactly_and_a_fault_does_not(golden, tmp_path, fault, reproduces):
+    """Bit for bit on a host with the golden's kernels, within ULPs on any other (the golden's host fingerprint
+    decides, and the verdict says which); the stale-absorbed fault fails either way."""
+    from harness.config import host
+
     seed = golden.provenance["seeds"][0]
     run = load_run(run_lab(LabConfig(steps=EXACT_STEPS, seed=seed, fault=fault), tmp_path / f"lab-{fault}"))
     alignment = curves.compare_exact(run, golden, allow_partial=True)
     assert alignment.aligned is reproduces, alignment.message()
+    same = host.same_kernels(run.meta.extra["host"], golden.provenance.get("host"))
+    assert ("bit for bit: same CPU kernels" if same else "not bit for bit") in alignment.message()
     if not reproduces:  # the stale absorbed weights show in the rollout/actor mismatch from the first steps
         failed = {v.metric: v for v in alignment.failures}
         assert "training/rollout_probs_diff_mean" in failed and "first divergent step" in failed[
             "training/rollout_probs_diff_mean"].detail
+
+
+def test_the_lab_is_bit_for_bit_deterministic_on_one_host(tmp_path):
+    """Two runs of one seed on this host agree bit for bit, whatever the host (the golden may come from another)."""
+    runs = [load_run(run_lab(LabConfig(steps=3, seed=7), tmp_path / f"lab-s7-{i}")) for i in range(2)]
+    golden = Baseline.from_runs([runs[0]])
+    alignment = curves.compare_exact(runs[1], golden)
+    assert alignment.aligned and "bit for bit: same CPU kernels" in alignment.message(), alignment.message()

@@ -153,18 +153,43 @@ def test_window_counts_from_the_first_logged_step_of_a_resumed_run():
     assert "logged steps 101-108: it cannot fill the window 105-114" in window.detail and window.passed is False
 
 
-def test_same_seed_runs_compare_exactly():
-    runs = [make_run(f"lab-s{i}", gpu_like, seed=i) for i in range(3)]
+HOST = {"machine": "x86_64", "cpu": "Xeon", "isa": ["avx2", "avx512f", "fma"], "mask": None,
+        "aten_capability": "AVX512", "env": {}, "torch": "2.13.0+cpu"}
+AMX_HOST = {**HOST, "isa": ["amx_tile", "avx2", "avx512f", "fma"]}
+
+
+def _nudged(run: Run, step_index: int, delta: float) -> Run:
+    values = list(run[REWARD].values)
+    values[step_index] += delta
+    return dataclasses.replace(run, series={REWARD: Series(run[REWARD].steps, tuple(values))})
+
+
+def test_same_seed_runs_compare_exactly_on_the_same_kernels():
+    runs = [make_run(f"lab-s{i}", gpu_like, seed=i, extra={"host": HOST}) for i in range(3)]
     golden = Baseline.from_runs(runs, (REWARD,))
-    again = make_run("lab-s1-again", gpu_like, seed=1)  # deterministic per seed: the same values
-    assert curves.compare_exact(again, golden).aligned
-    values = list(again[REWARD].values)
-    values[6] += 1e-12
-    nudged = dataclasses.replace(again, series={REWARD: Series(again[REWARD].steps, tuple(values))})
-    (verdict,) = curves.compare_exact(nudged, golden).failures
-    assert verdict.where == "step 7" and "1 of 30 steps differ from lab-s1" in verdict.detail
+    assert golden.provenance["host"] == HOST
+    again = make_run("lab-s1-again", gpu_like, seed=1, extra={"host": HOST})  # deterministic per seed
+    alignment = curves.compare_exact(again, golden)
+    assert alignment.aligned and "bit for bit: same CPU kernels" in alignment.message()
+    (verdict,) = curves.compare_exact(_nudged(again, 6, 1e-12), golden).failures
+    assert verdict.where == "step 7" and "1 of 30 steps differ from lab-s1 (exactly)" in verdict.detail
     with pytest.raises(BadInput, match="no run of seed 9"):
         curves.compare_exact(make_run("other", gpu_like, seed=9), golden)
+
+
+def test_same_seed_on_other_kernels_compares_within_ulps_and_says_so():
+    """An AMX host (or a golden that records no host) reproduces a golden to ~1e-7, not bit for bit: judged within
+    the cross-host tolerance, named in the verdict; a real divergence still fails."""
+    golden = Baseline.from_runs([make_run(f"lab-s{i}", gpu_like, seed=i, extra={"host": HOST}) for i in range(3)],
+                                (REWARD,))
+    other = make_run("lab-s1-amx", gpu_like, seed=1, extra={"host": AMX_HOST})
+    alignment = curves.compare_exact(_nudged(other, 0, 3e-8), golden)
+    assert alignment.aligned, alignment.message()
+    assert "not bit for bit" in alignment.message() and "isa +amx_tile" in alignment.message()
+    unknown = curves.compare_exact(_nudged(make_run("lab-s1-old", gpu_like, seed=1), 0, 3e-8), golden)
+    assert unknown.aligned and "host fingerprint unknown" in unknown.message()
+    (verdict,) = curves.compare_exact(_nudged(other, 3, 1e-3), golden).failures  # a token flipped: a real change
+    assert verdict.where == "step 4" and "within rtol 1e-05 / atol 1e-06" in verdict.detail
 
 
 def _probs_run(name, level, seed, precision):

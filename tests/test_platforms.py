@@ -92,3 +92,46 @@ def test_freshness_sees_stale_impl_copies_behind_fresh_views():
     report = check_freshness("vllm-ascend layout", layers, TINY, torch.float32, previous=[{0: old}])
     assert {(d.owner, d.cause) for d in report.stale} == {("impl", "stale")}, report.message()
     assert "W_UK_T (impl)" in report.message()
+
+
+def test_every_engine_gets_a_named_backend_on_cpu():
+    """The backend vLLM would pick itself depends on the host (AMX_MLA on AMX hosts: it rejects fp32 and packs
+    W_UK_T / W_UV copies a sync cannot reach), so the harness always names one on CPU, with the reason."""
+    from harness.config.platforms import attention_backend
+
+    for amx in (False, True):
+        views = attention_backend("cpu", "views", amx=amx)
+        assert (views.backend, views.dtype) == ("CPU_MLA", "float32") and "views" in views.reason
+    assert (attention_backend("cpu", "default", amx=True).backend, attention_backend("cpu", "default", amx=True)
+            .dtype) == ("AMX_MLA", "bfloat16")
+    assert attention_backend("cpu", "default", amx=False).backend == "CPU_MLA"
+    for kind in ("gpu", "npu"):  # the platform plugin's own backend: nothing to choose
+        choice = attention_backend(kind, "default")
+        assert choice.backend is None and choice.dtype == "bfloat16" and choice.reason
+    with pytest.raises(ValueError, match="backend purpose"):
+        attention_backend("cpu", "fastest")
+
+
+def test_the_verl_cpu_tier_names_the_views_backend():
+    from harness.config import cpu_tier
+
+    assert cpu_tier.OVERRIDES["+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend"] == "CPU_MLA"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (the CPU build)")
+def test_a_cpu_engine_left_to_vllms_choice_is_refused(monkeypatch):
+    """Every construction of a vLLM engine on CPU that leaves the backend to vLLM fails before the engine starts
+    (it would be AMX_MLA on one host and CPU_MLA on another); the factory fills it from the table."""
+    from vllm.platforms import current_platform
+
+    from harness.engines import vllm as adapter
+    from harness.errors import BadInput
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM here is not the CPU build")
+    with pytest.raises(BadInput, match="left to vLLM it depends on the host"):
+        adapter.VLLMEngine(TINY, None, load_format="dummy")
+    built = {}
+    monkeypatch.setattr(adapter, "VLLMEngine", lambda *a, **kw: built.update(kw))
+    adapter.make_vllm_engine(TINY, load_format="dummy")
+    assert built["backend"] == "CPU_MLA"

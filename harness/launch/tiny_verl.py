@@ -57,15 +57,32 @@ def data_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / INPUTS / "data"
 
 
+def prepare_argv(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = None,
+                 python: str = "python") -> list[str]:
+    """The command that prepares a tiny run directory (`prepare`), as the job runs it."""
+    return [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps),
+            *(["--fault", fault] if fault else [])]
+
+
+def _prepared_key(seed: int, steps: int, fault: str | None) -> str:
+    return f"seed={seed} steps={steps} fault={fault}"
+
+
 def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = None) -> Path:
-    """Write the tiny model + tokenizer, the parquet data and meta.json into `run_dir`; returns `run_dir`."""
+    """Write the tiny model + tokenizer, the parquet data and meta.json into `run_dir`; returns `run_dir`. A run
+    directory prepared for the same seed, steps and fault already (`launch --local` prepares it while its Ray
+    cluster starts: ~7 s of imports and writes off the job's critical path) is left as it is."""
+    stamp = Path(run_dir) / INPUTS / ".prepared"
+    if stamp.is_file() and stamp.read_text() == _prepared_key(seed, steps, fault):
+        return Path(run_dir)
     import numpy as np
     import pandas as pd
 
     from harness.config.hardware import package_versions
+    from harness.config.host import fingerprint
     from harness.config.models import TINY
     from harness.engines.weights import random_state_dict, write_model_dir
-    from harness.io import versioned, write_json_atomic
+    from harness.io import versioned, write_atomic, write_json_atomic
     from harness.launch.tiny_task import build_tokenizer, make_rows
     from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
@@ -85,8 +102,10 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
     meta = {"name": run.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
             "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name,
             # the rollout's dtype (baselines pick their precision floors from it: harness.metrics.baseline)
-            "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"]}
+            "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"],
+            "host": fingerprint()}  # the CPU kernels it ran (harness.config.host): exact mode compares by it
     write_json_atomic(run / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
+    write_atomic(stamp, _prepared_key(seed, steps, fault))  # last: it means every input above is complete
     return run
 
 
@@ -103,6 +122,7 @@ def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, 
 
     from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
     from harness.config.cpu_tier import ROLLOUT_FAULTS as FAULTS
+    from harness.config.host import kernel_env
     from harness.config.scales import get_scale
     from harness.launch.ray_job import verl_job
 
@@ -111,9 +131,9 @@ def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, 
     run_dir = Path(run_dir).resolve()
     spec = verl_job(get_scale("tiny"), run_dir, steps=steps, model_path=str(model_dir(run_dir)),
                     data_dir=str(data_dir(run_dir)), extra_overrides=seed_overrides(seed))
-    prepare_cmd = [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps)]
-    prepare_cmd += ["--fault", fault] if fault else []
-    env = {**spec.env, **({FAULT_ENV: fault} if fault else {})}
+    prepare_cmd = prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)
+    # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
+    env = {**spec.env, **kernel_env(), **({FAULT_ENV: fault} if fault else {})}
     entrypoint = " ".join(map(shlex.quote, prepare_cmd)) + " && " + spec.entrypoint
     return dataclasses.replace(spec, entrypoint=entrypoint, env=env)
 

@@ -29,6 +29,10 @@ from harness.metrics.run import Run, Series
 
 SCHEMA = "ascend-rl-harness/baseline"
 SCHEMA_VERSION = 2  # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std)
+# Bounds of a golden's step grid: a step is an exact float (2**53), and a grid is at most a million steps (a 671B
+# run logs hundreds). A 300-digit end_step would otherwise reach len(range(...)) as an OverflowError traceback.
+MAX_STEP = 2**53
+MAX_GRID = 10**6
 
 
 def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = math.inf, integer: bool = False,
@@ -218,6 +222,11 @@ def run_seed(run: Run) -> int | None:
     return seed if type(seed) is int else None
 
 
+def _common_host(runs: list[Run]) -> dict | None:
+    hosts = [r.meta.extra.get("host") for r in runs]
+    return hosts[0] if isinstance(hosts[0], dict) and all(h == hosts[0] for h in hosts) else None
+
+
 def window_steps(first_step: int, tol: CurveTolerance) -> tuple[int, int]:
     """The window as absolute steps for a series whose first logged step is `first_step`."""
     return first_step + tol.window[0] - 1, first_step + tol.window[1] - 1
@@ -324,9 +333,11 @@ class MetricBaseline:
             runs_doc, values, tolerance = doc["runs"], doc["values"], doc["tolerance"]
         except KeyError as exc:
             raise BadInput(f"{where}: missing {exc}; re-record it with `ascend-rl-harness baseline record`") from None
-        if any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0:
-            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, start <= end, "
-                           f"interval >= 1 (got {start!r}, {end!r}, {interval!r})")
+        if (any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0
+                or end > MAX_STEP or (end - start) // interval >= MAX_GRID):
+            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, 0 <= start <= end <= "
+                           f"{MAX_STEP:g}, interval >= 1, at most {MAX_GRID:g} steps (got {start!r:.40}, {end!r:.40}, "
+                           f"{interval!r:.40})")
         grid = range(start, end + 1, interval)
         if not isinstance(runs_doc, list) or not runs_doc:
             raise BadInput(f"{where}: \"runs\" must be a non-empty list of the reference runs' curves")
@@ -417,6 +428,9 @@ class Baseline:
                       "sources": [src for r in runs for src in r.meta.sources],
                       "scale": first.scale, "hardware": first.hardware, "devices": first.devices,
                       "precision": precision, "versions": dict(first.versions),
+                      # the CPU kernels the runs were computed with (harness.config.host): exact mode is bit for
+                      # bit only on a host with the same; None when the runs disagree or do not say
+                      "host": _common_host(runs),
                       # what the runs shared (a candidate that differs is told so); seed and length may differ
                       "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

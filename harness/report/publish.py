@@ -56,6 +56,42 @@ def publish(report: RunReport, report_dir: str | Path, previous: RunReport | Non
     return write_report(report, report_dir / "report.json")  # last: its presence means the pages match it
 
 
+EVIDENCE_DIR = "evidence"
+# What a run directory's verdicts are computed from, and what says why it ended: verl's FileLogger, the
+# harness's metadata, the launcher's verdict and the job's and launcher's logs.
+EVIDENCE_FILES = ("metrics.jsonl", "meta.json", "launch.json", "job.log", "launch.log")
+
+
+def keep_evidence(report_dir: str | Path, run_dir: str | Path, name: str, extra: tuple[Path, ...] = ()) -> str:
+    """Copy a run's evidence (EVIDENCE_FILES present in `run_dir`, plus `extra` files) into
+    REPORT_DIR/evidence/NAME/, where it outlives the pytest temp directory the run lived in; returns that path
+    relative to the report directory (what the page links). Written into a fresh directory that replaces the old
+    one by rename: a reader never sees half of one run's files beside another's. Idempotent per session."""
+    import shutil
+    import tempfile
+
+    evidence = Path(report_dir) / EVIDENCE_DIR
+    evidence.mkdir(parents=True, exist_ok=True)
+    target = evidence / safe_name(name)
+    staging = Path(tempfile.mkdtemp(dir=evidence, prefix=f".{target.name}."))
+    try:
+        for source in (*(Path(run_dir) / f for f in EVIDENCE_FILES), *extra):
+            if source.is_file():
+                shutil.copyfile(source, staging / source.name)
+        staging.chmod(0o755)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{secrets.token_hex(4)}")
+            target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BadInput(f"{target}: cannot keep the run's evidence there ({exc.strerror or exc})") from None
+    return f"{EVIDENCE_DIR}/{target.name}/"
+
+
 def expand(paths) -> list[Path]:
     """Report files from files and trend-store directories (every *.json inside)."""
     out: list[Path] = []
