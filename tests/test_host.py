@@ -84,3 +84,17 @@ def test_the_kernel_env_travels_to_jobs(monkeypatch):
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     env = tiny_job("/tmp/x", seed=0).env
     assert env[host.HIDE_ENV] == "avx2" and env["MKL_CBWR"] == "AVX2"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == host.SITE_DIR
+
+
+def test_a_fresh_interpreter_of_a_job_is_masked_before_any_harness_code_runs():
+    """vLLM's EngineCore and workers are spawned interpreters that import vLLM first: the job's PYTHONPATH leads
+    them through isa_site/sitecustomize.py (measured: without it vLLM's worker loaded _C.abi3, the AVX-512 BF16
+    build, under HARNESS_CPU_ISA=avx2)."""
+    probe = ("import torch; print(torch.backends.cpu.get_cpu_capability(), torch.cpu._is_avx512_supported(), "
+             "torch.cpu._is_amx_tile_supported())")
+    clean = {k: v for k, v in os.environ.items() if k not in (host.HIDE_ENV, *host.KERNEL_ENV, "PYTHONPATH")}
+    env = {**clean, host.HIDE_ENV: "avx2", "PYTHONPATH": host.SITE_DIR}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    assert out == ["AVX2", "False", "False"]

@@ -116,10 +116,18 @@ def apply_isa_mask() -> str | None:
     return name
 
 
+# Holds a sitecustomize that applies the mask at interpreter start (see its docstring: vLLM's spawned processes).
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isa_site")
+
+
 def kernel_env() -> dict[str, str]:
     """HARNESS_CPU_ISA and the kernel caps as set here: what a job must carry to its processes (a Ray job's
-    runtime env) so they run the same kernels as this one."""
-    return {k: os.environ[k] for k in (HIDE_ENV, *KERNEL_ENV) if k in os.environ}
+    runtime env) so they run the same kernels as this one; with a mask, PYTHONPATH also leads every process of
+    the job, vLLM's spawned EngineCore and workers included, through isa_site/sitecustomize.py."""
+    env = {k: os.environ[k] for k in (HIDE_ENV, *KERNEL_ENV) if k in os.environ}
+    if mask():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, os.environ.get("PYTHONPATH")) if p)
+    return env
 
 
 def fingerprint() -> dict:
