@@ -37,6 +37,10 @@ def test_check_scale_names_the_bug():
     bad = check_scale("x", DEEPSEEK_V3, 128 ** -0.5)
     assert not bad.ok and bad.bug == "v_head_dim" and "0.0883883" in bad.message() and "0.1352338" in bad.message()
     assert check_scale("x", DEEPSEEK_V3, 0.1352337788608801).ok
+    # MindSpeed v2.2.0 with mbridge's kv_channels = head_dim = qk_rope_head_dim = 64: named, not "unknown"
+    rope = check_scale("x", DEEPSEEK_V3, 0.125)
+    assert not rope.ok and rope.bug == "qk_rope_head_dim" and "(= the qk_rope_head_dim bug)" in rope.message()
+    assert check_scale("x", DEEPSEEK_V3, 0.11).bug is None
 
 
 def test_derived_weights_are_views_with_vllm_layout(weights):

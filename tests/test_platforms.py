@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.config.models import TINY
-from harness.config.platforms import PLATFORMS, platform_facts
+from harness.config.platforms import PLATFORMS, platform_facts, sleep_plan
 from harness.engines.weights import random_state_dict
 from harness.mla.derive import derive_absorbed
 
@@ -135,3 +135,67 @@ def test_a_cpu_engine_left_to_vllms_choice_is_refused(monkeypatch):
     monkeypatch.setattr(adapter, "VLLMEngine", lambda *a, **kw: built.update(kw))
     adapter.make_vllm_engine(TINY, load_format="dummy")
     assert built["backend"] == "CPU_MLA"
+
+
+# ---- one sleep-mode engine per process (vllm-ascend NPUWorker.load_model / vLLM gpu_worker assert it) ----------
+
+def test_sleep_mode_only_for_an_engine_that_sleeps_and_in_its_own_process():
+    for kind in ("npu", "gpu"):
+        sleeping = sleep_plan(kind, sleeps=True)
+        assert sleeping.enabled and sleeping.own_process, kind
+        assert "one instance per process" in sleeping.reason
+        # the weight-sync / scale / graph-mode engines, built one after another (or two at once) in one process
+        assert not sleep_plan(kind, sleeps=False).enabled and not sleep_plan(kind, sleeps=False).own_process
+    cpu = sleep_plan("cpu", sleeps=True)
+    assert not cpu.enabled and not cpu.own_process and "not supported on CPU" in cpu.reason
+
+
+def test_second_sleep_engine_of_a_process_is_refused_by_name(monkeypatch):
+    from harness.engines import isolation
+
+    monkeypatch.setattr(isolation, "_sleep_engines_built", 0)
+    facts = platform_facts("npu")
+    isolation.claim_sleep_slot(facts.sleep_engines_per_process, facts.sleep_process_source)
+    with pytest.raises(RuntimeError, match="at most 1 per process.*CaMemAllocator.*in_fresh_process"):
+        isolation.claim_sleep_slot(facts.sleep_engines_per_process, facts.sleep_process_source)
+    isolation.claim_sleep_slot(None, "")  # no limit (the reference engine's kind of sleep)
+
+
+# ---- the plain `vllm` kind on vllm-ascend: seed 001's bug on purpose, a named strict xfail ----------------------
+
+def _item(test: str, engine: str):
+    return SimpleNamespace(originalname=test, callspec=SimpleNamespace(params={"engine_kind": (engine, None),
+                                                                               "load_format": "real"}))
+
+
+def test_sync_without_rederive_is_an_expected_failure_on_npu_only():
+    from fixtures.engines import WEIGHT_SYNC_TEST, expected_failure
+
+    reason = expected_failure(_item(WEIGHT_SYNC_TEST, "vllm"), "npu")
+    assert reason and "seed 001" in reason and "attention/mla_v1.py" in reason and "copy_" in reason
+    assert expected_failure(_item(WEIGHT_SYNC_TEST, "vllm-rederive"), "npu") is None  # verl 0.9.1's way passes
+    assert expected_failure(_item(WEIGHT_SYNC_TEST, "reference"), "npu") is None
+    assert expected_failure(_item("test_engine_scale_is_closed_form", "vllm"), "npu") is None  # no sync there
+    for kind in ("cpu", "gpu"):  # CPU_MLA / CUDA MLA decode through views of kv_b_proj: the in-place sync lands
+        assert expected_failure(_item(WEIGHT_SYNC_TEST, "vllm"), kind) is None
+    assert expected_failure(SimpleNamespace(originalname=WEIGHT_SYNC_TEST), "npu") is None  # not parametrized
+
+
+def test_collection_marks_that_case_a_strict_xfail():
+    """fixtures/engines.py's collection hook applies the decision: strict (an XPASS -- vllm-ascend changed -- fails
+    the night until the table is updated), the reason in the report; other cases untouched."""
+    from fixtures.engines import WEIGHT_SYNC_TEST, pytest_collection_modifyitems
+    from harness.markers import DETECTED_KEY
+
+    class Item(SimpleNamespace):
+        def add_marker(self, mark):
+            self.marks.append(mark)
+
+    items = [Item(originalname=WEIGHT_SYNC_TEST, callspec=_item(WEIGHT_SYNC_TEST, e).callspec, marks=[],
+                  fixturenames=("engine_kind",), path=Path("suites/functional/test_mla_weight_sync.py"))
+             for e in ("vllm", "vllm-rederive", "reference")]
+    config = SimpleNamespace(stash={DETECTED_KEY: SimpleNamespace(kind="npu")}, getoption=lambda name: None)
+    pytest_collection_modifyitems(config, items)
+    (mark,) = items[0].marks
+    assert mark.name == "xfail" and mark.kwargs["strict"] is True and "seed 001" in mark.kwargs["reason"]
+    assert items[1].marks == [] and items[2].marks == []

@@ -82,7 +82,7 @@ def _prepare_tiny(run_dir: Path, args: argparse.Namespace):
 
 def register(sub: argparse._SubParsersAction) -> None:
     from harness.cli.args import positive_float
-    from harness.launch.k8s import AUTH_SECRET, SHARED_CLAIM, SHARED_MOUNT
+    from harness.launch.k8s import AUTH_SECRET, DEFAULT_IMAGE, SHARED_CLAIM, SHARED_MOUNT
 
     p = sub.add_parser("launch", help="submit a scale's DAPO job to Ray (or print a K8s manifest)")
     p.add_argument("--scale", required=True, help="scale name (see `scales`)")
@@ -97,9 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
-    p.add_argument("--image", default="verl-ascend:latest",
-                   help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...; "
-                        "default %(default)s)")
+    p.add_argument("--image", default=DEFAULT_IMAGE,
+                   help="container image for --k8s (an image reference: registry/name:tag, pulled Always, or "
+                        "name@sha256:..., pulled IfNotPresent; default %(default)s, built by docker/npu.Dockerfile)")
     p.add_argument("--namespace", default="default",
                    help=f"Kubernetes namespace for --k8s (default %(default)s); it must hold the --pvc claim and the "
                         f"Secret {AUTH_SECRET} (key `token`: Ray's cluster token)")

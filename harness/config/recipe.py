@@ -156,8 +156,6 @@ def recipe_env(scale: Scale) -> dict[str, str]:
         # Alignment scales (no throughput target) run deterministic (seed 001 method 3, seed 003): fixed
         # seeds and deterministic HCCL/matmul, so curves can be compared with the GPU baseline. The
         # throughput scale (seed 002, 120 TPS/card) does not: deterministic reductions cost speed.
-        # Seed 003 sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in all three of its scenarios (HCCL, LCCL, one card):
-        # the engine's process model changes sampling and tensor distribution.
         env.update(DETERMINISTIC_ENV)
     return env
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.config.models import ModelSpec
-from harness.config.platforms import platform_facts
+from harness.config.platforms import platform_facts, sleep_plan
 from harness.engines.base import Engine, MLALayer, Rollout
 from harness.engines.weights import checkpoint_shapes, write_model_dir
 from harness.errors import BadInput
@@ -125,12 +125,14 @@ class VLLMEngine(Engine):
                    on a reload: `repack_cpu_moe_experts`; default and required on CPU); "vllm-reload" is vLLM's
                    layerwise reload exactly as upstream ships it (no prepack step).
       rederive_after_sync  with "load_weights": run process_weights_after_loading after the sync (verl #4130).
+      sleep_mode   build with vLLM's sleep mode (GPU / NPU; vLLM CPU has none): only for an engine that will sleep,
+                   at most one per process (harness.config.platforms `sleep_plan`, harness.engines.isolation).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
-                 max_model_len: int = 512,
+                 max_model_len: int = 512, sleep_mode: bool = False,
                  **llm_kwargs):
         if load_format not in ("real", "dummy"):
             raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
@@ -182,8 +184,13 @@ class VLLMEngine(Engine):
             # of the tiny model's latent cache (576 values per token and layer).
             kwargs["kv_cache_memory_bytes"] = 64 << 20
         if not current_platform.is_cpu():
-            # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
-            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
+            kwargs["gpu_memory_utilization"] = 0.3
+        if sleep_plan(self.facts.kind, sleeps=sleep_mode).enabled:
+            # as verl uses it between rollout and training; one such engine per process (the pool never empties)
+            from harness.engines.isolation import claim_sleep_slot
+
+            claim_sleep_slot(self.facts.sleep_engines_per_process, self.facts.sleep_process_source)
+            kwargs["enable_sleep_mode"] = True
         if self.facts.additional_config:  # e.g. weight_nz_mode=0 on vllm-ascend (wake_up raises otherwise)
             kwargs["additional_config"] = {**self.facts.additional_config, **llm_kwargs.pop("additional_config", {})}
         kwargs.update(llm_kwargs)
@@ -203,6 +210,14 @@ class VLLMEngine(Engine):
             core.shutdown()
         self.llm = None
         gc.collect()
+        if self.facts.kind == "npu":
+            # vllm-ascend v0.20.2rc1 / v0.23.0 builds its own groups (MC2, MLP TP, ...) in
+            # distributed/parallel_state.py init_ascend_model_parallel, which returns early while they exist, and never
+            # calls its destroy_ascend_model_parallel: the next engine of this process would reuse groups of this
+            # engine's torn-down world.
+            from vllm_ascend.distributed.parallel_state import destroy_ascend_model_parallel
+
+            destroy_ascend_model_parallel()
         cleanup_dist_env_and_memory()
         torch.set_num_threads(self._threads)
         if self._tmp:

@@ -71,12 +71,38 @@ def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "py
                               f"--out {shlex.quote(str(run_dir))}")
 
 
+# Where a cluster job finds its inputs: $HARNESS_MODEL_DIR holds one HF directory per model (`<dir>/<model name>`),
+# $HARNESS_DATA_DIR the DAPO parquet files (train.parquet, test.parquet).
+MODEL_DIR_ENV, DATA_DIR_ENV = "HARNESS_MODEL_DIR", "HARNESS_DATA_DIR"
+
+
+def shared_inputs(scale, model_path: str | None, data_dir: str | None) -> tuple[str, str]:
+    """(model path, data dir) of a cluster scale, both absolute: Ray uploads the working directory without models/
+    and data/ (WORKING_DIR_EXCLUDES) and runs the job from a copy of it, so the recipe's relative defaults
+    (`models/<name>`, `data/dapo`) resolve nowhere on the workers. Defaults from $HARNESS_MODEL_DIR /
+    $HARNESS_DATA_DIR; BadInput naming what is missing otherwise."""
+    model_root = os.environ.get(MODEL_DIR_ENV)
+    model_path = model_path or (os.path.join(model_root, scale.model.name) if model_root else None)
+    data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+    bad = [f"{what} {path!r}" if path else f"no {what} (set ${env})"
+           for what, path, env in (("model path", model_path, MODEL_DIR_ENV), ("data dir", data_dir, DATA_DIR_ENV))
+           if not path or not os.path.isabs(path)]
+    if bad:
+        raise BadInput(f"scale {scale.name} runs on a cluster: {'; '.join(bad)}; give absolute paths on storage every "
+                       f"node mounts (${MODEL_DIR_ENV} holding {scale.model.name}/, ${DATA_DIR_ENV} holding "
+                       "train.parquet and test.parquet): the job's uploaded working directory has no models/ or data/")
+    return model_path, data_dir
+
+
 def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
              extra_overrides: tuple[str, ...] = (), resume: bool = False) -> JobSpec:
-    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides, writing into `run_dir`."""
+    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides, writing into `run_dir`. Every
+    scale but tiny (whose job writes its own inputs into the run directory) needs absolute `shared_inputs`."""
     from harness.config.recipe import dapo_recipe
 
     run_dir = Path(run_dir).resolve()
+    if scale.tier != "tiny":
+        model_path, data_dir = shared_inputs(scale, model_path, data_dir)
     recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     overrides = [*recipe.overrides,
                  f"trainer.total_training_steps={steps}",

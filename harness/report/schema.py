@@ -116,27 +116,11 @@ class RunReport:
         return doc
 
 
-def _cann_version() -> str | None:
-    """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
-    home = (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-            or "/usr/local/Ascend/ascend-toolkit/latest")
-    for info in (Path(home) / "compiler" / "version.info", Path(home) / "toolkit" / "version.info",
-                 Path(home) / "version.cfg"):
-        if info.is_file():
-            for line in info.read_text(errors="replace").splitlines():
-                if "version" in line.lower() and "=" in line:
-                    return line.split("=", 1)[1].strip().strip('"[]')
-    return None
-
-
 def _driver_version(kind: str) -> str | None:
     if kind == "npu":
-        info = Path("/usr/local/Ascend/driver/version.info")
-        if info.is_file():
-            for line in info.read_text(errors="replace").splitlines():
-                if line.startswith("Version="):
-                    return line.split("=", 1)[1].strip()
-        return None
+        from harness.config.installed import driver_version
+
+        return driver_version()
     if kind == "gpu":
         try:
             import torch
@@ -150,13 +134,14 @@ def _driver_version(kind: str) -> str | None:
 def machine_info() -> MachineInfo:
     """This machine: host, device (harness.config.hardware.detect), driver/CANN and the stack's versions."""
     from harness.config.hardware import STACK_PACKAGES, detect, package_versions
+    from harness.config.installed import cann_version
 
     found, installed = detect(), package_versions()
     return MachineInfo(
         hostname=socket.gethostname(), platform=platform.platform(), python=platform.python_version(),
         cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
         device_count=found.device_count, hardware_profile=found.profile.name,
-        driver=_driver_version(found.kind), cann=_cann_version(),
+        driver=_driver_version(found.kind), cann=cann_version(),
         packages={p: installed.get(p) for p in STACK_PACKAGES})  # null where absent (a CPU run has no torch_npu)
 
 
