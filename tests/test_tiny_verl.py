@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from harness.config import cpu_tier
-from harness.config.models import TINY
-from harness.launch import tiny_task
+from harness.config import cpu_tier, task
+from harness.config.models import TINY_TASK
 
 _PROBE = """
 import importlib.metadata, json, torch
@@ -62,23 +61,24 @@ def test_without_the_platform_module_verl_picks_cuda():
 
 def test_tokenizer_covers_the_whole_vocab():
     """verl masks rollout logits at or above len(tokenizer): a smaller tokenizer would fake a rollout/actor diff."""
-    tokenizer = tiny_task.build_tokenizer()
-    assert len(tokenizer) == TINY.vocab_size == len(set(tiny_task.VOCAB))
-    text = "ab" + tiny_task.CYRILLIC[:3]
-    assert tokenizer.decode(tokenizer.encode(text)) == text
-    assert tokenizer.eos_token_id == tiny_task.VOCAB.index(tiny_task.EOS)
+    tokenizer = task.build_tokenizer()
+    assert len(tokenizer) == TINY_TASK.vocab_size == len(set(task.VOCAB))
+    assert tokenizer.decode(tokenizer.encode("31=")) == "31="
+    assert tokenizer.eos_token_id == task.EOS_ID
 
 
-def test_reward_varies_within_a_group():
-    """A group of random responses gets different scores (math_dapo would give every one -1)."""
-    import numpy as np
+def test_the_verl_reward_file_is_the_tasks_math_dapo_score():
+    """The file verl loads (reward.custom_reward_function) scores like the lab: math_dapo of "Answer: <response>"
+    against the prompt's first digit, so a random group of answers has reward variance (1 in 4 digits right)."""
+    import importlib.util
 
-    rng = np.random.default_rng(0)
-    responses = ["".join(tiny_task.VOCAB[int(i)] for i in rng.integers(1, 256, size=16)) for _ in range(8)]
-    scores = [tiny_task.compute_score("tiny", r, "cyrillic")["score"] for r in responses]
-    assert len(set(scores)) > 1 and all(-1.0 <= s <= 1.0 for s in scores), scores
-    assert tiny_task.compute_score("tiny", "abc\n", "latin") == {"score": 1.0, "acc": 1.0}
-    assert tiny_task.compute_score("tiny", "", "latin")["score"] == -1.0
+    spec = importlib.util.spec_from_file_location("tiny_reward", cpu_tier.REWARD_FILE)
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    assert reward.compute_score(task.DATA_SOURCE, "3", "3")["score"] == 1.0
+    assert reward.compute_score(task.DATA_SOURCE, "1", "3")["score"] == -1.0
+    rows = task.make_rows(__import__("numpy").random.default_rng(0), 16, "train")
+    assert all(r["prompt"][0]["content"][0] == r["reward_model"]["ground_truth"] for r in rows)
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,10 @@ run (harness.launch.tiny_verl) launches exactly that. Measured on verl 0.9.1 / v
 - V1 trainer plumbing sized for 2 cores: TransferQueue with one storage unit (its default 8 storage actors
   deadlock on few CPUs; the local Ray cluster also declares more logical CPUs than cores), one agent-loop and
   one reward worker, no dataloader workers, no validation.
-- The tiny task (harness.launch.tiny_task): an offline char tokenizer covering the model's whole vocab (verl
-  masks rollout logits at or above len(tokenizer)), and a reward with variance within groups through verl's
-  custom_reward_function (math_dapo on an untrained model gives every sample -1: zero advantages).
+- The tiny task (harness.config.task, the lab's): copy the prompt's first digit, scored by verl's own math_dapo
+  through verl's custom_reward_function (harness/launch/tiny_task.py), over a 6-token vocabulary the tokenizer
+  covers whole (verl masks rollout logits at or above len(tokenizer)), instead of math_dapo on DAPO-Math-17k (an
+  untrained model gets every sample -1 there: zero advantages); the lab's learning rate.
 """
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
 
     from harness.config.hardware import package_versions
     from harness.config.host import fingerprint
-    from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
+    from harness.config.task import EOS_ID, CharTokenizer, compute_score, make_prompts
 
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
@@ -241,7 +241,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
 
 def _batch(prompts, rollout, config: LabConfig, DataProto):
     """A verl DataProto of one generation round: prompts, responses padded with EOS, masks, rollout log-probs."""
-    from harness.lab.task import EOS_ID
+    from harness.config.task import EOS_ID
 
     R, n = config.max_response_length, config.n
     prompt_ids = torch.tensor([p.token_ids for p in prompts for _ in range(n)])

@@ -5,7 +5,7 @@
 `python -m harness.launch.tiny_verl --run-dir D --seed S` writes, inside the run directory and offline,
 
   inputs/model/  the tiny DeepSeek-V3 (random weights of `seed`, fp32 safetensors) plus the char tokenizer
-  inputs/data/   train.parquet / test.parquet in verl's RLHFDataset layout (harness.launch.tiny_task)
+  inputs/data/   train.parquet / test.parquet in verl's RLHFDataset layout (the tiny task: harness.config.task)
   meta.json      the harness's run metadata (scale, hardware, devices, versions, seed, fault)
 
 and verl writes its FileLogger `metrics.jsonl` beside them. `fault` seeds a rollout fault through the vLLM worker
@@ -80,19 +80,19 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
 
     from harness.config.hardware import package_versions
     from harness.config.host import fingerprint
-    from harness.config.models import TINY
+    from harness.config.models import TINY_TASK
+    from harness.config.task import build_tokenizer, make_rows
     from harness.engines.weights import random_state_dict, write_model_dir
     from harness.io import versioned, write_atomic, write_json_atomic
-    from harness.launch.tiny_task import build_tokenizer, make_rows
     from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
     run = Path(run_dir)
-    weights = random_state_dict(TINY, seed)
+    weights = random_state_dict(TINY_TASK, seed)
     weights["lm_head.weight"] = weights["lm_head.weight"] * HEAD_SCALE
-    model = write_model_dir(TINY, weights, model_dir(run))
+    model = write_model_dir(TINY_TASK, weights, model_dir(run))
     tokenizer = build_tokenizer()
-    if len(tokenizer) != TINY.vocab_size:
-        raise BadInput(f"tiny tokenizer covers {len(tokenizer)} tokens but {TINY.name} has {TINY.vocab_size}")
+    if len(tokenizer) != TINY_TASK.vocab_size:
+        raise BadInput(f"tiny tokenizer covers {len(tokenizer)} tokens but {TINY_TASK.name} has {TINY_TASK.vocab_size}")
     tokenizer.save_pretrained(model)
     data = data_dir(run)
     data.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
     for split, count in (("train", TRAIN_PROMPTS), ("test", TEST_PROMPTS)):
         pd.DataFrame(make_rows(rng, count, split)).to_parquet(data / f"{split}.parquet")
     meta = {"name": run.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
-            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name,
+            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY_TASK.name,
             # the rollout's dtype (baselines pick their precision floors from it: harness.metrics.baseline)
             "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"],
             "host": fingerprint()}  # the CPU kernels it ran (harness.config.host): exact mode compares by it
