@@ -98,3 +98,26 @@ def test_a_fresh_interpreter_of_a_job_is_masked_before_any_harness_code_runs():
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout.split()
     assert out == ["AVX2", "False", "False"]
+
+
+# The cases whose outcome the host decides: bit-exactness against a golden, the lab's determinism, the backend
+# choice, and a real vLLM CPU engine on the AVX2 kernel library.
+DECISIVE = ("tests/test_curve_calibration.py::test_the_lab_is_bit_for_bit_deterministic_on_one_host",
+            "tests/test_curve_calibration.py::test_a_golden_seed_reproduces_exactly_and_a_fault_does_not",
+            "tests/test_platforms.py",
+            "suites/precision/test_mla_softmax_scale.py::test_tiny_engine_scale_is_closed_form")
+
+
+def test_the_decisive_cases_pass_with_avx512_and_amx_hidden():
+    """The lane that proves the other kind of host on this one: the decisive cases in a pytest session that starts
+    with HARNESS_CPU_ISA=avx2 (ATen / oneDNN / MKL capped, vLLM CPU on _C_AVX2, the backend chosen as without
+    AMX). On an AVX2-only host it is the same session as the plain one."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    clean = {k: v for k, v in os.environ.items() if k not in (host.HIDE_ENV, *host.KERNEL_ENV, "PYTEST_XDIST_WORKER")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *DECISIVE], cwd=root, env={**clean, host.HIDE_ENV: "avx2"}, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1] and "failed" not in done.stdout.splitlines()[-1]

@@ -81,16 +81,6 @@ def test_the_verl_reward_file_is_the_tasks_math_dapo_score():
     assert all(r["prompt"][0]["content"][0] == r["reward_model"]["ground_truth"] for r in rows)
 
 
-@pytest.fixture(scope="session")
-def stale_absorbed_verl_run(pytestconfig, tiny_verl_run):
-    """verl's real main_ppo at tiny scale, 3 steps, with the rollout's W_UK_T / W_UV frozen at their pre-sync
-    copies (after the session's clean run: one tiny verl run at a time)."""
-    from fixtures.dapo import TinyVerlLaunch, _session_home
-
-    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-stale-absorbed"), steps=3, fault="stale-absorbed")
-    return launch.result(pytestconfig)
-
-
 @pytest.mark.tiny
 @pytest.mark.cpu
 def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_absorbed_verl_run, tiny_verl_run):
@@ -104,9 +94,35 @@ def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_a
     golden = load_baseline(TINY_GOLDEN)
     clean = curves.compare(tiny_verl_run, golden, (ROLLOUT_PROBS_DIFF,))
     assert clean.ok, clean.message()
-    faulty = curves.compare(stale_absorbed_verl_run, golden, (ROLLOUT_PROBS_DIFF,), allow_partial=True)
+    faulty = curves.compare(stale_absorbed_verl_run, golden, (ROLLOUT_PROBS_DIFF,))
     failed = {(v.metric, v.statistic) for v in faulty.failures}
     assert (ROLLOUT_PROBS_DIFF, "band") in failed, faulty.message()
     clean_diff = max(tiny_verl_run[ROLLOUT_PROBS_DIFF].values)
     faulty_diff = min(stale_absorbed_verl_run[ROLLOUT_PROBS_DIFF].values)
     assert faulty_diff > 100 * max(clean_diff, 1e-6), (clean_diff, faulty_diff)
+
+
+# Every seeded regression an upgrade gate exists for (harness.config.cpu_tier TRAINER_FAULTS through verl's own
+# overrides and the seeded advantage estimators; frozen-rollout through the rollout's worker extension).
+REGRESSIONS = (*cpu_tier.TRAINER_FAULTS, "frozen-rollout")
+
+
+@pytest.mark.regression
+@pytest.mark.tiny
+@pytest.mark.cpu
+@pytest.mark.parametrize("fault", REGRESSIONS)
+def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regression_verl_run, tiny_verl_run,
+                                                                     record_property):
+    """Each regression is a real verl run of another seed than the golden's (the clean one is the session's run,
+    which the reward-alignment suite passes): the alignment with the 5-run golden must fail, and says by which
+    statistic."""
+    from fixtures.dapo import TINY_GOLDEN
+    from harness.metrics import curves
+    from harness.metrics.baseline import load_baseline
+
+    golden = load_baseline(TINY_GOLDEN)
+    alignment = curves.compare(regression_verl_run, golden)
+    record_property("curves.regression", {"fault": fault, "state": alignment.state,
+                                          "caught_by": [f"{v.metric} {v.statistic}" for v in alignment.failures]})
+    assert not alignment.passed, f"{fault} passed the alignment: {alignment.message()}"
+    assert curves.compare(tiny_verl_run, golden).passed  # the clean run of the session's seed: the verdict's control

@@ -94,7 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_float, help="seconds before the job is stopped (verdict timeout; "
                                                  "default 3600, tiny 600)")
     p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
-    p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
+    p.add_argument("--fault", help="tiny: seed a rollout fault (the vLLM worker extension: stale-absorbed, "
+                                   "frozen-rollout) or an algorithmic regression (harness.config.cpu_tier "
+                                   "TRAINER_FAULTS, e.g. no-optimizer-step)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
     p.add_argument("--image", default=DEFAULT_IMAGE,

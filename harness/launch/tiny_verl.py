@@ -121,19 +121,20 @@ def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, 
     import dataclasses
 
     from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
-    from harness.config.cpu_tier import ROLLOUT_FAULTS as FAULTS
+    from harness.config.cpu_tier import ROLLOUT_FAULTS, TRAINER_FAULTS
     from harness.config.host import kernel_env
     from harness.config.scales import get_scale
     from harness.launch.ray_job import verl_job
 
-    if fault is not None and fault not in FAULTS:
-        raise BadInput(f"--fault {fault!r}: the verl rollout injects {', '.join(FAULTS)}")
+    if fault is not None and fault not in (*ROLLOUT_FAULTS, *TRAINER_FAULTS):
+        raise BadInput(f"--fault {fault!r}: the tiny verl run injects {', '.join((*ROLLOUT_FAULTS, *TRAINER_FAULTS))}")
     run_dir = Path(run_dir).resolve()
     spec = verl_job(get_scale("tiny"), run_dir, steps=steps, model_path=str(model_dir(run_dir)),
-                    data_dir=str(data_dir(run_dir)), extra_overrides=seed_overrides(seed))
+                    data_dir=str(data_dir(run_dir)),
+                    extra_overrides=(*seed_overrides(seed), *TRAINER_FAULTS.get(fault, ())))
     prepare_cmd = prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)
     # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
-    env = {**spec.env, **kernel_env(), **({FAULT_ENV: fault} if fault else {})}
+    env = {**spec.env, **kernel_env(), **({FAULT_ENV: fault} if fault in ROLLOUT_FAULTS else {})}
     entrypoint = " ".join(map(shlex.quote, prepare_cmd)) + " && " + spec.entrypoint
     return dataclasses.replace(spec, entrypoint=entrypoint, env=env)
 

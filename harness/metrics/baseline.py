@@ -86,6 +86,11 @@ class CurveTolerance:
     window_rtol: float = 0.0
     trend_steps: int = 10
     trend_atol: float = 0.01
+    # How much wider than the noise model (harness.metrics.stats.run_noise) runs of other seeds spread, per
+    # statistic: measured on calibration seeds (scripts/calibrate-curves; NOISE_INFLATION below).
+    band_inflation: float = 1.0
+    window_inflation: float = 1.0
+    trend_inflation: float = 1.0
 
     def __post_init__(self):
         self.validate(dataclasses.asdict(self), "tolerance")
@@ -94,6 +99,8 @@ class CurveTolerance:
     def validate(doc: dict, where: str) -> None:
         for key in ("band_atol", "band_rtol", "window_atol", "window_rtol", "trend_atol"):
             _number(doc, key, where)
+        for key in ("band_inflation", "window_inflation", "trend_inflation"):
+            _number(doc, key, where, low=1.0, high=1e3)
         # max_outliers is a fraction of the steps: 5.0 would allow every step outside (MISALIGNED read as ALIGNED)
         _number(doc, "max_outliers", where, high=1.0, high_open=True)
         _number(doc, "confidence", where, low=0.5, high=1.0, low_open=True, high_open=True)
@@ -150,15 +157,51 @@ DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 
 
+# How much wider than their step noise clean runs of other seeds spread, per metric and statistic (band, window,
+# trend): measured by scripts/calibrate-curves on the tiny lab's calibration seeds (baselines/tiny/
+# curve_calibration.json records the measurement; tests/test_curve_calibration.py keeps this table in step with it).
+NOISE_INFLATION: dict[str, tuple[float, float, float]] = {
+    REWARD: (1.0, 1.0, 1.0),
+    RESPONSE_LENGTH: (1.0, 1.0, 1.0),
+    PG_LOSS: (1.0, 1.0, 1.0),
+    GRAD_NORM: (1.0, 1.0, 1.0),
+    ROLLOUT_PROBS_DIFF: (1.0, 1.0, 1.0),
+}
+INFLATED_STATISTICS = ("band", "window", "trend")
+
+
 def default_tolerance(metric: str, precision: str | None = None) -> CurveTolerance:
     """The metric's tolerance; rollout_probs_diff's floors follow the precision (bf16 when unknown: the
-    production NPU precision, and the wider floor)."""
+    production NPU precision, and the wider floor); the noise inflation is NOISE_INFLATION's."""
     if metric in PRECISION_TOLERANCES.get(precision or "bf16", {}):
-        return PRECISION_TOLERANCES[precision or "bf16"][metric]
-    try:
-        return DEFAULT_TOLERANCES[metric]
-    except KeyError:
-        raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}") from None
+        tol = PRECISION_TOLERANCES[precision or "bf16"][metric]
+    elif metric in DEFAULT_TOLERANCES:
+        tol = DEFAULT_TOLERANCES[metric]
+    else:
+        raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}")
+    inflation = dict(zip(INFLATED_STATISTICS, NOISE_INFLATION.get(metric, (1.0,) * 3), strict=True))
+    return dataclasses.replace(tol, **{f"{k}_inflation": v for k, v in inflation.items()})
+
+
+def measure_inflation(runs: list[Run], metric: str, tol: CurveTolerance) -> dict[str, float]:
+    """{band, window, trend}: how much wider clean runs of different seeds spread than the noise model says one
+    run's noise makes them (sqrt of the across-run variance over the mean noise variance of the statistic; at
+    least 1). What NOISE_INFLATION is measured with; runs must log the metric at the same, consecutive steps."""
+    series = [r[metric] for r in runs]
+    steps = series[0].steps
+    if len(runs) < 3 or any(s.steps != steps for s in series):
+        raise BadInput(f"{metric}: measuring the noise inflation needs >= 3 runs logging the same steps")
+    noise = [stats.pooled_noise([s.values]) for s in series]  # as one reference run reads it
+    first, last = window_steps(steps[0], tol)
+    head = steps[:tol.trend_steps]
+    observed = {
+        "band": statistics.fmean(statistics.variance(col) for col in zip(*(s.values for s in series), strict=True)),
+        "window": statistics.variance([window_stat(s, first, last, tol.window_stat) for s in series]),
+        "trend": statistics.variance([slope(s.window(head[0], head[-1])) for s in series])}
+    predicted = {"band": statistics.fmean(n.sigma ** 2 for n in noise),
+                 "window": statistics.fmean(n.mean_sd(last - first + 1) ** 2 for n in noise),
+                 "trend": statistics.fmean(n.slope_sd(head) ** 2 for n in noise)}
+    return {k: max(1.0, math.sqrt(observed[k] / predicted[k])) if predicted[k] > 0 else 1.0 for k in observed}
 
 
 @dataclass(frozen=True)
@@ -263,15 +306,10 @@ class MetricBaseline:
 
     runs: tuple[ReferenceCurve, ...]
     tolerance: CurveTolerance
-    min_runs: int = stats.MIN_CALIBRATED_RUNS  # runs needed for a calibrated spread (the self-check lowers it)
 
     @property
     def n_runs(self) -> int:
         return len(self.runs)
-
-    @property
-    def calibrated(self) -> bool:
-        return self.n_runs >= self.min_runs
 
     @cached_property
     def steps(self) -> tuple[int, ...]:
@@ -290,17 +328,35 @@ class MetricBaseline:
 
     @cached_property
     def spreads(self) -> tuple[tuple[float, int], ...]:
-        """(s, df) per step: the robust spread pooled over `pool` neighbouring steps each side."""
-        return tuple(stats.pooled_spreads(self._columns, self.tolerance.pool))
+        """(s, df) per step: the robust spread across runs pooled over `pool` neighbouring steps each side, shrunk
+        toward the noise model (harness.metrics.stats.shrunk): one run is judged by its noise alone."""
+        tol = self.tolerance
+        across = (stats.pooled_spreads(self._columns, tol.pool) if self.n_runs > 1
+                  else [(0.0, 0)] * len(self.steps))
+        prior = tol.band_inflation * self.noise.sigma
+        return tuple(stats.shrunk(prior, self.noise.df, s, df) for s, df in across)
 
-    def half_width(self, i: int, *, calibrated: bool | None = None) -> float:
-        """Band half-width at step index i; floors only when not calibrated (fewer than 3 runs)."""
+    @cached_property
+    def noise(self) -> stats.Noise:
+        """The reference runs' step-to-step noise (harness.metrics.stats.run_noise), pooled."""
+        return stats.pooled_noise([r.series.values for r in self.runs])
+
+    def half_width(self, i: int) -> float:
+        """Band half-width at step index i: the metric's floors, or the prediction interval of one new run."""
         tol = self.tolerance
         floor = max(tol.band_atol, tol.band_rtol * abs(self.center[i]))
-        if not (self.calibrated if calibrated is None else calibrated):
-            return floor
         s, df = self.spreads[i]
         return max(floor, stats.prediction_half_width(s, df, self.n_runs, tol.confidence))
+
+    def predict(self, values: list[float], prior_sd: float) -> tuple[float, float, str]:
+        """(centre, prediction half-width, how) of one new run's statistic, from the reference runs' values of it
+        and the noise model's SD of it (`prior_sd`, before inflation)."""
+        center = stats.centre(values)
+        spread, spread_df = stats.robust_spread([[v - center for v in values]]) if len(values) > 1 else (0.0, 0)
+        s, df = stats.shrunk(prior_sd, self.noise.df, spread, spread_df)
+        how = (f"noise model sd {prior_sd:.3g}" + (f" + spread of {len(values)} runs {spread:.3g}"
+                                                   if len(values) > 1 else " (1 reference run)"))
+        return center, stats.prediction_half_width(s, df, self.n_runs, self.tolerance.confidence), how
 
     def series(self) -> Series:
         return Series(self.steps, self.center)
@@ -437,13 +493,19 @@ class Baseline:
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more")
 
-    def without(self, index: int, *, min_runs: int = stats.MIN_CALIBRATED_RUNS) -> Baseline:
-        """The baseline of every reference run but the index-th (the leave-one-out self-check), calibrated from
-        `min_runs` runs on."""
+    def without(self, index: int) -> Baseline:
+        """The baseline of every reference run but the index-th (the leave-one-out self-check)."""
         left_out = next(iter(self.metrics.values())).runs[index].name
         return dataclasses.replace(self, metrics={
-            m: dataclasses.replace(b, runs=b.runs[:index] + b.runs[index + 1:], min_runs=min_runs)
-            for m, b in self.metrics.items()}, name=f"{self.name} without {left_out}")
+            m: dataclasses.replace(b, runs=b.runs[:index] + b.runs[index + 1:]) for m, b in self.metrics.items()},
+            name=f"{self.name} without {left_out}")
+
+    def subset(self, indices) -> Baseline:
+        """The baseline of the reference runs at `indices` (calibration and its measurement)."""
+        keep = tuple(indices)
+        return dataclasses.replace(self, metrics={
+            m: dataclasses.replace(b, runs=tuple(b.runs[i] for i in keep)) for m, b in self.metrics.items()},
+            name="+".join(next(iter(self.metrics.values())).runs[i].name for i in keep))
 
     def to_json(self) -> dict:
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance,

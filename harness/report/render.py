@@ -206,8 +206,8 @@ def _graph_mode(nodeid: str, doc: dict) -> list[Markup]:
 
 
 def curve_state(v: dict) -> tuple[str, str]:
-    """(text, css class) of one curve verdict: ok, FAIL, uncalibrated (fewer than 3 reference runs: floors only,
-    never a pass) or not judged."""
+    """(text, css class) of one curve verdict: ok, FAIL or not judged (reports written before every N of
+    reference runs was judged also say "uncalibrated": floors only, fewer than 3 runs)."""
     if v.get("passed") is True:
         return "ok", "ok"
     if v.get("passed") is False:
