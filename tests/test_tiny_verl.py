@@ -110,3 +110,19 @@ def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_a
     clean_diff = max(tiny_verl_run[ROLLOUT_PROBS_DIFF].values)
     faulty_diff = min(stale_absorbed_verl_run[ROLLOUT_PROBS_DIFF].values)
     assert faulty_diff > 100 * max(clean_diff, 1e-6), (clean_diff, faulty_diff)
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_rollout_correction_verdicts_on_the_real_trainer(stale_absorbed_verl_run, tiny_verl_run):
+    """The rollout-correction bands (harness.metrics.rollout_corr) pass verl's clean tiny run and fail the same run
+    with stale absorbed MLA weights on every mismatch metric verl logs."""
+    from harness.metrics.keys import ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_KL, ROLLOUT_PROBS_DIFF
+    from harness.metrics.rollout_corr import check_rollout_correction
+
+    clean = check_rollout_correction(tiny_verl_run)
+    assert clean.ok and clean.precision == "fp32", clean.message()
+    faulty = check_rollout_correction(stale_absorbed_verl_run)
+    failed = {v.metric for v in faulty.failures}
+    assert {ROLLOUT_CORR_KL, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_PROBS_DIFF} <= failed, \
+        faulty.message()
