@@ -61,8 +61,11 @@ def installed_stack() -> dict[str, str | None]:
     return found
 
 
-def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
-    """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug)."""
+def predict_suites(kind: str, have: dict[str, str | None], moe_utils_source: str | None = None) -> list[dict]:
+    """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug).
+    `moe_utils_source`: the installed megatron-core's moe_utils.py (decides the router-replay row by source)."""
+    from harness.config.stacks import r3_blockers
+
     def need(*names: str) -> list[str]:
         return [n for n in names if not have.get(n)]
 
@@ -78,6 +81,9 @@ def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
     row("tiny: MLA weight sync, softmax scale, forward alignment (suites/functional, suites/precision)", engines)
     row("tiny: DAPO lab, reward alignment, throughput, replay, checkpoints", need("torch", "verl", "ray"))
     row("tiny: msprobe localisation", need("mindstudio-probe"))
+    row("tiny: MoE routing agreement, router replay, batch invariance (suites/consistency)", engines)
+    row("verl router replay R3 (rollout routes replayed in Megatron's TopKRouter)", need("verl", "megatron-core"),
+        breaks="; ".join(r3_blockers(have, moe_utils_source)))
     row("layer: memory per phase and fake-tensor prefill (suites/memory)", need("torch"))
     mbridge = have.get("mbridge") or ""
     row("layer: Megatron-core MLA softmax scale", need("megatron-core"))
@@ -96,7 +102,7 @@ def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
 def diagnose() -> dict:
     """The doctor's whole answer as data (what --json prints)."""
     from harness.config import hardware as hw
-    from harness.config.stacks import best_match
+    from harness.config.stacks import best_match, megatron_moe_utils_source
 
     print("doctor: reading package versions and the Ascend version files", file=sys.stderr)
     have = installed_stack()
@@ -117,7 +123,7 @@ def diagnose() -> dict:
         "stack": {"name": stack.name, "supported": stack.supported, "reason": stack.reason,
                   "constraints": stack.constraints_file, "mismatches": wrong,
                   "sources": {p.name: p.source for p in stack.pins}},
-        "suites": predict_suites(found.kind, have),
+        "suites": predict_suites(found.kind, have, megatron_moe_utils_source()),
         "supported": supported,
     }
 
