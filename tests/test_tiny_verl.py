@@ -126,3 +126,19 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
                                           "caught_by": [f"{v.metric} {v.statistic}" for v in alignment.failures]})
     assert not alignment.passed, f"{fault} passed the alignment: {alignment.message()}"
     assert curves.compare(tiny_verl_run, golden).passed  # the clean run of the session's seed: the verdict's control
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_rollout_correction_verdicts_on_the_real_trainer(stale_absorbed_verl_run, tiny_verl_run):
+    """The rollout-correction bands (harness.metrics.rollout_corr) pass verl's clean tiny run and fail the same run
+    with stale absorbed MLA weights on every mismatch metric verl logs."""
+    from harness.metrics.keys import ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_KL, ROLLOUT_PROBS_DIFF
+    from harness.metrics.rollout_corr import check_rollout_correction
+
+    clean = check_rollout_correction(tiny_verl_run)
+    assert clean.ok and clean.precision == "fp32", clean.message()
+    faulty = check_rollout_correction(stale_absorbed_verl_run)
+    failed = {v.metric for v in faulty.failures}
+    assert {ROLLOUT_CORR_KL, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_PROBS_DIFF} <= failed, \
+        faulty.message()

@@ -212,7 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = b.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
     r = bsub.add_parser("record", help="derive a golden baseline (curves + tolerances) from reference runs; a "
                                        "leave-one-out self-check refuses runs that disagree with the others")
-    r.add_argument("runs", nargs="+", metavar="RUN", help="reference runs (log files or run directories), 1 or more (3+ for the self-check)")
+    r.add_argument("runs", nargs="+", metavar="RUN",
+                   help="reference runs (log files or run directories), 1 or more (3+ for the self-check)")
     r.add_argument("--out", required=True, help="golden JSON file to write")
     r.add_argument("--force", action="store_true", help="replace an existing baseline")
     r.add_argument("--keep-flagged", action="store_true",

@@ -38,9 +38,13 @@ def known_bugs(have: dict[str, str | None]) -> dict[str, Detection]:
     return {name: detect() for name, detect in KNOWN_BUG_DETECTORS.items() if have.get(name)}
 
 
-def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detection] | None = None) -> list[dict]:
+def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detection] | None = None,
+                   moe_utils_source: str | None = None) -> list[dict]:
     """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug found in
-    the installed code: `bugs`, from `known_bugs`)."""
+    the installed code: `bugs`, from `known_bugs`). `moe_utils_source`: the installed megatron-core's moe_utils.py
+    (decides the router-replay row by source)."""
+    from harness.config.stacks import r3_blockers
+
     bugs = bugs or {}
 
     def bug(name: str) -> str:
@@ -62,6 +66,9 @@ def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detec
     row("tiny: MLA weight sync, softmax scale, forward alignment (suites/functional, suites/precision)", engines)
     row("tiny: DAPO lab, reward alignment, throughput, replay, checkpoints", need("torch", "verl", "ray"))
     row("tiny: msprobe localisation", need("mindstudio-probe"))
+    row("tiny: MoE routing agreement, router replay, batch invariance (suites/consistency)", engines)
+    row("verl router replay R3 (rollout routes replayed in Megatron's TopKRouter)", need("verl", "megatron-core"),
+        breaks="; ".join(r3_blockers(have, moe_utils_source)))
     row("layer: memory per phase and fake-tensor prefill (suites/memory)", need("torch"))
     row("layer: Megatron-core MLA softmax scale", need("megatron-core"))
     row("layer: MindSpeed flash-attention softmax scale (NPU)", need("mindspeed", "torch-npu") if kind == "npu" else [],
@@ -76,7 +83,7 @@ def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detec
 def diagnose() -> dict:
     """The doctor's whole answer as data (what --json prints)."""
     from harness.config import hardware as hw
-    from harness.config.stacks import best_match
+    from harness.config.stacks import best_match, megatron_moe_utils_source
 
     print("doctor: reading package versions and the Ascend version files", file=sys.stderr)
     have = installed_stack()
@@ -101,7 +108,7 @@ def diagnose() -> dict:
         "stack": {"name": stack.name, "supported": stack.supported, "reason": stack.reason,
                   "constraints": stack.constraints_file, "mismatches": wrong,
                   "sources": {p.name: p.source for p in stack.pins}},
-        "suites": predict_suites(found.kind, have, bugs),
+        "suites": predict_suites(found.kind, have, bugs, megatron_moe_utils_source()),
         "supported": supported,
     }
 

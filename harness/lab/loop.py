@@ -85,7 +85,8 @@ def build_actor(spec: ModelSpec, seed: int, head_scale: float = 1.0):
     config = spec.to_hf_config(attn_implementation="eager")
     with torch.device("cpu"):
         model = DeepseekV3ForCausalLM(config)
-    checkpoint = random_state_dict(spec, seed)
+    # the zero router bias baselines/tiny/dapo_lab.json was recorded with (scripts/make-tiny-golden)
+    checkpoint = random_state_dict(spec, seed, zero_router_bias=True)
     # random_state_dict makes peaked next-token distributions (good for MLA forward checks); RL needs exploration.
     checkpoint["lm_head.weight"] = checkpoint["lm_head.weight"] * head_scale
     missing, unexpected = model.load_state_dict(hf_state_dict(checkpoint, spec), strict=False)

@@ -87,7 +87,8 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
     from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
     run = Path(run_dir)
-    weights = random_state_dict(TINY_TASK, seed)
+    # the zero router bias baselines/tiny/dapo_verl.json was recorded with (scripts/make-tiny-verl-golden)
+    weights = random_state_dict(TINY_TASK, seed, zero_router_bias=True)
     weights["lm_head.weight"] = weights["lm_head.weight"] * HEAD_SCALE
     model = write_model_dir(TINY_TASK, weights, model_dir(run))
     tokenizer = build_tokenizer()

@@ -11,6 +11,12 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
   "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
   "curves.series"         harness.metrics.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps,
                           candidate}}
+  "rollout_corr.verdicts" [CurveVerdict.to_json()] of harness.metrics.rollout_corr (drawn like curves.verdicts)
+  "routing.agreement"     harness.consistency.routing RoutingAgreement.to_json(): {name, tie_tol, exact,
+                          layers: [{layer, tokens, agreed, share, first_flips, downstream, max_first_gap}]}
+  "routing.replay"        ReplayCheck.to_json(): {name, gap_with, gap_without, agreement}
+  "consistency.batch_invariance"  BatchInvariance.to_json(): {engine, claimed, cases: [{case, equal, first_token,
+                          first_bits, max_abs, judged}], not_measured}
   "findings"              [harness.findings Finding.to_json(): check, metric, where, message] (the `expect` fixture)
 and lists every other property as JSON.
 
