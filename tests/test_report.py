@@ -328,19 +328,25 @@ def test_store_keys_never_collide_and_a_corrupt_entry_is_quarantined(tmp_path, r
 
 
 def test_publish_links_the_log_and_run_dirs_and_drops_a_stale_trend(tmp_path, report_factory):
-    from harness.report.publish import publish
+    from harness.report.publish import Generation, publish
 
     out = tmp_path / "out"
     out.mkdir()
-    (out / "pytest.log").write_text("log")
+    (out / "report.json").write_text("the report of an older harness")  # its layout: plain files
     (out / "trend.html").write_text("the trend of an earlier report")
     report = dataclasses.replace(report_factory("r", "2026-11-01T02:00:00+00:00"),
                                  command=("suites", "--run-dir", str(tmp_path / "runs" / "seed0")))
-    publish(report, out)
+    generation = Generation(out)
+    (generation.path / "pytest.log").write_text("log")
+    publish(report, generation.path)
+    assert (out / "report.json").read_text() == "the report of an older harness"  # nothing shown changes ...
+    generation.commit()  # ... until the set is swapped in, as one
     page = (out / "report.html").read_text()
     assert 'href="pytest.log"' in page and f'href="{(tmp_path / "runs" / "seed0").as_uri()}"' in page
-    # a run killed before writing its own trend must not leave the old one beside the new report
+    # the trend of an earlier report is not part of this set: it is gone with it
     assert not (out / "trend.html").exists() and load_report(out / "report.json").name == "r"
+    assert (out / "pytest.log").read_text() == "log"
+    assert [p.name for p in out.glob(".gen-*")] == [generation.path.name]  # older generations removed
 
 
 def test_each_trend_point_links_to_its_night(report_factory):
