@@ -9,10 +9,11 @@ aligned, 1 misaligned (or nothing could be judged), 2 bad input; `--json` carrie
 from __future__ import annotations
 
 import argparse
-import json
+import math
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.numeric import json_text
 
 MAX_PRINTED_WARNINGS = 20
 
@@ -100,8 +101,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if plot:
         curves.plot(alignment, candidate, baseline, plot)
     if args.json:
-        print(json.dumps({**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None},
-                         indent=2))
+        print(json_text({**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None},
+                        indent=2))
     else:
         # Names never fold (issue 15.5: at 80 columns `critic/rewards/mea|n`): the metric column keeps the longest
         # name whole, no vertical rules, and only the free-text detail (prefixed with the steps it covers) wraps.
@@ -140,12 +141,20 @@ def _tolerances(specs) -> dict:
             pairs = dict(item.split("=", 1) for item in fields.split(","))
             if not metric or not pairs.keys() <= numeric:
                 raise ValueError
-            values = {k: type(getattr(default_tolerance(metric), k))(float(v)) for k, v in pairs.items()}
-        except ValueError:
+            values = {k: _tolerance_value(type(getattr(default_tolerance(metric), k)), v) for k, v in pairs.items()}
+        except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
                            f"{', '.join(sorted(numeric))}") from None
         out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
     return out
+
+
+def _tolerance_value(kind: type, text: str) -> int | float:
+    """A --tolerance field's value as its field's type; a non-finite or fractional integer is no value."""
+    value = float(text)
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+        raise ValueError(text)
+    return kind(value)
 
 
 def cmd_baseline_record(args: argparse.Namespace) -> int:

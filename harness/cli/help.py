@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BAD_INPUT = "2  bad input: one line on stderr naming the file or option"
+INTERRUPTED = "130  interrupted: SIGINT (143 SIGTERM); one line, the previous results kept, nothing half-written"
 CLOSED_PIPE = "141  stdout was closed early (`| head`), as for any tool SIGPIPE stops; nothing else printed"
 
 
@@ -16,7 +17,7 @@ class CommandHelp:
     exits: tuple[str, ...]  # "CODE  meaning", besides BAD_INPUT and CLOSED_PIPE
 
     def epilog(self) -> str:
-        codes = "\n".join(f"  {line}" for line in (*self.exits, BAD_INPUT, CLOSED_PIPE))
+        codes = "\n".join(f"  {line}" for line in (*self.exits, BAD_INPUT, INTERRUPTED, CLOSED_PIPE))
         return f"example:\n  {self.example}\n\nexit codes:\n{codes}"
 
 

@@ -81,7 +81,7 @@ def _prepare_tiny(run_dir: Path, args: argparse.Namespace):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import positive_float
+    from harness.cli.args import SEED, positive_float, whole
     from harness.launch.k8s import AUTH_SECRET, DEFAULT_IMAGE, SHARED_CLAIM, SHARED_MOUNT
 
     p = sub.add_parser("launch", help="submit a scale's DAPO job to Ray (or print a K8s manifest)")
@@ -90,10 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true",
                    help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
-    p.add_argument("--steps", type=int, help="training steps (default: 15 for tiny, 20 otherwise)")
+    p.add_argument("--steps", type=whole(1), help="training steps (default: 15 for tiny, 20 otherwise)")
     p.add_argument("--timeout", type=positive_float, help="seconds before the job is stopped (verdict timeout; "
                                                  "default 3600, tiny 600)")
-    p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
+    p.add_argument("--seed", type=SEED, default=0, help="tiny: seed of the model, data and rollout")
     p.add_argument("--fault", help="tiny: seed a rollout fault (the vLLM worker extension: stale-absorbed, "
                                    "frozen-rollout) or an algorithmic regression (harness.config.cpu_tier "
                                    "TRAINER_FAULTS, e.g. no-optimizer-step)")

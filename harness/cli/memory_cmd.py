@@ -5,10 +5,10 @@ Exit 0 when every requested phase fits with the scale's headroom, 1 when one doe
 from __future__ import annotations
 
 import argparse
-import json
 
 from harness.errors import BadInput
 from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memory
+from harness.numeric import json_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     results = plan_memory(scale, options, phases)
     ok = all(p.fits for p in results)
     if args.json:
-        print(json.dumps({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results]}, indent=2))
+        print(json_text({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results]}))
     else:
         _print(scale.name, results, ok)
     return 0 if ok else 1
@@ -65,11 +65,13 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import whole
+
     p = sub.add_parser("memory", help="per-phase memory of a scale's device vs its budget (analytic model)")
     p.add_argument("--scale", required=True, help="scale name (see `scales`)")
     p.add_argument("--phase", choices=PHASES, help="only this phase (default: all)")
-    p.add_argument("--gbs", type=int, help="override the prompts per step (data.train_batch_size)")
-    p.add_argument("--micro-batch", type=int, help="override the micro batch per device (dynamic bsz packing)")
+    p.add_argument("--gbs", type=whole(1), help="override the prompts per step (data.train_batch_size)")
+    p.add_argument("--micro-batch", type=whole(1), help="override the micro batch per device (dynamic bsz packing)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="rollout chunked (MLA) prefill on/off (default: the scale's)")
     p.add_argument("--json", action="store_true", help="print JSON; each phase carries a boolean `fits`")

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from harness.cli.args import scale_arg
 from harness.config.scales import SCALES
+from harness.numeric import json_text
 
 
 def cmd_scales(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     if args.format == "json":
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:

@@ -26,7 +26,7 @@ from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
 from harness.launch.address import check_dashboard, dashboard_url
 from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
-from harness.redact import redact_url
+from harness.redact import redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
@@ -219,7 +219,7 @@ def _client(address: str):
     try:
         return JobSubmissionClient(url, headers=headers), url
     except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
-        raise BadInput(f"--ray-address {redact_url(url)}: no Ray job server answers there ({type(exc).__name__}); "
+        raise BadInput(f"--ray-address {redact(url)}: no Ray job server answers there ({type(exc).__name__}); "
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
 
 
@@ -304,7 +304,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                                submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                              f"{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
-    shown = redact_url(url)  # launch.json and the verdict line are shared: no token from the address
+    shown = redact(url)  # launch.json and the verdict line are shared: no token from the address
     _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running",
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
     start = time.monotonic()
@@ -343,10 +343,11 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                         client.stop_job(job_id)
                     result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
                                           spec.total_steps, time.monotonic() - start, shown)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the job is stopped and recorded, the command exits 130/143
         client.stop_job(job_id)
-        result = LaunchResult("stopped", job_id, str(run_dir), "interrupted by the user", progress.steps_done,
-                              spec.total_steps, time.monotonic() - start, shown)
+        result = LaunchResult("stopped", job_id, str(run_dir), f"interrupted ({type(exc).__name__})",
+                              progress.steps_done, spec.total_steps, time.monotonic() - start, shown)
+        raise
     finally:
         _keep_logs(client, job_id, run_dir)
         if result is not None:
@@ -356,7 +357,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
 
 
 def _write_launch(run_dir: Path, doc: dict) -> None:
-    write_json_atomic(run_dir / LAUNCH_FILE, versioned(LAUNCH_SCHEMA, LAUNCH_VERSION, doc))
+    # the spec's entrypoint and environment are shared with the run directory: no secret in them reaches it
+    write_json_atomic(run_dir / LAUNCH_FILE, versioned(LAUNCH_SCHEMA, LAUNCH_VERSION, redact_doc(doc)))
 
 
 def read_launch(run_dir: str | Path) -> dict:

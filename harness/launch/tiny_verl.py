@@ -43,10 +43,16 @@ MACHINE_LOCK = Path(tempfile.gettempdir()) / "ascend-rl-harness-tiny-verl.lock"
 def one_at_a_time():
     """Hold MACHINE_LOCK (blocking) for the duration of a tiny verl run."""
     import fcntl
+    import os
 
-    with open(MACHINE_LOCK, "w") as lock:
+    from harness.io import open_lock
+
+    lock = open_lock(MACHINE_LOCK)  # in /tmp, which anyone can write: never through a planted link
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(lock)
 
 
 def model_dir(run_dir: str | Path) -> Path:

@@ -26,16 +26,13 @@ from harness.io import read_versioned, versioned, write_json_atomic
 from harness.metrics import stats
 from harness.metrics.keys import GRAD_NORM, PG_LOSS, RESPONSE_LENGTH, REWARD, ROLLOUT_PROBS_DIFF
 from harness.metrics.run import Run, Series
+from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
 SCHEMA_VERSION = 2  # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std)
-# Bounds of a golden's step grid: a step is an exact float (2**53), and a grid is at most a million steps (a 671B
-# run logs hundreds). A 300-digit end_step would otherwise reach len(range(...)) as an OverflowError traceback.
-MAX_STEP = 2**53
-MAX_GRID = 10**6
 
 
-def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = math.inf, integer: bool = False,
+def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = METRIC_LIMIT, integer: bool = False,
             low_open: bool = False, high_open: bool = False):
     """doc[key] validated as a finite number (not a bool or string) in its range; BadInput naming it."""
     value = doc[key]
@@ -50,10 +47,8 @@ def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = 
 
 
 def _finite(value) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond float range (JSON allows 400 digits)
-        return False
+    """Within harness.numeric's metric range: 1e308 values overflowed the band's sums and squares."""
+    return is_metric_value(value)
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,7 @@ class CurveTolerance:
         _number(doc, "trend_steps", where, low=2, high=10_000, integer=True)
         window = doc["window"]
         if (not isinstance(window, (list, tuple)) or len(window) != 2 or any(type(w) is not int for w in window)
-                or not 1 <= window[0] <= window[1]):
+                or not 1 <= window[0] <= window[1] <= MAX_STEP):
             raise BadInput(f"{where}: tolerance window {window!r} must be [first, last] logged steps, "
                            "1 <= first <= last (verl's nightly: [5, 14])")
         if doc["window_stat"] not in ("mean", "median"):
@@ -389,11 +384,16 @@ class MetricBaseline:
             runs_doc, values, tolerance = doc["runs"], doc["values"], doc["tolerance"]
         except KeyError as exc:
             raise BadInput(f"{where}: missing {exc}; re-record it with `ascend-rl-harness baseline record`") from None
-        if (any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0
-                or end > MAX_STEP or (end - start) // interval >= MAX_GRID):
-            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, 0 <= start <= end <= "
-                           f"{MAX_STEP:g}, interval >= 1, at most {MAX_GRID:g} steps (got {start!r:.40}, {end!r:.40}, "
-                           f"{interval!r:.40})")
+        # bounded before range()/len(): end_step 10**300 overflowed a C ssize_t, start_step 2**70 lay beyond every
+        # step a run logs (harness.numeric.MAX_STEP) and every statistic was silently skipped
+        if any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0 \
+                or end >= MAX_STEP:
+            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, 0 <= start <= end < "
+                           f"2^62, interval >= 1 (got {str(start)[:24]}, {str(end)[:24]}, {str(interval)[:24]})")
+        points = (end - start) // interval + 1
+        if not isinstance(values, list) or points != len(values):
+            raise BadInput(f"{where}: \"values\" holds {len(values) if isinstance(values, list) else 'no list of'} "
+                           f"values for the {points} steps of start_step..end_step; re-record it")
         grid = range(start, end + 1, interval)
         if not isinstance(runs_doc, list) or not runs_doc:
             raise BadInput(f"{where}: \"runs\" must be a non-empty list of the reference runs' curves")
@@ -424,7 +424,8 @@ def _curve_from_json(doc, grid: range, where: str) -> ReferenceCurve:
     pairs = [(s, v) for s, v in zip(grid, values, strict=True) if v is not None]
     bad = [s for s, v in pairs if type(v) not in (int, float) or not _finite(v)]
     if bad:
-        raise BadInput(f"{where}: step {bad[0]} holds {dict(pairs)[bad[0]]!r}, not a finite number")
+        raise BadInput(f"{where}: step {bad[0]} holds {str(dict(pairs)[bad[0]])[:40]}, not a finite number within "
+                       f"+-{METRIC_LIMIT:g}")
     if not pairs:
         raise BadInput(f"{where}: every value is null; re-record the baseline")
     return ReferenceCurve(name=doc["name"], seed=seed,
@@ -512,11 +513,10 @@ class Baseline:
                                                   "metrics": {m: b.to_json() for m, b in self.metrics.items()}})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
-        """Write atomically; refuse to overwrite an existing baseline unless `force`."""
-        path = Path(path)
-        if path.exists() and not force:
-            raise BadInput(f"{path}: a baseline already exists; pass --force to replace it")
-        return write_json_atomic(path, self.to_json())
+        """Write atomically; refuse to overwrite an existing baseline unless `force` -- atomic against another
+        writer (linked into place: checking first let two `baseline record`s both succeed)."""
+        return write_json_atomic(path, self.to_json(), overwrite=force,
+                                 exists="pass --force to replace it")
 
 
 def is_baseline_file(path: str | Path) -> bool:

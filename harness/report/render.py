@@ -23,6 +23,7 @@ import statistics
 from markupsafe import Markup
 
 from harness.errors import BadInput
+from harness.redact import redact_argv
 from harness.report.page import Cell, Row, img, page, render, table
 from harness.report.schema import RunReport, TestVerdict, finite
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
@@ -394,7 +395,7 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
     machine = table(["field", "value"], [
         ["host", m.hostname], ["platform", m.platform], ["python", m.python],
         ["device", f"{m.device_kind}: {m.device_name} x{m.device_count} (profile {m.hardware_profile})"],
-        ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(report.command)]])
+        ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(redact_argv(report.command))]])
     prev_tests = {t.nodeid: t for t in previous.tests} if previous is not None else None
     ordered = sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))
     tests = table(["test", "outcome", "seconds", f"\u0394 vs {previous.name}" if previous else "\u0394 previous",

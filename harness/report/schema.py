@@ -27,7 +27,6 @@ foreign JSON ends in one line naming the field, never a traceback in a renderer 
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import platform
 import socket
@@ -35,6 +34,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import numeric
 from harness.errors import BadInput
 from harness.io import check_version, read_json, write_json_atomic
 
@@ -168,9 +168,18 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_report(report: RunReport, path: str | os.PathLike) -> Path:
-    """Write the report JSON atomically (a crash never leaves half a report)."""
-    return write_json_atomic(path, report.to_dict())
+def write_report(report: RunReport, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write the report JSON atomically (a crash never leaves half a report); `overwrite=False` never replaces
+    an existing file (a trend store's entries)."""
+    return write_json_atomic(path, report.to_dict(), overwrite=overwrite)
+
+
+def report_name(prefix: str, created: str) -> str:
+    """A report's name: `<scale>-<created to the second>-<4 random hex>`, unique by construction (two sessions in
+    one second named their reports alike, and a trend keyed by name showed one of them)."""
+    import secrets
+
+    return f"{prefix}-{created[:19].replace(':', '')}-{secrets.token_hex(2)}"
 
 
 _STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
@@ -199,20 +208,21 @@ def _check(doc: dict, spec: dict, where: str) -> dict:
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise BadInput(f"{where}: field {key!r} is {type(value).__name__} {str(value)[:40]!r}, expected "
                            + " or ".join("null" if t is type(None) else t.__name__ for t in types))
-        if types is _NUM and not finite(value):
+        if types is _NUM and not numeric.is_real(value):
             raise BadInput(f"{where}: field {key!r} is {str(value)[:40]}, expected a finite number")
+        # the numeric policy: durations are seconds (a 1e308 s night broke the trend's plot), counts are bounded
+        if types is _NUM:
+            numeric.real(value, f"{where}: field {key!r}", low=0.0, high=numeric.MAX_SECONDS)
+        elif types is _INT:
+            numeric.integer(value, f"{where}: field {key!r}", low=-numeric.MAX_COUNT if key == "exit_status" else 0)
         out[key] = value
     return out
 
 
 def finite(value) -> bool:
-    """A JSON number a float can hold (10**400 cannot) that is neither NaN nor infinite; not a bool."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+    """A number the report's renderers and trend can use: real and within harness.numeric's metric range (10**400,
+    NaN, inf and 1e308 are not); not a bool."""
+    return numeric.is_metric_value(value)
 
 
 def _test_from_dict(t, where: str) -> TestVerdict:
