@@ -111,14 +111,14 @@ def test_one_or_two_reference_runs_are_judged_by_their_noise(n_runs):
     """The most common real comparison, one reference run against one candidate (seed 003; before vs after an
     upgrade): seed 001's case fails, a clean draw of the reference passes, and the verdict says what it was judged
     by. The seeded bug is the old "floors only, never failing" verdict below 3 runs: it let seed 001 pass."""
-    refs = Baseline.from_runs([make_run(f"gpu{i}", seed001_gpu, steps=30, noise=0.03, seed=i)
+    refs = Baseline.from_runs([make_run(f"gpu{i}", seed001_gpu, steps=30, noise=0.02, seed=i)
                                for i in range(n_runs)], (REWARD,))
-    npu = curves.compare(make_run("npu", seed001_npu, steps=30, noise=0.03, seed=50), refs)
+    npu = curves.compare(make_run("npu", seed001_npu, steps=30, noise=0.02, seed=50), refs)
     assert npu.state == curves.MISALIGNED and not npu.passed, npu.summary()
     failed = {v.statistic: v for v in npu.failures}
     assert "window-mean" in failed and "noise model sd" in failed["window-mean"].detail, npu.summary()
     assert f"{n_runs} reference run" in npu.summary()
-    clean = [curves.compare(make_run("gpu-new", seed001_gpu, steps=30, noise=0.03, seed=s), refs)
+    clean = [curves.compare(make_run("gpu-new", seed001_gpu, steps=30, noise=0.02, seed=s), refs)
              for s in range(60, 70)]
     assert sum(not a.passed for a in clean) <= 1, [a.summary() for a in clean if not a.passed]
     # non-finite values fail whatever the number of runs

@@ -43,8 +43,10 @@ MAX_PRIOR_DF = 30
 SLOPE_NEIGHBOURS = 3
 # The autocorrelation of one 30-step curve is a noisy estimate (simulated on white noise: median 0, 90th
 # percentile 0.73), and it enters the window and trend tolerances as (1 + rho) / (1 - rho): it is shrunk toward 0
-# as if 0 had been seen in this many differences (one 30-step run: x0.48; five: x0.82), and capped.
-RHO_PRIOR_DF = 30
+# as if 0 had been seen in this many differences (one 30-step run: x0.22; five: x0.58). Simulated (30 steps): the
+# window-mean noise SD of one white-noise run then reads 0.72-1.40x the truth (10th-90th percentile) instead of
+# 0.72-1.73x; what the shrinkage leaves of real autocorrelation the calibrated inflation covers.
+RHO_PRIOR_DF = 100
 MAX_AUTOCORRELATION = 0.8
 # Residuals beyond this many robust standard deviations are clipped (Huber's winsorizing; 2.5 keeps ~98 % of a
 # Gaussian residual's variance, WINSOR_VARIANCE below, and bounds what one bad run adds).
@@ -149,6 +151,7 @@ class Noise:
     sigma: float
     rho: float
     df: int
+    diff_sd: float = 0.0  # SD of the (locally centred) first differences: 2 sigma^2 (1 - rho) is their variance
 
     def ar_inflation(self) -> float:
         """Variance of a mean of m autocorrelated steps over sigma^2/m (large m): (1 + rho) / (1 - rho)."""
@@ -198,7 +201,7 @@ def run_noise(values: Sequence[float]) -> Noise:
     if s1 <= 0:
         return Noise(0.0, 0.0, len(d2))
     rho = min(max(3 - (s2 / s1) ** 2, 0.0), MAX_AUTOCORRELATION)
-    return Noise(s1 / math.sqrt(2 * (1 - rho)), rho, len(d2))
+    return Noise(s1 / math.sqrt(2 * (1 - rho)), rho, len(d2), s1)
 
 
 def pooled_noise(curves: Sequence[Sequence[float]]) -> Noise:
@@ -209,8 +212,11 @@ def pooled_noise(curves: Sequence[Sequence[float]]) -> Noise:
     df = sum(n.df for n in parts)
     if df == 0:
         return Noise(0.0, 0.0, 0)
-    return Noise(math.sqrt(sum(n.df * n.sigma ** 2 for n in parts) / df),
-                 sum(n.df * n.rho for n in parts) / (df + RHO_PRIOR_DF), df)
+    # sigma from the first differences with the SHRUNK autocorrelation: with each run's raw one, one run in ten
+    # read its noise 1.85x too high (simulated, white noise, 30 steps), and its tolerance with it
+    rho = sum(n.df * n.rho for n in parts) / (df + RHO_PRIOR_DF)
+    diff_var = sum(n.df * n.diff_sd ** 2 for n in parts) / df
+    return Noise(math.sqrt(diff_var / (2 * (1 - rho))), rho, df, math.sqrt(diff_var))
 
 
 def shrunk(prior_sd: float, prior_df: int, spread: float, spread_df: int) -> tuple[float, int]:
