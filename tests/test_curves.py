@@ -422,3 +422,30 @@ def test_a_verl_nightly_summary_is_judged_not_just_reported(tmp_path):
     assert same.passed, same.message()
     assert not worse.passed and worse.failures[0].statistic == "window-mean", worse.message()
     assert "judged by verl's nightly tolerance" in worse.failures[0].detail
+
+
+def _verl_config(**actor):
+    return {"algorithm": {"adv_estimator": "grpo"}, "data": {"max_response_length": 4},
+            "actor_rollout_ref": {"actor": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean",
+                                            "optim": {"lr": 1e-3}, **actor},
+                                  "rollout": {"n": 8, "temperature": 1.0}}}
+
+
+def test_a_run_of_another_algorithm_fails_on_its_config():
+    """DAPO's clip-higher lost (0.28 -> 0.2) changes nothing a 12-step tiny run's curves can show; verl's resolved
+    config (the run's Hydra directory) does, so the alignment names the setting. The same config passes."""
+    golden = Baseline.from_runs([make_run(f"r{i}", gpu_like, seed=i, extra={"config": _verl_config()})
+                                 for i in range(3)], (REWARD,))
+    assert golden.provenance["algorithm"]["actor_rollout_ref.actor.clip_ratio_high"] == 0.28
+    same = curves.compare(make_run("same", gpu_like, seed=9, extra={"config": _verl_config()}), golden)
+    assert same.passed and any(v.statistic == "algorithm" and v.passed for v in same.verdicts)
+    lost = curves.compare(make_run("lost", gpu_like, seed=9, extra={"config": _verl_config(clip_ratio_high=0.2)}),
+                          golden)
+    (verdict,) = lost.failures
+    assert verdict.statistic == "algorithm" and "clip_ratio_high 0.2 vs the golden's 0.28" in verdict.detail
+    unknown = curves.compare(make_run("log-only", gpu_like, seed=9), golden)  # no config recorded: not judged
+    assert unknown.passed and not any(v.statistic == "algorithm" for v in unknown.verdicts)
+    with pytest.raises(BadInput, match="train different algorithms"):
+        Baseline.from_runs([make_run("a", gpu_like, extra={"config": _verl_config()}),
+                            make_run("b", gpu_like, extra={"config": _verl_config(loss_agg_mode="seq-mean-token-sum")})],
+                           (REWARD,))

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
 from harness.launch.address import check_dashboard, dashboard_url
-from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
+from harness.metrics.keys import HYDRA_DIR, JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
 from harness.redact import redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +109,9 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                  f"trainer.default_local_dir={run_dir / 'checkpoints'}",
                  f"trainer.resume_mode={'auto' if resume else 'disable'}",
                  f"trainer.rollout_data_dir={run_dir / 'rollouts'}",  # seed 003: rollouts dumped per step
+                 # verl's own resolved config (Hydra writes .hydra/config.yaml there): what the run really trained
+                 # with, defaults of the installed verl included (harness.metrics.ingest reads it into the run)
+                 f"hydra.run.dir={run_dir / HYDRA_DIR}",
                  f"global_profiler.save_path={run_dir / 'profiles'}",
                  *extra_overrides]
     entrypoint = " ".join(shlex.quote(w) for w in ["python3", "-m", recipe.entrypoint, *overrides])

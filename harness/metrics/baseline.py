@@ -280,6 +280,38 @@ def run_precision(run: Run) -> str | None:
     return "fp32" if isinstance(extra.get("lab"), dict) else None
 
 
+# The algorithm a DAPO run trains with, as verl resolved it (the run's Hydra config: harness.metrics.ingest): what an
+# upgrade must not change silently -- a verl default that moved, a recipe edit -- and what a 15-step tiny run's
+# curves cannot always show (DAPO's clip-higher lost changes nothing a few steps can see).
+ALGORITHM_KEYS = (
+    "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
+    "algorithm.kl_ctrl.kl_coef", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.clip_ratio_c", "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.optim.weight_decay",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
+    "data.max_response_length",
+)
+
+
+def algorithm_config(run: Run) -> dict[str, object] | None:
+    """ALGORITHM_KEYS -> value in the run's resolved verl config (keys it lacks left out); None without a config."""
+    config = run.meta.extra.get("config")
+    if not isinstance(config, dict):
+        return None
+    out = {}
+    for key in ALGORITHM_KEYS:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, (dict, list)):
+            out[key] = node
+    return out
+
+
 def run_seed(run: Run) -> int | None:
     """The seed of a run: meta.json "seed", or the lab config's seed."""
     extra = run.meta.extra
@@ -486,6 +518,11 @@ class Baseline:
         if len(precisions) > 1:
             raise BadInput(f"reference runs mix precisions {sorted(map(str, precisions))}; record one per precision")
         (precision,) = precisions
+        algorithms = [algorithm_config(r) for r in runs]
+        if any(a != algorithms[0] for a in algorithms):
+            differ = next(r.name for r, a in zip(runs, algorithms, strict=True) if a != algorithms[0])
+            raise BadInput(f"reference runs train different algorithms ({runs[0].name} vs {differ}: their verl "
+                           "configs differ in ALGORITHM_KEYS); record one golden per recipe")
         out = {}
         for metric in metrics:
             missing = [r.name for r in runs if metric not in r]
@@ -517,6 +554,8 @@ class Baseline:
                       "host": _common_host(runs),
                       # what the runs shared (a candidate that differs is told so); seed and length may differ
                       "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
+                      # verl's resolved algorithm settings (ALGORITHM_KEYS); a candidate that differs fails on them
+                      "algorithm": algorithms[0],
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more")

@@ -34,6 +34,7 @@ from harness.metrics.baseline import (
     Baseline,
     MetricBaseline,
     SanityLimit,
+    algorithm_config,
     default_tolerance,
     run_precision,
     run_seed,
@@ -284,8 +285,23 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
         cand = candidate[metric]
         verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref)]
     verdicts += check_sanity(candidate, baseline.precision or run_precision(candidate), metrics)
-    return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts),
-                          n_runs=baseline.n_runs, notes=_notes(candidate, baseline))
+    same = algorithm(candidate, baseline)
+    return CurveAlignment(candidate=candidate.name, baseline=baseline.name,
+                          verdicts=tuple(verdicts) + ((same,) if same else ()), n_runs=baseline.n_runs,
+                          notes=_notes(candidate, baseline))
+
+
+def algorithm(candidate: Run, baseline: Baseline) -> CurveVerdict | None:
+    """The candidate trains the golden's algorithm (harness.metrics.baseline.ALGORITHM_KEYS in verl's resolved
+    configs); None when either side recorded none (a lab run, a log without its Hydra directory)."""
+    theirs, mine = baseline.provenance.get("algorithm"), algorithm_config(candidate)
+    if not isinstance(theirs, dict) or not theirs or mine is None:
+        return None
+    differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+    shown = "; ".join(f"{k} {mine.get(k)!r} vs the golden's {theirs.get(k)!r}" for k in differ[:4])
+    return CurveVerdict(metric="config", statistic="algorithm", passed=not differ, where="verl config",
+                        detail=(f"{len(differ)} of {len(theirs)} algorithm settings differ: {shown}" if differ else
+                                f"all {len(theirs)} algorithm settings equal the golden's"))
 
 
 def _metrics(metrics: tuple[str, ...] | None, baseline: Baseline) -> tuple[str, ...]:

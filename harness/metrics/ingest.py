@@ -38,7 +38,7 @@ import orjson
 from harness.config.hardware import PROFILES
 from harness.errors import BadInput
 from harness.io import BOM, file_kind, open_input, read_versioned
-from harness.metrics.keys import META_FILE
+from harness.metrics.keys import HYDRA_CONFIG, META_FILE
 from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION, Run, RunMeta, Series, Summary
 from harness.numeric import MAX_COUNT, MAX_STEP, METRIC_LIMIT, is_metric_value
 
@@ -859,10 +859,43 @@ def _meta(paths: list[Path], sources: list[Path], issues: _Issues) -> RunMeta:
         versions = _meta_field(meta_path, fields, "versions", (dict,), "an object of package: version")
         if versions and not all(isinstance(v, str) for v in versions.values()):
             raise BadInput(f"{meta_path}: \"versions\" must map package names to version strings")
+    if "config" not in fields:
+        config = _hydra_config([p if p.is_dir() else p.parent for p in paths])
+        if config is not None:
+            fields["config"] = config
     known = {k: v for k in ("scale", "hardware", "devices", "versions") if (v := fields.pop(k, None)) is not None}
     return RunMeta(**known, sources=tuple(map(str, sources)), extra=fields, warnings=tuple(issues.summary()),
                    skipped_lines=issues.skipped["lines"], skipped_pairs=issues.skipped["pairs"],
                    hardware_in_logs=dict(issues.hardware))
+
+
+MAX_CONFIG_BYTES = 4 << 20  # verl's resolved config is ~30 KiB
+
+
+def _hydra_config(dirs: list[Path]) -> dict | None:
+    """verl's resolved config as its Hydra run wrote it (HYDRA_CONFIG in a run directory: the launcher points
+    hydra.run.dir there), or None; a file that is not a YAML mapping is one line naming it."""
+    import yaml
+
+    for directory in dirs:
+        path = directory / HYDRA_CONFIG
+        if not path.is_file():
+            continue
+        try:
+            with open_input(path) as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise BadInput(f"{path}: more than {MAX_CONFIG_BYTES >> 20} MiB, not verl's resolved config; remove it")
+        try:
+            doc = yaml.safe_load(raw.decode("utf-8-sig", errors="replace"))
+        except yaml.YAMLError as exc:
+            raise BadInput(f"{path}: not YAML ({str(exc).splitlines()[0]}); remove it or rerun the job") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path}: not a mapping of verl's config sections; remove it or rerun the job")
+        return doc
+    return None
 
 
 def run_sources(path: str | Path, issues: _Issues | None = None) -> list[Path]:

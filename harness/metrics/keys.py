@@ -41,4 +41,6 @@ VERL_SECTIONS = ("actor", "critic", "perf", "timing_s", "timing_per_token_ms", "
 METRICS_FILE = "metrics.jsonl"  # verl FileLogger ($VERL_FILE_LOGGER_PATH)
 META_FILE = "meta.json"  # run metadata (scale, hardware, devices, versions): the lab and the launcher write it
 LAUNCH_FILE = "launch.json"  # the launcher's verdict of the job
+HYDRA_DIR = "hydra"  # verl's Hydra run directory in a run directory: HYDRA_DIR/.hydra/config.yaml, its resolved config
+HYDRA_CONFIG = f"{HYDRA_DIR}/.hydra/config.yaml"
 JOB_LOG_FILE = "job.log"  # the job's driver log, kept whatever the verdict
