@@ -67,7 +67,8 @@ done
 run mkdir -p "$PUBLISH_DIR/$NIGHT"
 for scale in $SCALES; do
   if [ -d "$REPORTS/$scale" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
-    run cp -r "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
+    # -L: the report set is a generation directory behind links (harness/report/publish.py); publish plain files
+    run cp -rL "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
   fi
   if compgen -G "$TREND_STORE/$scale/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     # the directory, not a glob: a corrupt entry is then quarantined and the trend goes on (issue 16)

@@ -1,6 +1,12 @@
 """Reading the JSON files users point at, with one-line errors, and writing results atomically: a result is
 written to a temporary file beside the target and renamed into place, so a crash or a full disk never leaves a
-half-written report, baseline or run file.
+half-written report, baseline or run file. A writer that must not replace a file links its temporary into place
+(`overwrite=False`), so of two racing writers exactly one wins; a write that fails (ENOSPC, EROFS, EACCES,
+ENAMETOOLONG) is one line naming the file.
+
+Inputs are regular files: `open_input` refuses a FIFO (open() would block until a writer comes), a device
+(/dev/zero never ends) or a link to one before reading, and a whole-file read is bounded (MAX_JSON_BYTES).
+Lock files are opened without following a symbolic link planted in their place (a root run overwrote its target).
 
 Every file the harness writes for later reading (baselines, reports, a run's meta.json, the launcher's
 launch.json) carries `schema` and `schema_version`; `read_versioned` is the one loader, and it refuses a
@@ -9,32 +15,84 @@ version it does not know with a message saying what to do.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
 
-from harness.errors import BadInput
+from harness.errors import BadInput, NewerVersion
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+BOM = "\ufeff".encode()  # the UTF-8 byte-order mark editors and Excel put first; every text reader accepts it
+MAX_JSON_BYTES = 256 << 20  # a report, golden or meta.json is far smaller; a bigger "JSON" is read into memory
+_KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+          (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+
+
+def file_kind(path: str | os.PathLike) -> str | None:
+    """What `path` is, following links: "regular file", "directory", "FIFO", "character device", ... or None when
+    nothing is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):
+        return "unreadable path"
+    return next((kind for test, kind in _KINDS if test(mode)), "regular file")
+
+
+def open_input(path: str | os.PathLike, mode: str = "rb", **kwargs):
+    """`open(path, mode)` for reading, refusing anything but a regular file before a byte is read: a FIFO
+    (opened non-blocking, so no writer is waited for), a device, a socket, or a link to one. BadInput names it;
+    FileNotFoundError / IsADirectoryError propagate as open() raises them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "special file")
+            raise BadInput(f"{path}: a {kind}, not a regular file; pass the file itself")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def read_json(path: str | os.PathLike, *, missing: str, corrupt: str = "truncated or corrupt; write it again"):
     """Parse a JSON file the user pointed at; BadInput names the file and what to do when it is absent
-    (`missing`) or not JSON (`corrupt`)."""
+    (`missing`), no regular file, bigger than MAX_JSON_BYTES, or not JSON (`corrupt`). A BOM is accepted."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_input(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if max(size, len(raw)) > MAX_JSON_BYTES:
+            raise BadInput(f"{path}: {size_text(max(size, len(raw)))}, more than the {size_text(MAX_JSON_BYTES)} a "
+                           "harness JSON file can be; is it the right file?")
+        text = raw.decode("utf-8-sig")
         doc = json.loads(text)
         if _SURROGATE_ESCAPE.search(text):  # rare: only then look for a lone surrogate, which no output can encode
             json.dumps(doc, ensure_ascii=False).encode("utf-8")
         return doc
     except UnicodeEncodeError:  # "\ud800" parses, but is no character: printing or writing it fails later
         raise BadInput(f"{path}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), not text; {corrupt}") from None
-    except (FileNotFoundError, IsADirectoryError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise BadInput(f"{path}: {missing}") from None
+    except PermissionError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
     except ValueError as exc:  # also UnicodeDecodeError: non-UTF-8 bytes
         raise BadInput(f"{path}: not JSON ({exc}); {corrupt}") from None
     except RecursionError:  # nesting deeper than the parser's stack (a property-generated input)
@@ -57,8 +115,10 @@ def check_version(doc, source: str, *, schema: str, version: int | tuple[int, ..
     found = doc.get("schema_version")
     if isinstance(found, bool) or found not in versions:  # True == 1 in Python; a JSON true is no version
         readable = " or ".join(map(str, versions))
-        raise BadInput(f"{source}: {what} schema_version {found!r} is not supported (this harness "
-                       f"reads version {readable}); {hint}")
+        newer = type(found) is int and found > max(versions)
+        raise (NewerVersion if newer else BadInput)(
+            f"{source}: {what} schema_version {found!r} is not supported (this harness reads version {readable}"
+            f"{'; it was written by a newer version of ascend-rl-harness' if newer else ''}); {hint}")
     return doc
 
 
@@ -80,7 +140,7 @@ def versioned(schema: str, version: int, doc: dict) -> dict:
 STALE_TMP_S = 3600
 
 
-def _umask() -> int:
+def current_umask() -> int:
     """The process umask, read without changing it where Linux says it (os.umask can only be read by setting it,
     which races with other threads creating files, e.g. Ray's)."""
     with contextlib.suppress(OSError, ValueError):
@@ -108,30 +168,65 @@ def clean_stale_tmp(directory: str | os.PathLike, older_than_s: float = STALE_TM
     return removed
 
 
+# What a full, read-only or denied file system says: one line naming the file and what to do, exit 2.
+_WRITE_HINTS = {errno.ENOSPC: "free space or choose another directory", errno.EDQUOT: "free space (quota)",
+                errno.EROFS: "choose a writable directory", errno.EACCES: "choose a directory you can write",
+                errno.EPERM: "choose a directory you can write", errno.ENAMETOOLONG: "choose a shorter name",
+                errno.ELOOP: "remove the link", errno.ENOTDIR: "a part of the path is a file, not a directory"}
+WRITE_ERRNOS = frozenset(_WRITE_HINTS)
+
+
+def write_error(path: str | os.PathLike, exc: OSError) -> BadInput:
+    """The one-line BadInput for an OSError met writing `path` (ENOSPC, EROFS, EACCES, ENAMETOOLONG, ...)."""
+    hint = _WRITE_HINTS.get(exc.errno, "check the path")
+    return BadInput(f"{path}: cannot write ({exc.strerror or exc}); {hint}")
+
+
 @contextlib.contextmanager
-def atomic_target(path: str | os.PathLike):
+def atomic_target(path: str | os.PathLike, *, overwrite: bool = True, exists: str = "choose another name"):
     """Yields a temporary path beside `path` for a writer that takes a file name (safetensors, DataProto); on a
     clean exit it is renamed onto `path`, otherwise removed. The file gets the mode a plain open() would give
     (0666 less the umask; issue 16: mkstemp's 0600 made shared reports unreadable), and temporaries of earlier
-    killed writers in the directory are cleaned."""
+    killed writers in the directory are cleaned. `overwrite=False`: the temporary is hard-linked to `path`, which
+    fails if it exists -- atomic against another writer (checking first, then writing, let two `baseline record`s
+    both succeed and the first golden be lost); BadInput "already exists; `exists`". An OSError of the file system
+    (full, read-only, denied, name too long) becomes BadInput naming `path`; mkstemp never follows a planted
+    link (O_EXCL) and the rename replaces a link, never its target."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_tmp(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~current_umask())
         os.close(fd)
         yield Path(tmp)
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise BadInput(f"{path}: already exists; {exists}") from None
+            finally:
+                os.unlink(tmp)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if exc.errno in WRITE_ERRNOS:
+            raise write_error(path, exc) from None
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, overwrite: bool = True,
+                 exists: str = "choose another name") -> Path:
     """Write `data` to `path` through a temporary file renamed into place (see atomic_target)."""
     mode = "wb" if isinstance(data, bytes) else "w"
-    with atomic_target(path) as tmp:
+    with atomic_target(path, overwrite=overwrite, exists=exists) as tmp:
         # backslashreplace: a JSON string may hold a lone surrogate ("\ud800" is valid JSON, not valid UTF-8); a
         # page shows it escaped instead of the write failing with a traceback (issue 16)
         with open(tmp, mode, **({} if mode == "wb" else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
@@ -141,8 +236,25 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     return Path(path)
 
 
-def write_json_atomic(path: str | os.PathLike, obj, *, indent: int = 2) -> Path:
-    return write_atomic(path, json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False) + "\n")
+def write_json_atomic(path: str | os.PathLike, obj, *, indent: int = 2, overwrite: bool = True,
+                      exists: str = "choose another name") -> Path:
+    return write_atomic(path, json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False) + "\n",
+                        overwrite=overwrite, exists=exists)
+
+
+def open_lock(path: str | os.PathLike) -> int:
+    """An fd of the lock file `path` for fcntl.flock, created if absent (0666 less the umask), never through a
+    symbolic link planted in its place (O_NOFOLLOW: as root, a planted `.lock -> /etc/passwd` was truncated).
+    BadInput for a link or a file system that refuses the file."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 & ~current_umask())
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BadInput(f"{path}: is a symbolic link, not a lock file; remove it (a lock is never followed)") \
+                from None
+        if exc.errno in WRITE_ERRNOS:
+            raise write_error(path, exc) from None
+        raise
 
 
 _HELD: dict[Path, int] = {}  # directories this process holds, with how many nested holders
@@ -157,7 +269,12 @@ def exclusive(directory: str | os.PathLike, what: str):
     import fcntl
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRNOS or exc.errno == errno.EEXIST:
+            raise write_error(directory, exc) from None
+        raise
     key = directory.resolve()
     if key in _HELD:
         _HELD[key] += 1
@@ -166,7 +283,7 @@ def exclusive(directory: str | os.PathLike, what: str):
         finally:
             _HELD[key] -= 1
         return
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    fd = open_lock(directory / ".lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -6,6 +6,7 @@ suites and fixtures import; nothing in the library imports this module.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import pytest
 
 from harness.config import hardware as hw
 from harness.config.scales import SCALES, TIERS, Scale, default_scale, get_scale
-from harness.errors import BadInput, HardwareError
+from harness.errors import BadInput, HardwareError, Terminated, exit_code, termination_raises
 from harness.findings import CheckResult
 from harness.launch.address import dashboard_url
 from harness.markers import (
@@ -27,6 +28,37 @@ from harness.markers import (
     TIER_MARKERS,
     skip_or_fail,
 )
+from harness.redact import redact, redact_doc
+
+
+def _redact_report(report) -> None:
+    """A test's report with every credential masked (harness.redact) before anything reads it: the terminal,
+    JUnit XML, xdist's controller and the harness report all take it from here. A failure message, a captured log
+    or a record_property value naming `http://user:TOKEN@host` otherwise reached them all. Only a report that holds
+    a secret changes (its long representation then becomes the redacted text)."""
+    text = report.longreprtext
+    if text and redact(text) != text:
+        if isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+            report.longrepr = (*report.longrepr[:2], redact(str(report.longrepr[2])))
+        else:
+            report.longrepr = redact(text)
+    report.sections = [(redact(name), redact(content)) for name, content in report.sections]
+    if hasattr(report, "user_properties"):  # a collection report has none
+        report.user_properties = [(name, redact_doc(value)) for name, value in report.user_properties]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    _redact_report(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    report = yield
+    _redact_report(report)
+    return report
 
 
 @dataclass
@@ -77,15 +109,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--baseline", default=None, help="golden baseline file for alignment/regression suites")
     g.addoption("--run-dir", default=None, help="an existing run directory (verl logs) to assert on")
     g.addoption("--engine", default=None, metavar="MODULE:FACTORY",
-                help="the system under test: a factory returning a harness Engine (default: built-in engines)")
+                help="the system under test: a factory returning a harness Engine (default: built-in engines); "
+                     "imports and runs MODULE, so name only code you trust")
     g.addoption("--ray-address", default=None,
                 help="the Ray dashboard of an existing cluster, http://HEAD:8265 (Jobs + state API; the launcher "
                      "submits there and device counts come from there)")
 
 
+class _Signals:
+    """SIGTERM/SIGHUP unwind the session like Ctrl-C (harness.errors.termination_raises): pytest_sessionfinish
+    runs -- the background tiny verl launcher is stopped, the report set is not swapped in -- instead of the
+    process dying where it stands; the session then exits 128 + the signal (143), Ctrl-C keeps pytest's 2."""
+
+    def __init__(self):
+        self.handlers = contextlib.ExitStack()
+        self.handlers.enter_context(termination_raises())
+        self.interrupt: KeyboardInterrupt | None = None
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self.interrupt = excinfo.value
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if isinstance(self.interrupt, Terminated):
+            session.exitstatus = exit_code(self.interrupt)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.handlers.close()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.config.host import apply_isa_mask
+
+    try:  # HARNESS_CPU_ISA: behave as a plainer host, before any test runs a kernel
+        apply_isa_mask()
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
     for name, text in {**TIER_MARKERS, **HARDWARE_MARKERS, **OTHER_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if not hasattr(config, "workerinput"):  # xdist's controller stops its workers
+        config.pluginmanager.register(_Signals(), "harness-signals")
     try:
         config.stash[DETECTED_KEY] = hw.resolve(config.getoption("hardware"))
     except HardwareError as exc:
@@ -139,13 +203,20 @@ def _engine_factory(target: str | None):
 
 
 def _register_hypothesis_profiles() -> None:
+    """`ci` (the default everywhere, `make test` included): derandomized, so the same commit gives the same
+    verdict on every run and host. `explore` (opt in: HYPOTHESIS_PROFILE=explore) draws new cases each run, more
+    of them: what finds the next hostile input, never what gates a merge."""
     try:
         from hypothesis import settings
     except ImportError:
         return
-    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
-    settings.register_profile("dev", deadline=None, max_examples=50)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=100)
+    settings.register_profile("explore", deadline=None, max_examples=500)
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    try:
+        settings.load_profile(name)
+    except Exception:  # noqa: BLE001 -- hypothesis raises InvalidArgument for an unknown profile
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={name!r}: use ci (the default) or explore") from None
 
 
 def item_tier(item: pytest.Item) -> str | None:

@@ -1,6 +1,7 @@
-"""Credentials out of what the harness records: a command line or address kept in a report, launch.json or a
-log line must not keep a token (issue 16: the report keeps the full command line, so
-`--ray-address https://user:TOKEN@head:8265` would be published with the nightly HTML).
+"""Credentials out of everything the harness writes: `redact` is the one function every writer of a command line,
+URL, environment or free text calls -- report JSON/HTML/Markdown (the collector and the renderer), the console,
+pytest.log, launch.json, the error lines. A report keeps the full command line, so `--ray-address
+https://user:TOKEN@head:8265` was published with the nightly HTML and printed on the console.
 
 A leaf module (no harness imports) so the report collector, the launcher and the CLI can all use it.
 """
@@ -8,17 +9,44 @@ from __future__ import annotations
 
 import re
 
+MASK = "***"
+# scheme://user:password@ (or scheme://token@)
 _CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+# a query parameter that carries a secret: ?token=..., &sig=...
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:token|access_token|auth|key|password|secret|sig|signature)=)[^&#\s]+")
+# NAME=VALUE of a secret: RAY_AUTH_TOKEN=..., HF_TOKEN=..., WANDB_API_KEY=..., --ray-auth-token=... The name must
+# end in the secret word, so verl's `max_num_batched_tokens=8192` or `ppo_max_token_len_per_gpu=...` stay as they are.
+_SECRET_WORD = r"(?:token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?)"
+_SECRET_ASSIGNMENT = re.compile(rf"(?i)(?<![\w.-])((?:--)?[\w.-]*?{_SECRET_WORD}=)[^\s&#'\"]+")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\"]+")
+_SECRET_OPTION = re.compile(rf"(?i)^--?[\w.-]*{_SECRET_WORD}$")  # `--token VALUE`: the next word is the secret
 
 
-def redact_url(text: str) -> str:
-    """`text` with the credentials of every URL in it replaced by `***`: user:password@ and token-like query
-    parameters (a command line kept in a report must not keep a token: issue 16)."""
-    text = _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", text)
-    return _SECRET_QUERY.sub(lambda m: f"{m.group(1)}***", text)
+def redact(text: str) -> str:
+    """`text` with every credential replaced by `***`: URL user:password@, token-like query parameters,
+    NAME=VALUE assignments of secret names and bearer tokens. Idempotent; text without secrets is unchanged."""
+    text = _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    text = _SECRET_QUERY.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with URL credentials redacted in every word (see redact_url)."""
-    return [redact_url(word) for word in argv]
+def redact_argv(argv) -> list[str]:
+    """A command line with `redact` applied to every word, and the value after a secret option (`--token X`)
+    masked."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        secret_value = i > 0 and _SECRET_OPTION.match(str(argv[i - 1])) is not None and not str(word).startswith("-")
+        out.append(MASK if secret_value else redact(str(word)))
+    return out
+
+
+def redact_doc(value):
+    """A JSON value with `redact` applied to every string in it (record_property values may hold a URL)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(k) if isinstance(k, str) else k: redact_doc(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_doc(v) for v in value]
+    return value

@@ -9,8 +9,12 @@ from hypothesis import strategies as st
 
 SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
 
+# The numbers the numeric policy (harness.numeric) draws its lines between: beyond a C ssize_t or a float, near the
+# float limit, subnormal, negative counts.
+EXTREMES = (1.7e308, -1.7e308, 1e300, 5e-324, 2.2e-308, 1e-300, 2**62, 2**63, 2**70, 10**300, 10**400, -5, -1, 0, 1,
+            2**31)
 numbers = st.one_of(st.integers(min_value=-10**30, max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
-                    st.just(10**400))
+                    st.sampled_from(EXTREMES))
 json_scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=8))
 json_values = st.recursive(json_scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=8)
@@ -36,3 +40,5 @@ def with_fields_replaced(doc: dict, data: st.DataObject) -> dict:
             parent = parent[part]
         parent[path[-1]] = data.draw(json_values)
     return doc
+
+extreme_numbers = st.one_of(numbers, st.floats(min_value=-1e120, max_value=1e120))

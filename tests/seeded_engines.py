@@ -29,3 +29,16 @@ drop_kv_a = _seeded(EngineFault.DROP_KV_A)  # sync drops kv_a_proj_with_mqa (pt 
 precision = _seeded(EngineFault.PRECISION)  # re-derived copies rounded through bf16 (pt 5)
 layout = _seeded(EngineFault.LAYOUT)  # fresh views split [v | nope] (pt 5)
 decode_scale = _seeded(EngineFault.DECODE_SCALE)  # softmax_scale() right, decode kernel 1/sqrt(v_head) (pt 7)
+# MoE weight sync: the experts' kernel copy packed at build; the router bias never sent by the sync
+packed_experts = _seeded(EngineFault.PACKED_EXPERTS)
+stale_router_bias = _seeded(EngineFault.STALE_ROUTER_BIAS)
+
+
+def batch_invariant(spec, **kwargs):
+    """Reference engine that decodes every sequence on its own: claims (and has) batch invariance."""
+    return make_reference_engine(spec, batch_invariant=True, **kwargs)
+
+
+def split_k(spec, **kwargs):
+    """Claims batch invariance, but layer 0's o_proj is a split-K GEMM split by the batch size (EngineFault.SPLIT_K)."""
+    return make_reference_engine(spec, batch_invariant=True, fault=EngineFault.SPLIT_K, **kwargs)

@@ -36,7 +36,7 @@ def test_help_has_description_example_and_exit_codes(command, capsys, monkeypatc
     assert doc.description.split()[0] in out and f"example:\n  {doc.example}" in out, out
     assert f"ascend-rl-harness {command}" in doc.example  # the example runs the command it documents
     codes = out.split("exit codes:\n", 1)[1].splitlines()
-    assert [line.split()[0] for line in codes][-2:] == ["2", "141"] and codes[0].strip().startswith("0 "), out
+    assert [line.split()[0] for line in codes][-3:] == ["2", "130", "141"] and codes[0].strip().startswith("0 "), out
     description = out.split("\n\n")[1]  # after the usage block
     assert all(len(line) <= 80 for line in description.splitlines()), description
 

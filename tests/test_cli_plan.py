@@ -37,6 +37,10 @@ def test_plan_full_a3_json(capsys):
     assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == VERL_VERSION
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in doc["overrides"]
     assert doc["env"]["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
+    # R3 stays off: both supported stacks block it (megatron-core 0.12.1; v0.20.2rc1's vLLM < 0.22 too)
+    blocked = doc["router_replay"]["blocked_on"]
+    assert doc["router_replay"]["mode"] == "disabled" and not any("router_replay.mode" in o for o in doc["overrides"])
+    assert [len(blocked[s]) for s in ("vllm-ascend-0.20.2rc1", "vllm-ascend-0.23.0")] == [2, 1]
     # the printed list composes in verl's config (the done-criterion), not just the one recipe built
     printed = Recipe(scale="full-a3", entrypoint=doc["entrypoint"], overrides=tuple(doc["overrides"]))
     cfg = validate_recipe(printed)

@@ -19,7 +19,8 @@ PARSERS = dict(subcommands(build_parser()))
 # argv every draw starts with; --k8s keeps launch from contacting a cluster
 COMMANDS = {("scales",): [], ("plan",): [], ("memory",): [], ("launch",): ["--k8s"]}
 NEVER = {"-h", "--help", "--validate", "--local", "--ray-address"}  # help exits; these start verl or Ray
-VALUES = st.one_of(st.sampled_from(["0", "-1", "-3", "nan", "inf", "-inf", "1e400", "abc", "", "1", "3", "20",
+VALUES = st.one_of(st.sampled_from(["0", "-1", "-3", "-5", "nan", "inf", "-inf", "1e400", "1e308", "5e-324",
+                                    str(10**30), "1" + "0" * 400, str(2**64), "abc", "", "1", "3", "20",
                                     "0.5", "tiny", "full-a3", "full-a2-gbs128", "layer", "rollout", "prefill",
                                     "verl-ascend:latest", "rl; rm -rf /", "Shared_PVC", "$(id)", "--json"]),
                    st.text(max_size=8))

@@ -1,25 +1,30 @@
 """The curve statistics on the tiny DAPO lab, against the committed golden (baselines/tiny/dapo_lab.json: the
-curves of seeds 0-4): few-run baselines keep false alarms low on seeds they do not contain, fewer than 3 runs
-give an explicit non-failing UNCALIBRATED verdict, and a run of a golden seed reproduces that seed exactly
-(the lab is deterministic per seed) while a fault run of the same seed does not.
+curves of seeds 0-4): baselines of 1, 2 and 3 runs keep false alarms low on seeds they do not contain, one
+reference run catches a fault, the calibration the code uses is the measured one, and a run of a golden seed
+reproduces that seed exactly (the lab is deterministic per seed) while a fault run of the same seed does not.
 
 Small but real: the candidates are the session's held-out lab run (seed 1234, shared with the suites) and each
-golden seed left out of its reference sets. The full measurement (25 clean seeds, 1,500 random 3-run sets, every
-fault at 30 steps) is scripts/measure-false-alarms; its numbers are in the README.
+golden seed left out of its reference sets. The full measurement (calibration on seeds 0-9; every N-subset of 25
+held-out seeds for N = 1, 2, 3, 5; every lab fault) is scripts/calibrate-curves; its numbers are in the README.
 """
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
 from harness.lab import LabConfig, run_lab
 from harness.metrics import curves
-from harness.metrics.baseline import Baseline, MetricBaseline, load_baseline
+from harness.metrics.baseline import NOISE_INFLATION, Baseline, load_baseline
 from harness.metrics.ingest import load_run
 from harness.metrics.run import Run, RunMeta
 
-MAX_FALSE_ALARM_RATE = 0.05  # issue 14's bar for 3-run baselines
+# The targets the calibration is held to (scripts/calibrate-curves measures them on 25 held-out seeds): mean false
+# alarms <= 5 % from 3 reference runs on, <= 10 % with 1 or 2.
+MAX_FALSE_ALARM_RATE = {1: 0.10, 2: 0.10, 3: 0.05, 5: 0.05}
+CALIBRATION = Path(__file__).resolve().parent.parent / "baselines" / "tiny" / "curve_calibration.json"
 EXACT_STEPS = 4
 
 
@@ -30,15 +35,6 @@ def golden() -> Baseline:
     return load_baseline(TINY_LAB_GOLDEN)
 
 
-def _sub(golden: Baseline, keep: tuple[int, ...]) -> Baseline:
-    """The golden restricted to the reference runs at indices `keep`."""
-    import dataclasses
-
-    metrics = {m: MetricBaseline(runs=tuple(b.runs[i] for i in keep), tolerance=b.tolerance)
-               for m, b in golden.metrics.items()}
-    return dataclasses.replace(golden, metrics=metrics, name=f"seeds {[golden.provenance['seeds'][i] for i in keep]}")
-
-
 def _as_run(golden: Baseline, index: int) -> Run:
     """A golden seed's stored curves as a Run (what its lab run logged)."""
     first = next(iter(golden.metrics.values())).runs[index]
@@ -46,44 +42,76 @@ def _as_run(golden: Baseline, index: int) -> Run:
                RunMeta(extra={"seed": first.seed, "lab": golden.provenance.get("config", {})}))
 
 
-def test_three_run_baselines_keep_false_alarms_low(golden, tiny_lab_run):
+@pytest.mark.parametrize("n_runs", [1, 2, 3])
+def test_few_run_baselines_keep_false_alarms_low(golden, tiny_lab_run, n_runs):
+    """Every n-subset of the golden's seeds against the session's held-out seed and each golden seed it leaves out:
+    one and two reference runs are judged too (by their step noise), within the calibration's targets."""
     n = golden.n_runs
-    comparisons = [(keep, tiny_lab_run) for keep in itertools.combinations(range(n), 3)]  # seed 1234: held out
-    for left_out in range(n):  # each golden seed against 3-run sets of the others
+    comparisons = [(keep, tiny_lab_run) for keep in itertools.combinations(range(n), n_runs)]  # seed 1234
+    for left_out in range(n):
         others = [i for i in range(n) if i != left_out]
-        comparisons += [(keep, _as_run(golden, left_out)) for keep in itertools.combinations(others, 3)]
+        comparisons += [(keep, _as_run(golden, left_out)) for keep in itertools.combinations(others, n_runs)]
     alarms = []
     for keep, candidate in comparisons:
-        alignment = curves.compare(candidate, _sub(golden, keep))
-        assert alignment.state != curves.UNCALIBRATED
-        if not alignment.ok:
+        alignment = curves.compare(candidate, golden.subset(keep))
+        assert alignment.state != curves.NOT_COMPARED
+        if not alignment.passed:
             alarms.append(f"{candidate.name} vs {alignment.baseline}: {alignment.failures[0].message()}")
     rate = len(alarms) / len(comparisons)
-    assert rate <= MAX_FALSE_ALARM_RATE, (f"{len(alarms)} of {len(comparisons)} clean runs flagged:\n"
-                                          + "\n".join(alarms))
+    assert rate <= MAX_FALSE_ALARM_RATE[n_runs], (f"{len(alarms)} of {len(comparisons)} clean runs flagged:\n"
+                                                   + "\n".join(alarms))
 
 
-def test_fewer_than_three_runs_give_a_non_failing_uncalibrated_verdict(golden, tiny_lab_run):
-    for size in (1, 2):
-        for keep in itertools.combinations(range(golden.n_runs), size):
-            alignment = curves.compare(tiny_lab_run, _sub(golden, keep))
-            assert alignment.state == curves.UNCALIBRATED and alignment.ok, alignment.message()
-            assert f"floors only: {size} reference run" in alignment.summary()
+def test_one_reference_run_catches_a_fault_run(golden, tmp_path):
+    """One golden seed alone catches the lab's stale-absorbed fault (the seed 001 bug) on a run of another seed."""
+    fault = load_run(run_lab(LabConfig(steps=EXACT_STEPS, seed=77, fault="stale-absorbed"), tmp_path / "stale"))
+    alignment = curves.compare(fault, golden.subset([0]))
+    assert not alignment.passed and "training/rollout_probs_diff_mean" in {v.metric for v in alignment.failures}
 
 
 def test_the_five_run_golden_passes_the_held_out_seed_and_its_own_self_check(golden, tiny_lab_run):
-    assert curves.compare(tiny_lab_run, golden).aligned
+    assert curves.compare(tiny_lab_run, golden).passed
     check = golden.provenance["self_check"]
-    assert check["runs"] == golden.n_runs and check["false_alarm_rate"] <= MAX_FALSE_ALARM_RATE
+    assert check["runs"] == golden.n_runs and check["false_alarm_rate"] <= MAX_FALSE_ALARM_RATE[3]
+
+
+def test_the_inflation_in_code_is_the_measured_one_and_meets_the_targets():
+    """harness.metrics.baseline.NOISE_INFLATION is what scripts/calibrate-curves measured on the calibration seeds
+    (baselines/tiny/curve_calibration.json), and that measurement, on seeds the calibration never saw, met the
+    targets: mean false alarms within MAX_FALSE_ALARM_RATE, no golden above 2 in 10 from 3 runs on, every lab fault
+    caught at N = 5."""
+    doc = json.loads(CALIBRATION.read_text())
+    assert {m: tuple(v) for m, v in doc["inflation"].items()} == NOISE_INFLATION
+    assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
+    rows = {row["n_runs"]: row for row in doc["measurements"]}
+    for n, limit in MAX_FALSE_ALARM_RATE.items():
+        assert rows[n]["false_alarm_mean"] <= limit, rows[n]
+        if n >= 3:
+            assert rows[n]["goldens_above_2_in_10"] == 0, rows[n]
+    assert rows[5]["detection"] and all(rate == 1.0 for rate in rows[5]["detection"].values()), rows[5]
 
 
 @pytest.mark.parametrize("fault, reproduces", [("none", True), ("stale-absorbed", False)])
 def test_a_golden_seed_reproduces_exactly_and_a_fault_does_not(golden, tmp_path, fault, reproduces):
+    """Bit for bit on a host with the golden's kernels, within ULPs on any other (the golden's host fingerprint
+    decides, and the verdict says which); the stale-absorbed fault fails either way."""
+    from harness.config import host
+
     seed = golden.provenance["seeds"][0]
     run = load_run(run_lab(LabConfig(steps=EXACT_STEPS, seed=seed, fault=fault), tmp_path / f"lab-{fault}"))
     alignment = curves.compare_exact(run, golden, allow_partial=True)
-    assert alignment.aligned is reproduces, alignment.message()
+    assert alignment.passed is reproduces, alignment.message()
+    same = host.same_kernels(run.meta.extra["host"], golden.provenance.get("host"))
+    assert ("bit for bit: same CPU kernels" if same else "not bit for bit") in alignment.message()
     if not reproduces:  # the stale absorbed weights show in the rollout/actor mismatch from the first steps
         failed = {v.metric: v for v in alignment.failures}
         assert "training/rollout_probs_diff_mean" in failed and "first divergent step" in failed[
             "training/rollout_probs_diff_mean"].detail
+
+
+def test_the_lab_is_bit_for_bit_deterministic_on_one_host(tmp_path):
+    """Two runs of one seed on this host agree bit for bit, whatever the host (the golden may come from another)."""
+    runs = [load_run(run_lab(LabConfig(steps=3, seed=7), tmp_path / f"lab-s7-{i}")) for i in range(2)]
+    golden = Baseline.from_runs([runs[0]])
+    alignment = curves.compare_exact(runs[1], golden)
+    assert alignment.passed and "bit for bit: same CPU kernels" in alignment.message(), alignment.message()

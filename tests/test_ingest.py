@@ -345,3 +345,21 @@ def test_ingest_streams_in_bounded_memory(tmp_path):
         tracemalloc.stop()
     assert len(run["actor/pg_loss"]) == 40_000
     assert peak <= 2 * retained, f"peak {peak / 2**20:.1f} MiB for {retained / 2**20:.1f} MiB of series"
+
+
+def test_verls_resolved_config_is_read_from_the_runs_hydra_directory(tmp_path, monkeypatch):
+    """The launcher points hydra.run.dir into the run directory, so verl writes its resolved config there; ingest
+    gives it as meta "config" (the algorithm check, precision and graph-mode detection read it). A file that is
+    not a YAML mapping is one line naming it."""
+    from harness.metrics.keys import HYDRA_CONFIG
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_filelogger(run / "metrics.jsonl", range(1, 3), monkeypatch)
+    (run / HYDRA_CONFIG).parent.mkdir(parents=True)
+    (run / HYDRA_CONFIG).write_text("actor_rollout_ref:\n  rollout:\n    dtype: float32\n    temperature: 1.0\n")
+    loaded = load_run(run)
+    assert loaded.meta.extra["config"]["actor_rollout_ref"]["rollout"]["dtype"] == "float32"
+    (run / HYDRA_CONFIG).write_text("- just\n- a list\n")
+    with pytest.raises(BadInput, match=r"config\.yaml: not a mapping"):
+        load_run(run)

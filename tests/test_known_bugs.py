@@ -103,50 +103,34 @@ def test_a_host_condition_is_only_possible_for_a_named_stack(monkeypatch):
 # The two upstream versions of the function the MindSpeed detector reads (Ascend/MindSpeed v2.2.0_core_r0.12.1 and
 # v2.3.0_core_r0.12.1 mindspeed/core/transformer/flash_attention/flash_attention/adaptor.py), reduced to the lines
 # that differ plus their frame.
-MINDSPEED_V220 = """
-import math
-def dot_product_attention_forward_impl(self, query, key, value, attention_mask, attn_mask_type=None,
-                                       attention_bias=None, packed_seq_params=None):
-    scale = (
-        1.0 / math.sqrt(self.hidden_size_per_attention_head)
-        if self.scale_mask_softmax.scale is None
-        else self.softmax_scale
-    )
-    return torch_npu.npu_fusion_attention(query, key, value, n_head, 'SBH', scale=scale)[0]
-"""
-MINDSPEED_V230 = """
-import math
-def dot_product_attention_forward_impl(self, query, key, value, attention_mask, attn_mask_type=None,
-                                       attention_bias=None, packed_seq_params=None):
-    scale = self.softmax_scale
-    return torch_npu.npu_fusion_attention(query, key, value, n_head, 'SBH', scale=scale)[0]
-"""
+def test_mindspeed_detector_reads_the_code_not_the_version(monkeypatch, tmp_path):
+    """An installed MindSpeed that reports 0.12.1 (setup.py says so for v2.2.0 and v2.3.0) is decided by running its
+    attention forward (harness.config.installed, the detector doctor's stack check uses too)."""
+    from test_installed import mindspeed_tree
 
+    from harness.config import installed
 
-def test_mindspeed_detector_reads_the_source_not_the_version(monkeypatch, tmp_path):
-    assert kb.mindspeed_scale_bug_in_source(MINDSPEED_V220) is True
-    assert kb.mindspeed_scale_bug_in_source(MINDSPEED_V230) is False
-    assert kb.mindspeed_scale_bug_in_source("def other(): pass") is None
-    # an installed copy that reports 0.12.1 (MindSpeed's setup.py for both): decided by its source
     lying = {**A3_STACK, "mindspeed": "0.12.1"}
-    adaptor = tmp_path / "mindspeed" / kb.MINDSPEED_ADAPTOR
-    adaptor.parent.mkdir(parents=True)
-    (tmp_path / "mindspeed" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    adaptor.write_text(MINDSPEED_V230)
+    trees = {v: mindspeed_tree(tmp_path, v) for v in ("2.2.0", "2.3.0")}
+    monkeypatch.setattr(installed, "package_root", lambda name: trees["2.3.0"] if name == "mindspeed" else None)
     assert "mindspeed-mla-softmax-scale" not in _ids(lying, {}, {}, installed=True)
-    adaptor.write_text(MINDSPEED_V220)
+    monkeypatch.setattr(installed, "package_root", lambda name: trees["2.2.0"] if name == "mindspeed" else None)
     hit = next(h for h in check(lying, installed=True) if h.bug.id == "mindspeed-mla-softmax-scale")
     assert hit.certain and "installed source" in hit.why
-    adaptor.unlink()  # unreadable: the lying version alone is only a risk
+    monkeypatch.setattr(installed, "package_root", lambda name: None)  # cannot tell: the lying version is a risk
     hit = next(h for h in check(lying, installed=True) if h.bug.id == "mindspeed-mla-softmax-scale")
     assert not hit.certain
 
 
-def test_mbridge_detector_tells_the_fixed_commit():
-    assert kb.mbridge_rope_theta_bug_in_source("rotary_base=hf_config.rope_theta,") is True
-    assert kb.mbridge_rope_theta_bug_in_source(
-        "from ..utils.hf_config import get_hf_rope_theta\nrotary_base=get_hf_rope_theta(hf_config)") is False
+def test_mbridge_detector_tells_the_fixed_commit(monkeypatch, tmp_path):
+    from test_installed import mbridge_tree
+
+    from harness.config import installed
+
+    for commit, bug in (("v0.15.1", True), ("10cb17f", False)):
+        tree = mbridge_tree(tmp_path, commit)
+        monkeypatch.setattr(installed, "package_root", lambda name, tree=tree: tree if name == "mbridge" else None)
+        assert kb.DETECTORS["mbridge-rope-theta"]() is bug, commit
 
 
 # ---------------------------------------------------------------------------------------------------- doctor

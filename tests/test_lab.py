@@ -3,7 +3,7 @@ every fault flag is caught by `compare`, clean seeds are not (false positives), 
 and it writes verl's FileLogger format with verl's metric keys.
 
 Cost: fault and false-positive runs are short (FAULT_STEPS / FP_STEPS steps, ~0.5-1.5 s per step here);
-`compare(..., allow_partial=True)` then evaluates the per-step band over the steps they have and skips
+`compare(...)` then evaluates the per-step band over the steps they have and skips
 (never passes) the window/trend statistics they have not reached. The full 30-step numbers are in the
 issue report (measured with `python -m harness.lab` + `ascend-rl-harness compare`).
 """
@@ -40,12 +40,12 @@ def _short_run(tmp_path_factory, steps: int, seed: int, fault: str):
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "none"])
 def test_each_fault_is_flagged_by_compare(fault, golden, tmp_path_factory):
     run = _short_run(tmp_path_factory, FAULT_STEPS, 0, fault)
-    alignment = curves.compare(run, golden, allow_partial=True)
+    alignment = curves.compare(run, golden)
     failed = {(v.metric, v.statistic) for v in alignment.failures}
     # At tiny scale the stale/scale faults barely move the reward in 4 steps; the rollout/actor probability
     # mismatch shows them at once (measured: clean ~1e-7, faults 1e-3..1e-1).
     assert ("training/rollout_probs_diff_mean", "band") in failed, alignment.summary()
-    assert not alignment.aligned
+    assert not alignment.passed
     diff = run["training/rollout_probs_diff_mean"].values
     assert max(diff) > 1e-3, f"{fault}: rollout_probs_diff_mean peaks at {max(diff):.3g}, expected > 1e-3"
 
@@ -53,8 +53,8 @@ def test_each_fault_is_flagged_by_compare(fault, golden, tmp_path_factory):
 def test_clean_seeds_are_not_flagged(golden, tmp_path_factory):
     false_positives = []
     for seed in FP_SEEDS:
-        alignment = curves.compare(_short_run(tmp_path_factory, FP_STEPS, seed, "none"), golden, allow_partial=True)
-        if not alignment.aligned:
+        alignment = curves.compare(_short_run(tmp_path_factory, FP_STEPS, seed, "none"), golden)
+        if not alignment.passed:
             false_positives.append(alignment.summary() + ": " + "; ".join(v.message() for v in alignment.failures))
     assert not false_positives, f"{len(false_positives)} of {len(FP_SEEDS)} clean seeds flagged:\n" + "\n".join(
         false_positives)

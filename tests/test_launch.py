@@ -76,10 +76,12 @@ def test_tiny_job_is_verls_main_ppo_on_cpu(tmp_path):
         job_for_scale(get_scale("reduced-a2"), tmp_path / "bad3", fault="stale-absorbed")
 
 
-def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):
+def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path, monkeypatch):
     scale = get_scale("reduced-a2")
+    monkeypatch.setenv("HARNESS_MODEL_DIR", "/shared/models")
+    monkeypatch.setenv("HARNESS_DATA_DIR", "/shared/data/dapo")
     spec = job_for_scale(scale, tmp_path / "run", steps=5)
-    recipe = dapo_recipe(scale)
+    recipe = dapo_recipe(scale, model_path=f"/shared/models/{scale.model.name}", data_dir="/shared/data/dapo")
     words = shlex.split(spec.entrypoint)
     assert words[:3] == ["python3", "-m", recipe.entrypoint]
     assert set(recipe.overrides) <= set(words)
@@ -88,6 +90,24 @@ def test_npu_job_is_verls_dapo_with_the_plans_env(tmp_path):
     assert spec.runtime_env()["env_vars"].items() >= dict(recipe.env).items() and recipe.env
     resumed = job_for_scale(scale, tmp_path / "run", steps=5, resume=True)
     assert resumed.resume and "trainer.resume_mode=auto" in shlex.split(resumed.entrypoint)
+
+
+def test_cluster_job_needs_absolute_shared_inputs(tmp_path, monkeypatch):
+    """Ray uploads the working dir without models/ and data/: a relative or missing path is refused up front in one
+    line naming the variables, before a cluster is booked."""
+    scale = get_scale("full-a3")
+    monkeypatch.delenv("HARNESS_MODEL_DIR", raising=False)
+    monkeypatch.delenv("HARNESS_DATA_DIR", raising=False)
+    with pytest.raises(BadInput, match=r"no model path \(set \$HARNESS_MODEL_DIR\); no data dir") as err:
+        job_for_scale(scale, tmp_path / "run")
+    assert "\n" not in str(err.value) and "deepseek-v3/" in str(err.value)
+    monkeypatch.setenv("HARNESS_MODEL_DIR", "models")
+    monkeypatch.setenv("HARNESS_DATA_DIR", "/shared/dapo")
+    with pytest.raises(BadInput, match="model path 'models/deepseek-v3'"):
+        job_for_scale(scale, tmp_path / "run")
+    spec = job_for_scale(scale, tmp_path / "run", model_path="/shared/m", data_dir="/shared/d")
+    assert "actor_rollout_ref.model.path=/shared/m" in shlex.split(spec.entrypoint)
+    assert "data.train_files=/shared/d/train.parquet" in shlex.split(spec.entrypoint)
 
 
 def test_progress_of_a_growing_log(tmp_path):
@@ -101,9 +121,12 @@ def test_progress_of_a_growing_log(tmp_path):
 
 
 def _docs(scale_name: str):
+    """(Service, Job) of a scale's manifest and its text; an NPU scale's rings-config ConfigMap comes first and is
+    checked in tests/test_k8s_manifest.py."""
     text = manifest_yaml(get_scale(scale_name), image="img:1", namespace="rl", steps=7)
     assert "&id" not in text and "*id" not in text, "YAML aliases make hand edits of one pod change all"
-    return yaml.safe_load_all(text), text
+    docs = [d for d in yaml.safe_load_all(text) if d["kind"] != "ConfigMap"]
+    return docs, text
 
 
 @pytest.mark.parametrize("name", ["full-a3", "full-a2-gbs128", "moonlight-a2", "reduced-a2"])
@@ -116,7 +139,7 @@ def test_k8s_manifest(name):
     tasks = {t["name"]: t for t in job["spec"]["tasks"]}
     assert sum(t["replicas"] for t in tasks.values()) == scale.nodes == job["spec"]["minAvailable"]
     assert tasks["head"]["replicas"] == 1 and set(tasks) == ({"head", "worker"} if scale.nodes > 1 else {"head"})
-    recipe = dapo_recipe(scale)
+    recipe = dapo_recipe(scale, model_path=f"/mnt/shared/models/{scale.model.name}", data_dir="/mnt/shared/data/dapo")
     for task in tasks.values():
         pod = task["template"]["spec"]
         (container,) = pod["containers"]
@@ -136,7 +159,7 @@ def test_k8s_manifest(name):
     words = shlex.split(head.split("&& python3 -m", 1)[1].split("2>&1")[0])
     assert words[0] == recipe.entrypoint and set(recipe.overrides) <= set(words)
     assert "trainer.total_training_steps=7" in words and "trainer.resume_mode=auto" in words
-    assert "metrics.seg" in head, "a rescheduled head must keep the metrics verl's FileLogger would truncate"
+    assert "metrics.seg" in head, "a resubmitted head must keep the metrics verl's FileLogger would truncate"
     if scale.nodes > 1:
         worker = tasks["worker"]["template"]["spec"]["containers"][0]["command"][2]
         assert f"{service['metadata']['name']}.rl.svc.cluster.local:6379" in worker
@@ -187,8 +210,9 @@ def test_k8s_accepts_image_references(image):
 
 def test_every_scale_has_a_manifest():
     for name in SCALES:
-        docs, _ = _docs(name)
-        assert len(list(docs)) == 2
+        docs, text = _docs(name)
+        assert len(docs) == 2
+        assert ("kind: ConfigMap" in text) is (get_scale(name).hardware.kind == "npu")
 
 
 def test_cpu_manifest_requests_no_npus():
@@ -217,15 +241,15 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
 def test_cli_prints_the_manifest(capsys):
     assert main(["launch", "--scale", "full-a3", "--k8s"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
 
 
 def test_k8s_defaults_are_overridable(capsys):
     # issue 15.6: image, namespace and the shared PVC each have a stated default and an option
     assert main(["launch", "--scale", "full-a3", "--k8s", "--image", "reg.example:5000/verl-ascend:v1",
                  "--namespace", "rl", "--pvc", "rl-shared"]) == 0
-    service, job = yaml.safe_load_all(capsys.readouterr().out)
-    assert service["metadata"]["namespace"] == job["metadata"]["namespace"] == "rl"
+    rings, service, job = yaml.safe_load_all(capsys.readouterr().out)
+    assert rings["metadata"]["namespace"] == service["metadata"]["namespace"] == job["metadata"]["namespace"] == "rl"
     for task in job["spec"]["tasks"]:
         pod = task["template"]["spec"]
         assert {c["image"] for c in pod["containers"]} == {"reg.example:5000/verl-ascend:v1"}

@@ -146,3 +146,15 @@ def test_chunked_attention_is_registered():
     from transformers import AttentionInterface
 
     assert AttentionInterface._global_mapping[CHUNKED] is chunked_prefill_attention
+
+
+def test_npu_prefill_guard_is_the_steps_query_not_the_batchs():
+    """The sensitivity guard of suites/memory/test_chunked_prefill.py's NPU case: 4 x 2048 DSV3 tokens hold 384 MiB
+    of bf16 query in one unchunked step, but at most 96 MiB per step of a chunked run with a 2048-token budget; a
+    guard on the whole batch would fail every correct chunked measurement."""
+    from harness.memory.prefill import prefill_query_bytes, prefill_step_tokens
+
+    assert prefill_step_tokens(4, 2048, None) == 8192 and prefill_step_tokens(4, 2048, 2048) == 2048
+    assert prefill_step_tokens(2, 512, 2048) == 1024, "a budget above the batch schedules the whole batch"
+    assert prefill_query_bytes(DEEPSEEK_V3, prefill_step_tokens(4, 2048, None)) == 384 * 2**20
+    assert prefill_query_bytes(DEEPSEEK_V3, prefill_step_tokens(4, 2048, 2048)) == 96 * 2**20

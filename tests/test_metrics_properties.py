@@ -1,6 +1,8 @@
 """Property tests (hypothesis; the plugin's `ci` profile keeps the budget small): whatever a log, a golden or a
 command line holds, ingest / load_baseline / the compare, baseline and throughput commands end in a result or a
-one-line BadInput (exit 2) -- never a traceback, never another exception (issue 16: 37 of 200 bad inputs crashed)."""
+one-line BadInput (exit 2) -- never a traceback, never another exception (issue 16: 37 of 200 bad inputs crashed).
+The drawn numbers include the numeric policy's edges (tests/hostile_json.py EXTREMES: 10**300 steps, 1e308
+values, subnormal times; harness.numeric), and what loads must compute finitely."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.errors import BadInput
-from harness.metrics.baseline import load_baseline
+from harness.metrics.baseline import load_baseline, slope
 from harness.metrics.ingest import load_run
 
 keys = st.sampled_from(["critic/rewards/mean", "actor/pg_loss", "timing_s/step", "perf/throughput", "a", ""])
@@ -144,6 +146,8 @@ def test_golden_files(golden_doc, data):
         else:  # what loads must be usable: bands computable, finite
             for metric in baseline.metrics.values():
                 assert all(math.isfinite(metric.half_width(i)) for i in range(len(metric.steps)))
+                assert all(map(math.isfinite, metric.center))
+                assert all(s is None or math.isfinite(s) for s in metric.run_statistics(slope))
 
 
 @pytest.fixture(scope="module")
@@ -156,25 +160,34 @@ def cli_files(tmp_path_factory) -> dict[str, str]:
             "critic/rewards/mean": 0.05 * s + 0.01 * i, "timing_s/step": 10.0 + i, "perf/total_num_tokens": 5000.0,
             "perf/throughput": 500.0 / (10.0 + i)}}) + "\n" for s in range(1, 21)))
         runs[f"r{i}"] = str(path)
+    # the numeric policy's edges in a log: a subnormal step time (TPS inf passed --target), values near the float
+    # limit (their sums overflowed the statistics), a step beyond int64
+    extreme = root / "extreme.jsonl"
+    extreme.write_text("".join(json.dumps({"step": s, "data": {
+        "critic/rewards/mean": 1.7e308 if s % 4 == 0 else 0.01 * s, "timing_s/step": 5e-324 if s == 3 else 10.0,
+        "perf/total_num_tokens": 5000.0, "perf/throughput": 50.0}}) + "\n" for s in range(1, 21)))
+    runs["extreme"] = str(extreme)
     summary = root / "baseline.txt"
     summary.write_text("critic/rewards/mean: 0.4\nperf/throughput: 48.0\n")
     return {**runs, "summary": str(summary), "dir": str(root), "missing": str(root / "nope" / "x.json"),
             "golden": str(root / "golden.json")}
 
 
-def _cli(argv: list[str], cwd: str) -> tuple[int, str]:
-    err = io.StringIO()
+def _cli(argv: list[str], cwd: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
     # in a scratch directory: a drawn `--plot inf` writes ./inf
-    with contextlib.chdir(cwd), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.chdir(cwd), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse's own usage errors
             code = exc.code
-    return code, err.getvalue()
+    return code, out.getvalue(), err.getvalue()
 
 
-option_values = st.one_of(st.sampled_from(["0", "-1", "nan", "inf", "-inf", "1e400", "abc", "", "3", "0.05", "1.5",
-                                           "256", "median", "nightly"]), st.text(max_size=6))
+option_values = st.one_of(st.sampled_from(["0", "-1", "-5", "nan", "inf", "-inf", "1e400", "1e308", "5e-324",
+                                           str(10**30), "1" + "0" * 400, "abc", "", "3", "0.05", "1.5", "256",
+                                           "median", "nightly", "critic/rewards/mean:pool=1e309",
+                                           "critic/rewards/mean:band_atol=1e308"]), st.text(max_size=6))
 
 
 @SETTINGS
@@ -188,7 +201,7 @@ def test_cli_arguments(cli_files, data):
     elif command == "record":
         argv = ["baseline", "record", *data.draw(st.lists(files, min_size=1, max_size=3)), "--out",
                 data.draw(st.sampled_from([cli_files["golden"], cli_files["dir"], cli_files["missing"]]))]
-        options = ["--metric", "--force", "--keep-flagged", "--lenient"]
+        options = ["--metric", "--force", "--keep-flagged", "--lenient", "--tolerance"]
     else:
         argv = ["throughput", data.draw(files), "--hardware", data.draw(st.sampled_from(["a2", "a3", "cpu"]))]
         options = ["--devices", "--sequences", "--warmup", "--target", "--tolerance", "--statistic", "--baseline",
@@ -197,8 +210,10 @@ def test_cli_arguments(cli_files, data):
         flag = option in ("--json", "--lenient", "--allow-partial", "--exact", "--force", "--keep-flagged",
                           "--per-step")
         argv += [option] if flag else [option, data.draw(st.one_of(option_values, files))]
-    code, err = _cli(argv, cli_files["dir"])
+    code, out, err = _cli(argv, cli_files["dir"])
     assert code in (0, 1, 2), (argv, code, err)
     assert "Traceback" not in err, (argv, err)
+    if command == "throughput" and "--json" in argv and code in (0, 1):  # never Infinity/NaN, which is no JSON
+        assert "Infinity" not in out and "NaN" not in out, (argv, out[-500:])
     if code == 2 and "usage:" not in err:  # a harness error: one line naming what to fix
         assert len(err.strip().splitlines()) == 1, (argv, err)

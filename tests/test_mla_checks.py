@@ -21,7 +21,11 @@ PROMPTS = [[5, 9, 13, 2], [77, 1]]
 
 @pytest.fixture(scope="module")
 def weights():
-    return random_state_dict(SPEC, seed=0), random_state_dict(SPEC, seed=1)
+    # MLA checks: the router is beside the point, and test_small_updates_need_logprobs's premise (a 1 % update
+    # leaves greedy tokens unchanged) was measured on these weights with the router bias at zero (a bias moves an
+    # expert choice of TINY's MoE layer, and with it a token)
+    return (random_state_dict(SPEC, seed=0, zero_router_bias=True),
+            random_state_dict(SPEC, seed=1, zero_router_bias=True))
 
 
 def test_closed_form_scales():
@@ -37,6 +41,10 @@ def test_check_scale_names_the_bug():
     bad = check_scale("x", DEEPSEEK_V3, 128 ** -0.5)
     assert not bad.ok and bad.bug == "v_head_dim" and "0.0883883" in bad.message() and "0.1352338" in bad.message()
     assert check_scale("x", DEEPSEEK_V3, 0.1352337788608801).ok
+    # MindSpeed v2.2.0 with mbridge's kv_channels = head_dim = qk_rope_head_dim = 64: named, not "unknown"
+    rope = check_scale("x", DEEPSEEK_V3, 0.125)
+    assert not rope.ok and rope.bug == "qk_rope_head_dim" and "(= the qk_rope_head_dim bug)" in rope.message()
+    assert check_scale("x", DEEPSEEK_V3, 0.11).bug is None
 
 
 def test_derived_weights_are_views_with_vllm_layout(weights):

@@ -14,6 +14,8 @@ SYNC_SUITE = ROOT / "suites/functional/test_mla_weight_sync.py"
 SCALE_SUITE = ROOT / "suites/precision/test_mla_softmax_scale.py"
 ALIGN_SUITE = ROOT / "suites/precision/test_mla_forward_alignment.py"
 SLEEP_SUITE = ROOT / "suites/memory/test_sleep_release.py"
+MOE_SYNC_SUITE = ROOT / "suites/functional/test_moe_weight_sync.py"
+INVARIANCE_SUITE = ROOT / "suites/consistency/test_batch_invariance.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,6 +60,13 @@ CASES = [
      ["behavioural scale check failed", "reports 0.1656269: the closed form", "decode steps",
       "not identified as a scale bug"]),
     ("scale_v_head", ALIGN_SUITE, "match_training", 1, ["log-probs outside", "decode steps"]),
+    # MoE: invisible to the all-dense MLA model; the MoE sync suite must catch both
+    ("packed_experts", MOE_SYNC_SUITE, "reaches_moe", 1, ["after sync 1/2 (new)", "decode differently"]),
+    ("stale_router_bias", MOE_SYNC_SUITE, "reaches_moe", 1, ["model.layers.3.mlp.gate.e_score_correction_bias",
+                                                             "dropped or mis-mapped"]),
+    # claims batch invariance, split-K linear split by the batch size: caught where the batch changes
+    ("split_k", INVARIANCE_SUITE, "batched", 1, ["claims batch invariance, but",
+                                                 "log-prob bits first differ at position 0"]),
 ]
 
 
@@ -72,11 +81,14 @@ def test_seeded_engine_fails_suite(pytester, engine, suite, select, n_failed, wo
         assert word in out, f"{word!r} not in the failure output:\n{out[-3000:]}"
 
 
-@pytest.mark.parametrize("suite, select", [(SYNC_SUITE, "reaches_absorbed"), (SLEEP_SUITE, "wake"),
-                                           (SCALE_SUITE, "closed_form or right_scale"),
-                                           (ALIGN_SUITE, "match_training")],
+@pytest.mark.parametrize("suite, select, engine", [(SYNC_SUITE, "reaches_absorbed", "correct"),
+                                                   (SLEEP_SUITE, "wake", "correct"),
+                                                   (SCALE_SUITE, "closed_form or right_scale", "correct"),
+                                                   (ALIGN_SUITE, "match_training", "correct"),
+                                                   (MOE_SYNC_SUITE, "reaches_moe", "correct"),
+                                                   (INVARIANCE_SUITE, "bit_equal or batched", "batch_invariant")],
                          ids=lambda v: v.stem if isinstance(v, Path) else None)
-def test_reference_engine_passes_suite(pytester, suite, select):
-    result = run_suite(pytester, suite, "correct", select)
+def test_reference_engine_passes_suite(pytester, suite, select, engine):
+    result = run_suite(pytester, suite, engine, select)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) > 0, result.stdout.str()[-3000:]

@@ -12,7 +12,7 @@ import pytest
 
 from harness.errors import BadInput
 from harness.launch.address import check_dashboard, dashboard_url
-from harness.redact import redact_argv, redact_url
+from harness.redact import redact, redact_argv
 
 
 @pytest.mark.parametrize("given, url", [
@@ -127,8 +127,8 @@ def test_plugin_unreachable_cluster_is_one_usage_error(pytester, monkeypatch):
     ("http://head:8265", "http://head:8265"),
     ("s3://AKIA:KEY@bucket/p and https://u:p@h/x", "s3://***@bucket/p and https://***@h/x"),
 ])
-def test_redact_url(text, redacted):
-    assert redact_url(text) == redacted
+def test_redact(text, redacted):
+    assert redact(text) == redacted
 
 
 def test_redact_argv_keeps_the_rest():

@@ -85,7 +85,7 @@ def test_collector_writes_every_verdict_with_reasons_and_measurements(collected)
     assert outcomes["test_measures"].markers == ("tiny",)
     bench = outcomes["test_bench"].benchmark
     assert bench["stats"]["rounds"] == 5 and bench["stats"]["median"] > 0
-    assert report.scale == "tiny" and report.plan["model"]["name"] == "tiny-dsv3" and report.exit_status == 1
+    assert report.scale == "tiny" and report.plan["model"]["name"] == "tiny-dsv3-task" and report.exit_status == 1
     assert not report.passed and report.counts["failed"] == 1 and report.counts["error"] == 1
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema_version"] == SCHEMA_VERSION and doc["summary"]["total"] == 6
@@ -328,19 +328,25 @@ def test_store_keys_never_collide_and_a_corrupt_entry_is_quarantined(tmp_path, r
 
 
 def test_publish_links_the_log_and_run_dirs_and_drops_a_stale_trend(tmp_path, report_factory):
-    from harness.report.publish import publish
+    from harness.report.publish import Generation, publish
 
     out = tmp_path / "out"
     out.mkdir()
-    (out / "pytest.log").write_text("log")
+    (out / "report.json").write_text("the report of an older harness")  # its layout: plain files
     (out / "trend.html").write_text("the trend of an earlier report")
     report = dataclasses.replace(report_factory("r", "2026-11-01T02:00:00+00:00"),
                                  command=("suites", "--run-dir", str(tmp_path / "runs" / "seed0")))
-    publish(report, out)
+    generation = Generation(out)
+    (generation.path / "pytest.log").write_text("log")
+    publish(report, generation.path)
+    assert (out / "report.json").read_text() == "the report of an older harness"  # nothing shown changes ...
+    generation.commit()  # ... until the set is swapped in, as one
     page = (out / "report.html").read_text()
     assert 'href="pytest.log"' in page and f'href="{(tmp_path / "runs" / "seed0").as_uri()}"' in page
-    # a run killed before writing its own trend must not leave the old one beside the new report
+    # the trend of an earlier report is not part of this set: it is gone with it
     assert not (out / "trend.html").exists() and load_report(out / "report.json").name == "r"
+    assert (out / "pytest.log").read_text() == "log"
+    assert [p.name for p in out.glob(".gen-*")] == [generation.path.name]  # older generations removed
 
 
 def test_each_trend_point_links_to_its_night(report_factory):
@@ -381,3 +387,52 @@ def test_graph_mode_section_shows_the_paired_interval(report_factory):
     page = render_html(report_factory("graph", "2026-11-01T02:00:00+00:00",
                                       properties={"throughput.graph_mode": doc}))
     assert "2.00x" in page and "90% interval 1.06-3.50x over 3 pairs" in page
+
+
+def test_consistency_section_plots_agreement_per_layer(report_factory):
+    """The MoE consistency measurements (shapes from the checkers' own to_json) become tables and one per-layer
+    agreement plot; rollout-correction verdicts render like the curves'."""
+    from harness.consistency.invariance import BatchInvariance, CaseComparison
+    from harness.consistency.routing import Disagreement, LayerAgreement, RoutingAgreement
+
+    agreement = RoutingAgreement("vllm vs trainer", (
+        LayerAgreement(3, 87, 85, (Disagreement(0, 4, 2e-7, False), Disagreement(1, 9, 0.0, False))),
+        LayerAgreement(4, 87, 82, (Disagreement(0, 5, 0.3, True),))), tie_tol=1e-4).to_json()
+    invariance = {**BatchInvariance("vllm", False, (CaseComparison("alone again", None, None, 0.0, True),
+                                                    CaseComparison("first of a batch of 8", None, 1, 6e-6, False))
+                                    ).to_json(), "not_measured": ["prefill chunked: forced off"]}
+    corr = [{"metric": "rollout_corr/kl", "statistic": "rollout-corr", "passed": False, "where": "step 2",
+             "detail": "3 of 3 steps outside"}]
+    page = render_html(report_factory("moe", "2026-11-01T02:00:00+00:00", properties={
+        "routing.agreement": agreement, "consistency.batch_invariance": invariance, "rollout_corr.verdicts": corr}))
+    assert "Routing agreement" in page and "97.7 % (85/87)" in page and page.count('class="plot"') == 1
+    assert "first of a batch of 8" in page and "prefill chunked: forced off" in page
+    assert "Rollout correction" in page and "rollout_corr/kl" in page
+
+
+def test_the_report_set_keeps_the_evidence_its_verdicts_came_from(tmp_path, report_factory):
+    """A test that asserted on a run directory (the tiny verl run lives in a pytest temp directory that is deleted a
+    few sessions later) names it; the committed set holds a copy under evidence/ and the page links it there."""
+    from harness.report.publish import EVIDENCE_FILES, Generation, publish
+
+    run = tmp_path / "pytest-of-x" / "run"
+    run.mkdir(parents=True)
+    for name in EVIDENCE_FILES[:3]:
+        (run / name).write_text(f"{name}\n")
+    (run / "huge.bin").write_text("not evidence")
+    report = report_factory("night", "2026-12-01T02:00:00+00:00", properties={
+        "evidence": {"name": "tiny-verl-s1234", "run_dir": str(run), "extra": []}})
+    out = tmp_path / "reports"
+    generation = Generation(out)
+    publish(report, generation.path)
+    generation.commit()
+    kept = out / "evidence" / "tiny-verl-s1234"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(EVIDENCE_FILES[:3])
+    import shutil
+
+    shutil.rmtree(run.parent)  # pytest's temp directory goes: the evidence stays
+    assert (kept / "metrics.jsonl").read_text() == "metrics.jsonl\n"
+    doc = json.loads((out / "report.json").read_text())
+    props = doc["tests"][0]["properties"]
+    assert props["run_dir"] == "evidence/tiny-verl-s1234/" and "evidence" not in props
+    assert 'href="evidence/tiny-verl-s1234/"' in (out / "report.html").read_text()

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.cli.doctor_cmd import _key_value_file, predict_suites
+from harness.cli.doctor_cmd import predict_suites
 from harness.config.hardware import PROFILES, with_device_memory
-from harness.config.stacks import STACKS, best_match, get_stack, mismatches
+from harness.config.installed import Detection, key_value_file
+from harness.config.stacks import MBRIDGE_COMMIT, STACKS, best_match, get_stack, mismatches
 
 ROOT = Path(__file__).resolve().parent.parent
 NPU_STACKS = [s for s in STACKS if s.constraints_file]
@@ -54,8 +55,16 @@ def test_matching_is_by_version():
     assert mismatches(cpu, {**exact, "torch": "2.13.0+cpu"}) == []
     wrong = mismatches(cpu, {**exact, "transformers": "5.5.3"})
     assert len(wrong) == 1 and wrong[0].startswith("transformers 5.5.3 (wants 5.19.0")
-    stack, diff = best_match("npu", {p.name: p.version for p in get_stack("vllm-ascend-0.23.0").pins})
+    # MindSpeed and mbridge report 0.12.1 / 0.15.1 whatever their source: matched by that AND by their code
+    reported = {p.name: p.reports or p.version for p in get_stack("vllm-ascend-0.23.0").pins}
+    assert reported["mindspeed"] == "0.12.1" and reported["mbridge"] == "0.15.1"
+    stack, diff = best_match("npu", reported, {"mindspeed": False, "mbridge": False})
     assert (stack.name, diff) == ("vllm-ascend-0.23.0", [])
+    _, unknown = best_match("npu", reported)  # code not read: never silently supported
+    assert len(unknown) == 2 and all("could not tell" in line for line in unknown)
+    (scale,) = mismatches(stack, reported, {"mindspeed": True, "mbridge": False})
+    assert scale.startswith("mindspeed 0.12.1: seed 001's MLA softmax scale")
+    assert mismatches(stack, {**reported, "mindspeed": "2.3.0_core_r0.12.1"}, {"mindspeed": False, "mbridge": False})
 
 
 def test_device_memory_is_read_not_assumed():
@@ -69,17 +78,94 @@ def test_device_memory_is_read_not_assumed():
 def test_cann_version_file(tmp_path):
     info = tmp_path / "ascend_toolkit_install.info"
     info.write_text("package_name=Ascend-cann-toolkit\nversion=8.5.1\ninnerversion=V100R001C25\n")
-    assert _key_value_file(info, "version") == "8.5.1"
-    assert _key_value_file(tmp_path / "missing.info", "version") is None
+    assert key_value_file(info, "version") == "8.5.1"
+    assert key_value_file(tmp_path / "missing.info", "version") is None
 
 
 def test_predictions_name_the_known_breaks():
-    rows = {r["area"]: r for r in predict_suites("npu", {"mindspeed": "2.2.0", "torch-npu": "2.9.0",
-                                                         "mbridge": "0.15.1"})}
+    have = {"mindspeed": "0.12.1", "torch-npu": "2.9.0", "mbridge": "0.15.1"}
+    bug = Detection(True, "adaptor.py: passes scale=0.125 to npu_fusion_attention (seed 001's MLA scale bug)")
+    rows = {r["area"]: r for r in predict_suites("npu", have, {"mindspeed": bug})}
     ms = next(r for a, r in rows.items() if "MindSpeed" in a)
     assert ms["verdict"] == "break" and "seed 001" in ms["reason"]
+    fixed = {r["area"]: r for r in predict_suites("npu", have, {"mindspeed": Detection(False, "passes softmax_scale")})}
+    assert next(r for a, r in fixed.items() if "MindSpeed" in a)["verdict"] == "run"
     cpu = {r["area"]: r for r in predict_suites("cpu", {})}
     assert all(r["verdict"] == "skip" for r in cpu.values())
+
+
+@pytest.mark.parametrize("stack", NPU_STACKS, ids=lambda s: s.name)
+def test_install_script_builds_from_the_pinned_sources(stack):
+    """What a stack prints is what its vllm-ascend Dockerfile does (vllm-project/vllm-ascend <tag> Dockerfile):
+    vLLM from a checkout of its tag with VLLM_TARGET_DEVICE=empty (a registry `pip install vllm==X` takes the CUDA
+    wheel), vllm-ascend from its checkout with CANN and ATB sourced, the PyTorch CPU index (x86_64 torch-npu needs
+    torch==2.10.0+cpu), then MindSpeed and mbridge from source by tag / full commit, in an installable URL."""
+    script = stack.install_script()
+    lines = [ln for ln in script.splitlines() if ln and not ln.startswith("#")]
+    tag, vllm = "v" + stack.pin("vllm-ascend").version, stack.pin("vllm").version
+    assert lines[:3] == ["set -euo pipefail", "source /usr/local/Ascend/ascend-toolkit/set_env.sh",
+                         "source /usr/local/Ascend/nnal/atb/set_env.sh"]
+    assert f"git clone --depth 1 -b v{vllm} https://github.com/vllm-project/vllm.git" in script
+    assert 'VLLM_TARGET_DEVICE=empty python3 -m pip install -e "$SRC/vllm"' in script
+    assert f"git clone --depth 1 -b {tag} https://github.com/vllm-project/vllm-ascend.git" in script
+    assert "pip install vllm==" not in script and "pip install vllm-ascend==" not in script
+    assert f"have vllm {vllm} ||" in script and f"have vllm-ascend {tag[1:]} ||" in script  # skipped in the image
+    cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu/"
+    assert f"-r requirements/npu.txt -c {stack.constraints_file} {cpu_index}" in script
+    assert "git clone --depth 1 -b v2.3.0_core_r0.12.1 https://github.com/Ascend/MindSpeed.git" in script
+    assert f"'mbridge @ git+https://github.com/ISEEKYAN/mbridge@{MBRIDGE_COMMIT}'" in script
+    assert lines[-1] == "python3 -m pip install --no-deps -e ."
+    # the order that works: the sources before the constraint set, MindSpeed / mbridge after it (--no-deps)
+    order = [script.index(s) for s in ("vllm.git", "vllm-ascend.git", "-r requirements/npu.txt", "MindSpeed.git",
+                                        "ISEEKYAN/mbridge@")]
+    assert order == sorted(order)
+    proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_mbridge_pin_is_the_commit_it_installs():
+    pin = get_stack("vllm-ascend-0.23.0").pin("mbridge")
+    assert len(MBRIDGE_COMMIT) == 40 and pin.version == MBRIDGE_COMMIT and pin.install.endswith(f"@{MBRIDGE_COMMIT}'")
+    assert "(ISEEKYAN/mbridge)" not in pin.install, "git+(owner/repo) is not a URL pip can install"
+    assert "vllm-ascend" not in _pins_and_names(ROOT / "requirements/npu.txt"), \
+        "vllm-ascend is built from its checkout; unpinned in npu.txt pip would build the newest sdist"
+
+
+def _pins_and_names(path: Path) -> set[str]:
+    return {ln.split("=")[0].split("[")[0].strip() for ln in path.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")}
+
+
+def test_install_script_cli():
+    proc = subprocess.run([sys.executable, "-m", "harness.config.stacks", "vllm-ascend-0.23.0"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout == get_stack("vllm-ascend-0.23.0").install_script()
+    bad = subprocess.run(["bash", str(ROOT / "scripts/install-npu-stack"), "vllm-ascend-9.9"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "vllm-ascend-0.23.0" in bad.stderr and "\n" not in bad.stderr.strip()
+
+
+def _commands(lines: list[str]) -> list[str]:
+    return [ln.split("  #")[0].strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def test_readme_npu_install_is_what_the_nightly_runs():
+    """The README's NPU install block and the nightly workflow's install step are the same commands (the stack
+    from the workflow's NPU_STACK), started from the image of that stack."""
+    import yaml
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- npu-install: the nightly workflow runs exactly these lines -->", 1)[1]
+    block = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    workflow = yaml.safe_load((ROOT / ".github/workflows/nightly-npu.yml").read_text())
+    job = workflow["jobs"]["nightly"]
+    step = next(s for s in job["steps"] if s.get("name", "").startswith("Install"))
+    stack = get_stack(job["env"]["NPU_STACK"])
+    readme_commands = _commands(block.splitlines())
+    assert readme_commands[0] == f"export NPU_STACK={stack.name}", "the README names the workflow's stack"
+    assert readme_commands[1:] == _commands(step["run"].splitlines())
+    for entry in job["strategy"]["matrix"]["include"]:
+        assert entry["image"] == stack.images[entry["hardware"]], "the night starts from the stack's vllm-ascend image"
 
 
 def test_doctor_on_this_cpu_machine(capsys):
@@ -114,3 +200,23 @@ def test_constraint_set_resolves_on_the_registry(stack, tmp_path):
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
     for name, version in _pins(ROOT / stack.constraints_file).items():
         assert resolved.get(name.lower()) == version, f"{name}: resolved {resolved.get(name.lower())}, pinned {version}"
+
+
+def test_r3_blockers_of_the_supported_stacks():
+    """verl's R3 cannot work on either supported NPU stack: v0.20.2rc1's vLLM 0.20.2 is refused by verl, and both
+    pin megatron-core 0.12.1, whose moe_utils lacks what verl's router_replay_patch imports. Decided by source
+    where megatron-core's file is given: a moe_utils with every name is no blocker."""
+    from harness.config.stacks import R3_MOE_UTILS_NAMES, get_stack, r3_blockers
+
+    old, new = (get_stack(name) for name in ("vllm-ascend-0.20.2rc1", "vllm-ascend-0.23.0"))
+    old_blocks = r3_blockers({p.name: p.version for p in old.pins})
+    assert len(old_blocks) == 2 and "vLLM 0.20.2 < 0.22.0" in old_blocks[0] and "group_limited_topk" in old_blocks[1]
+    assert len(r3_blockers({p.name: p.version for p in new.pins})) == 1
+    fixed = "\n".join(f"def {n}(x):\n    pass" for n in R3_MOE_UTILS_NAMES)
+    assert r3_blockers({"vllm": "0.23.0", "megatron-core": "0.12.1"}, moe_utils_source=fixed) == []
+    partial = fixed.replace("def apply_router_token_dropping(", "def other(")
+    assert "lacks apply_router_token_dropping" in r3_blockers({"megatron-core": "0.13.0"}, partial)[0]
+    rows = {r["area"]: r for r in predict_suites("npu", {"verl": "0.9.1", "megatron-core": "0.12.1",
+                                                         "vllm": "0.20.2"})}
+    r3 = next(r for a, r in rows.items() if "R3" in a)
+    assert r3["verdict"] == "break" and "0.22.0" in r3["reason"]

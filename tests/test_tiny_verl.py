@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import cpu_tier
-from harness.config.models import TINY
-from harness.launch import tiny_task
+from fixtures.dapo import STALE_STEPS
+from harness.config import cpu_tier, task
+from harness.config.models import TINY_TASK
 
 _PROBE = """
 import importlib.metadata, json, torch
@@ -139,38 +139,24 @@ def test_critic_value_model_builds_on_cpu(plugin, tmp_path):
 
 def test_tokenizer_covers_the_whole_vocab():
     """verl masks rollout logits at or above len(tokenizer): a smaller tokenizer would fake a rollout/actor diff."""
-    tokenizer = tiny_task.build_tokenizer()
-    assert len(tokenizer) == TINY.vocab_size == len(set(tiny_task.VOCAB))
-    text = "ab" + tiny_task.CYRILLIC[:3]
-    assert tokenizer.decode(tokenizer.encode(text)) == text
-    assert tokenizer.eos_token_id == tiny_task.VOCAB.index(tiny_task.EOS)
+    tokenizer = task.build_tokenizer()
+    assert len(tokenizer) == TINY_TASK.vocab_size == len(set(task.VOCAB))
+    assert tokenizer.decode(tokenizer.encode("31=")) == "31="
+    assert tokenizer.eos_token_id == task.EOS_ID
 
 
-def test_reward_varies_within_a_group():
-    """A group of random responses gets different scores (math_dapo would give every one -1)."""
-    import numpy as np
+def test_the_verl_reward_file_is_the_tasks_math_dapo_score():
+    """The file verl loads (reward.custom_reward_function) scores like the lab: math_dapo of "Answer: <response>"
+    against the prompt's first digit, so a random group of answers has reward variance (1 in 4 digits right)."""
+    import importlib.util
 
-    rng = np.random.default_rng(0)
-    responses = ["".join(tiny_task.VOCAB[int(i)] for i in rng.integers(1, 256, size=16)) for _ in range(8)]
-    scores = [tiny_task.compute_score("tiny", r, "cyrillic")["score"] for r in responses]
-    assert len(set(scores)) > 1 and all(-1.0 <= s <= 1.0 for s in scores), scores
-    assert tiny_task.compute_score("tiny", "abc\n", "latin") == {"score": 1.0, "acc": 1.0}
-    assert tiny_task.compute_score("tiny", "", "latin")["score"] == -1.0
-
-
-STALE_STEPS = 8  # what the faulty run would take; --abort-on-fail must stop it long before
-SEED002 = Path(__file__).parent / "recipes" / "seed002_a3_grpo.sh"
-
-
-@pytest.fixture(scope="session")
-def stale_absorbed_verl_run(pytestconfig, tiny_verl_run):
-    """verl's real main_ppo at tiny scale, launched for STALE_STEPS steps with --abort-on-fail, with the rollout's
-    W_UK_T / W_UV frozen at their pre-sync copies (after the session's clean run: one tiny verl run at a time)."""
-    from fixtures.dapo import TinyVerlLaunch, _session_home
-
-    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-stale-absorbed"), steps=STALE_STEPS,
-                            fault="stale-absorbed")
-    return launch.result(pytestconfig, aborted=True)
+    spec = importlib.util.spec_from_file_location("tiny_reward", cpu_tier.REWARD_FILE)
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    assert reward.compute_score(task.DATA_SOURCE, "3", "3")["score"] == 1.0
+    assert reward.compute_score(task.DATA_SOURCE, "1", "3")["score"] == -1.0
+    rows = task.make_rows(__import__("numpy").random.default_rng(0), 16, "train")
+    assert all(r["prompt"][0]["content"][0] == r["reward_model"]["ground_truth"] for r in rows)
 
 
 @pytest.mark.tiny
@@ -185,8 +171,8 @@ def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_a
 
     golden = load_baseline(TINY_GOLDEN)
     clean = curves.compare(tiny_verl_run, golden, (ROLLOUT_PROBS_DIFF,))
-    assert clean.ok, clean.message()
-    faulty = curves.compare(stale_absorbed_verl_run, golden, (ROLLOUT_PROBS_DIFF,), allow_partial=True)
+    assert clean.passed, clean.message()
+    faulty = curves.compare(stale_absorbed_verl_run, golden, (ROLLOUT_PROBS_DIFF,))
     failed = {(v.metric, v.statistic) for v in faulty.failures}
     assert (ROLLOUT_PROBS_DIFF, "band") in failed, faulty.message()
     clean_diff = max(tiny_verl_run[ROLLOUT_PROBS_DIFF].values)
@@ -225,17 +211,6 @@ def test_the_clean_run_is_never_stopped_early(tiny_verl_run):
     assert record["steps_done"] == record["total_steps"]
 
 
-@pytest.fixture(scope="session")
-def kl_rehearsal_verl_run(pytestconfig):
-    """Seed 002's KL-loss GRPO recipe (tests/recipes/seed002_a3_grpo.sh) rehearsed at tiny scale on verl's real
-    trainer: `launch --scale tiny --local --recipe FILE --steps 3 --abort-on-fail` (queued behind any other tiny run
-    by the machine lock of harness.launch.tiny_verl)."""
-    from fixtures.dapo import TinyVerlLaunch, _session_home
-
-    launch = TinyVerlLaunch(_session_home(pytestconfig, "tiny-verl-kl-rehearsal"), steps=3, recipe=str(SEED002))
-    return launch.result(pytestconfig)
-
-
 @pytest.mark.tiny
 @pytest.mark.cpu
 def test_kl_loss_recipe_rehearses_to_the_end_on_cpu(kl_rehearsal_verl_run):
@@ -260,3 +235,45 @@ def test_kl_loss_recipe_rehearses_to_the_end_on_cpu(kl_rehearsal_verl_run):
         groups[uid] = groups.get(uid, 0) + 1
     assert groups and set(groups.values()) == {16}, groups
     assert (Path(run.meta.sources[0]).parent / METRICS_FILE).is_file()
+
+
+# Every seeded regression an upgrade gate exists for (harness.config.cpu_tier TRAINER_FAULTS through verl's own
+# overrides and the seeded advantage estimators; frozen-rollout through the rollout's worker extension).
+REGRESSIONS = (*cpu_tier.TRAINER_FAULTS, "frozen-rollout")
+
+
+@pytest.mark.regression
+@pytest.mark.tiny
+@pytest.mark.cpu
+@pytest.mark.parametrize("fault", REGRESSIONS)
+def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regression_verl_run, tiny_verl_run,
+                                                                     record_property):
+    """Each regression is a real verl run of another seed than the golden's (the clean one is the session's run,
+    which the reward-alignment suite passes): the alignment with the 5-run golden must fail, and says by which
+    statistic."""
+    from fixtures.dapo import TINY_GOLDEN
+    from harness.metrics import curves
+    from harness.metrics.baseline import load_baseline
+
+    golden = load_baseline(TINY_GOLDEN)
+    alignment = curves.compare(regression_verl_run, golden)
+    record_property("curves.regression", {"fault": fault, "state": alignment.state,
+                                          "caught_by": [f"{v.metric} {v.statistic}" for v in alignment.failures]})
+    assert not alignment.passed, f"{fault} passed the alignment: {alignment.message()}"
+    assert curves.compare(tiny_verl_run, golden).passed  # the clean run of the session's seed: the verdict's control
+
+
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_rollout_correction_verdicts_on_the_real_trainer(stale_absorbed_verl_run, tiny_verl_run):
+    """The rollout-correction bands (harness.metrics.rollout_corr) pass verl's clean tiny run and fail the same run
+    with stale absorbed MLA weights on every mismatch metric verl logs."""
+    from harness.metrics.keys import ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_KL, ROLLOUT_PROBS_DIFF
+    from harness.metrics.rollout_corr import check_rollout_correction
+
+    clean = check_rollout_correction(tiny_verl_run)
+    assert clean.ok and clean.precision == "fp32", clean.message()
+    faulty = check_rollout_correction(stale_absorbed_verl_run)
+    failed = {v.metric for v in faulty.failures}
+    assert {ROLLOUT_CORR_KL, ROLLOUT_CORR_K3_KL, ROLLOUT_CORR_CHI2_TOKEN, ROLLOUT_PROBS_DIFF} <= failed, \
+        faulty.message()

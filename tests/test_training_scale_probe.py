@@ -94,6 +94,17 @@ def test_config_fields_follow_the_release():
     assert kw["original_max_position_embeddings"] == 4096 and "max_position_embeddings" not in kw
 
 
+def test_moonlights_missing_q_lora_is_passed_not_dropped():
+    """Moonlight has no query LoRA (q_lora_rank None); dropping the key let core_v0.12.1's MLATransformerConfig
+    default of 512 build a low-rank query the model does not have."""
+    from harness.config.models import MOONLIGHT_16B
+
+    fields = {"q_lora_rank", "kv_lora_rank", "kv_channels", "num_layers"}
+    kw = mla_config_kwargs(MOONLIGHT_16B, fields, None)
+    assert "q_lora_rank" in kw and kw["q_lora_rank"] is None and "kv_channels" not in kw
+    assert mla_config_kwargs(DEEPSEEK_V3, fields, 64)["q_lora_rank"] == DEEPSEEK_V3.q_lora_rank == 1536
+
+
 @requires(packages=["megatron.core"])
 def test_megatron_probe_in_a_subprocess():
     """The real probe, end to end: megatron-core builds DeepSeek-V3's MLA at world size 1 and reports one JSON line."""

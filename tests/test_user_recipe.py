@@ -190,11 +190,11 @@ def test_launch_submits_exactly_what_plan_prints(capsys, tmp_path):
                                       "trainer": {"logger": ["console", "wandb"]}}))
     extra = ["actor_rollout_ref.actor.kl_loss_coef=0.01"]
     code, out, _ = _run(capsys, "plan", "--scale", "full-a3", "--recipe", str(recipe), "--format", "verl-cli",
-                        "--model-path", "/m/dsv3", *extra)
+                        "--model-path", "/m/dsv3", "--data-dir", "/d/dapo", *extra)
     assert code == 0
     printed = shlex.split(out.replace("\\\n", " "))
     spec = job_for_scale(get_scale("full-a3"), tmp_path / "run", steps=3, user=read_recipe(str(recipe), extra),
-                         model_path="/m/dsv3")
+                         model_path="/m/dsv3", data_dir="/d/dapo")
     submitted = shlex.split(spec.entrypoint)
     env = [w for w in printed if "=" in w and not w.startswith(("python", "-m")) and printed.index(w) <
            printed.index("python3")]
@@ -210,7 +210,7 @@ def test_k8s_manifest_takes_the_same_inputs(capsys, tmp_path):
                         f"{MG}.pipeline_parallel_num_layer_list=[6,8,8,8,8,8,8,7]", "trainer.nnodes=8",
                         "trainer.n_gpus_per_node=32")
     assert code == 0
-    service, job = list(yaml.safe_load_all(out))
+    _rings, service, job = list(yaml.safe_load_all(out))  # MindCluster's rings-config ConfigMap first
     head = next(t for t in job["spec"]["tasks"] if t["name"] == "head")
     command = head["template"]["spec"]["containers"][0]["command"][-1]
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in command and "trainer.nnodes=8" in command
@@ -282,10 +282,12 @@ def test_tiny_rehearsal_keeps_the_algorithm_and_scales_the_rest():
 def test_rehearsal_scales_the_overlong_buffer_with_the_response():
     user = read_recipe(None, ["data.max_response_length=4096", "+reward.reward_kwargs.overlong_buffer_cfg.len=1024",
                               "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"])
-    values = build_job(get_scale("tiny"), user).recipe.override_map()
-    assert values["reward.reward_kwargs.overlong_buffer_cfg.len"] == "4"  # a quarter of 16
+    tiny = get_scale("tiny")
+    values = build_job(tiny, user).recipe.override_map()
+    response = tiny.batch.max_response_length
+    assert values["reward.reward_kwargs.overlong_buffer_cfg.len"] == str(max(1, response // 4))  # the recipe's quarter
     assert values["reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"] == "0.5"
-    assert values["reward.reward_kwargs.max_resp_len"] == "16"
+    assert values["reward.reward_kwargs.max_resp_len"] == str(response)
 
 
 @pytest.mark.parametrize("key, kept", [

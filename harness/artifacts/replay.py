@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import BadInput
-from harness.io import atomic_target, write_atomic, write_json_atomic
+from harness.io import atomic_target, read_json, write_atomic, write_json_atomic
 
 GEN_BATCH_FILE = "gen_batch.dp"  # RolloutSkip.gen_batch_name
 SAFE_TENSORS_FILE = "gen_batch.safetensors"  # the harness's non-pickle copy: tensors
@@ -172,13 +172,12 @@ class RolloutReplay:
                            f"{have or 'none'}); dump it first on the baseline platform with the same "
                            f"experiment/project names and batch shape")
         meta_path = self.step_dir(found) / STEP_META_FILE
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"{meta_path}: unreadable rollout dump meta ({exc}); delete the step directory and "
-                           "dump again") from None
-        if int(meta.get("global_steps", -1)) != found:
-            raise BadInput(f"{meta_path}: says global_steps={meta.get('global_steps')} but lies in step directory "
+        # read_json: a regular file, bounded, one-line errors (a FIFO planted as meta.json would block the read)
+        meta = read_json(meta_path, missing="the rollout dump meta vanished; dump the step again",
+                         corrupt="unreadable rollout dump meta; delete the step directory and dump again")
+        if not isinstance(meta, dict) or str(meta.get("global_steps")) != str(found):
+            said = meta.get("global_steps") if isinstance(meta, dict) else f"(no object: {str(meta)[:20]})"
+            raise BadInput(f"{meta_path}: says global_steps={said} but lies in step directory "
                            f"{found}; the dump was moved or mixed up, dump it again")
         step_dir = self.step_dir(found)
         safe = _load_safe(step_dir)

@@ -2,8 +2,9 @@
 each with `register(subparsers)`; they are imported when the parser is built, and import the heavy stack
 (torch, verl, vLLM) only inside the command they run, so `--help` stays fast.
 
-Exit codes: 0 pass, 1 a verdict failed, 2 bad input (one line naming the file or option: every HarnessError
-and argparse complaint is caught here, once), 141 stdout closed early (issue 16: `plan ... | true` crashed).
+Exit codes: 0 pass, 1 a verdict failed, 2 bad input (one line naming the file or option: every HarnessError,
+argparse complaint and full / read-only / denied file system is caught here, once), 130 SIGINT and 143 SIGTERM
+(one line; the previous results kept), 141 stdout closed early (issue 16: `plan ... | true` crashed).
 Each subcommand's --help adds a description, an example and its exit codes from harness/cli/help.py.
 """
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import textwrap
 
 from harness import __version__
 from harness.cli.args import Parser, UsageError
 from harness.cli.help import HELP
-from harness.errors import HarnessError
+from harness.config.host import apply_isa_mask
+from harness.errors import HarnessError, exit_code, termination_raises
+from harness.io import WRITE_ERRNOS, write_error
 
 PROG = "ascend-rl-harness"
 # Subcommand modules in the order `--help` lists them; each adds its parser(s) with set_defaults(func=...).
@@ -38,7 +42,8 @@ CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pip
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG, description="Test harness and benchmarks for DeepSeek-V3/R1 DAPO with verl on Ascend NPUs.",
-        epilog="exit codes: 0 pass, 1 a verdict failed, 2 bad input, 141 stdout closed early.\n"
+        epilog="exit codes: 0 pass, 1 a verdict failed, 2 bad input, 130/143 interrupted (SIGINT/SIGTERM), "
+               "141 stdout closed early.\n"
                "`ascend-rl-harness COMMAND --help` gives each command's description, an example and its exit codes.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -64,9 +69,15 @@ def subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def main(argv: list[str] | None = None) -> int:
+    with termination_raises():  # SIGTERM unwinds like Ctrl-C: every finally runs, nothing is left half-written
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        apply_isa_mask()  # HARNESS_CPU_ISA: before the command runs a kernel (harness.config.host)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
         return code
@@ -74,17 +85,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{exc.prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except HarnessError as exc:
-        where = PROG if args is None else f"{PROG} {args.command}"
-        print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"{_where(args)}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _closed_pipe()
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:  # a full, read-only or denied file system is bad input, not a crash
+            raise
+        error = write_error(exc.filename or "a file", exc)
+        print(f"{_where(args)}: error: {_one_line(str(error))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM / SIGHUP through termination_raises
+        code = exit_code(exc)
+        name = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else "a signal"
+        print(f"{_where(args)}: interrupted ({name}); the previous results are kept, nothing half-written",
+              file=sys.stderr)
+        return code
     except SystemExit as exc:
         # rich's Console.on_broken_pipe already pointed stdout at /dev/null and raises SystemExit(1), which CI
         # would read as a failed verdict
         if exc.code == 1 and _stdout_is_devnull():
             return CLOSED_PIPE
         raise
+
+
+def _where(args) -> str:
+    return PROG if args is None else f"{PROG} {args.command}"
 
 
 def _one_line(message: str) -> str:

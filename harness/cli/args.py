@@ -1,10 +1,13 @@
 """Argument parsing shared by the subcommands: the parser class, whose errors are one line, and argument types
-that turn a bad value into an error naming the option (issue 16: `--timeout nan`, `--steps 0` went through)."""
+that turn a bad value into an error naming the option, bounded by harness.numeric (`--timeout nan`, `--steps 0`,
+`--workers -5` went through; `--devices 10**400`, `--seed -1`, `--workers 10**30` crashed)."""
 from __future__ import annotations
 
 import argparse
 import math
+import re
 
+from harness import numeric
 from harness.config.scales import Scale, get_scale
 from harness.errors import BadInput, PlanError
 
@@ -22,28 +25,44 @@ class Parser(argparse.ArgumentParser):
     `harness.cli.main` like every other bad input (a caller of main() gets the code, a CI log one line)."""
 
     def error(self, message: str):
+        # argparse says "argument --devices: 0: must be ..." for the types below: "--devices 0: must be ..."
+        message = re.sub(r"^argument (\S+): (.*?): must be ", r"\1 \2: must be ", message)
         raise UsageError(f"{message} (see `{self.prog} --help`)", self.prog)
 
 
 def _number(kind, text: str, what: str, ok) -> int | float:
     try:
         value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    except ValueError:  # also a 5000-digit integer (Python's int() limit)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be {what}") from None
     if not ok(value):
-        raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        raise argparse.ArgumentTypeError(f"{text[:40]}: must be {what}")
     return value
 
 
-def whole(minimum: int):
-    """An argparse type: a whole number >= minimum."""
+def whole(minimum: int, maximum: int = numeric.MAX_COUNT):
+    """An argparse type: a whole number in [minimum, maximum] (harness.numeric: bounded before it reaches a range,
+    an array size, xdist's worker count or a sleep)."""
     def parse(text: str) -> int:
-        return _number(int, text, f"a whole number >= {minimum}", lambda v: v >= minimum)
+        return _number(int, text, f"a whole number in [{minimum}, {maximum}]", lambda v: minimum <= v <= maximum)
     return parse
 
 
-def positive_float(text: str) -> float:
-    return _number(float, text, "a positive finite number", lambda v: math.isfinite(v) and v > 0)
+SEED = whole(0, numeric.MAX_SEED)  # --seed of the lab and the tiny launch: numpy and msprobe take 32-bit seeds
+
+
+def real(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a finite number in [low, high] (an open end with low_open / high_open)."""
+    def parse(text: str) -> float:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return _number(float, text, f"a finite number in {bounds}",
+                       lambda v: math.isfinite(v) and (v > low if low_open else v >= low)
+                       and (v < high if high_open else v <= high))
+    return parse
+
+
+positive_float = real(0.0, numeric.MAX_SECONDS, low_open=True)  # --timeout: seconds a wait can take
+fraction = real(0.0, 1.0, high_open=True)  # a relative tolerance: 0.05 = 5 %
 
 
 def scale_arg(name: str) -> Scale:

@@ -2,17 +2,18 @@
 
 compare CANDIDATE [BASELINE...] : the candidate is a run (log file or run directory); the baseline is one golden
 file, one verl Ascend nightly baseline summary (`key: value` per metric), or one or more reference runs (their
-spread sets the bands); with no baseline only the absolute sanity limits apply. `--exact` compares a run with the
-reference run of the same seed value for value. Exit 0 aligned (or uncalibrated: fewer than 3 reference runs,
-floors only), 1 misaligned, 2 bad input.
+spread sets the bands; one is enough: its own step noise sets them then); with no baseline only the absolute
+sanity limits apply. `--exact` compares a run with the reference run of the same seed value for value. Exit 0
+aligned, 1 misaligned (or nothing could be judged), 2 bad input; `--json` carries the same verdict as `passed`.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import math
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.numeric import json_text
 
 MAX_PRINTED_WARNINGS = 20
 
@@ -95,15 +96,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif args.exact:
         alignment = curves.compare_exact(candidate, baseline, metrics, allow_partial=args.allow_partial)
     else:
-        alignment = curves.compare(candidate, baseline, metrics, allow_partial=args.allow_partial)
+        alignment = curves.compare(candidate, baseline, metrics)
     warnings = [w for run in (candidate, *ref_runs) for w in run.meta.warnings]
     if plot:
         curves.plot(alignment, candidate, baseline, plot)
     if args.json:
-        print(json.dumps({"aligned": alignment.aligned, "state": alignment.state, "ok": alignment.ok,
-                          "candidate": candidate.name, "baseline": alignment.baseline, "n_runs": alignment.n_runs,
-                          "verdicts": [v.to_json() for v in alignment.verdicts], "notes": list(alignment.notes),
-                          "warnings": warnings, "plot": str(plot) if plot else None}, indent=2))
+        print(json_text({**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None},
+                        indent=2))
     else:
         # Names never fold (issue 15.5: at 80 columns `critic/rewards/mea|n`): the metric column keeps the longest
         # name whole, no vertical rules, and only the free-text detail (prefixed with the steps it covers) wraps.
@@ -113,8 +112,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         table.add_column("result", no_wrap=True)
         table.add_column("where: detail", overflow="fold", ratio=1)
         for v in alignment.verdicts:
-            result = {True: "[green]ok[/]", False: "[red]FAIL[/]",
-                      None: "[yellow]skip[/]" if v.calibrated else "[yellow]uncalibrated[/]"}[v.passed]
+            result = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]not judged[/]"}[v.passed]
             table.add_row(escape(v.metric), v.statistic, result, escape(f"{v.where}: {v.detail}"))
         console.print(table)
         for w in warnings[:MAX_PRINTED_WARNINGS]:
@@ -125,9 +123,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             console.print(f"[yellow]{escape(note)}[/]")
         if plot:
             console.print(f"plot: {escape(str(plot))}")
-        colour = {curves.ALIGNED: "green", curves.UNCALIBRATED: "yellow"}.get(alignment.state, "red")
-        console.print(f"[{colour}]{escape(alignment.summary())}[/]")
-    return 0 if alignment.ok else 1
+        console.print(f"[{'green' if alignment.passed else 'red'}]{escape(alignment.summary())}[/]")
+    return 0 if alignment.passed else 1
 
 
 def _tolerances(specs) -> dict:
@@ -144,12 +141,20 @@ def _tolerances(specs) -> dict:
             pairs = dict(item.split("=", 1) for item in fields.split(","))
             if not metric or not pairs.keys() <= numeric:
                 raise ValueError
-            values = {k: type(getattr(default_tolerance(metric), k))(float(v)) for k, v in pairs.items()}
-        except ValueError:
+            values = {k: _tolerance_value(type(getattr(default_tolerance(metric), k)), v) for k, v in pairs.items()}
+        except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
                            f"{', '.join(sorted(numeric))}") from None
         out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
     return out
+
+
+def _tolerance_value(kind: type, text: str) -> int | float:
+    """A --tolerance field's value as its field's type; a non-finite or fractional integer is no value."""
+    value = float(text)
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+        raise ValueError(text)
+    return kind(value)
 
 
 def cmd_baseline_record(args: argparse.Namespace) -> int:
@@ -183,9 +188,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     console.print(f"[green]baseline written[/] {escape(str(out))}: {len(metrics)} metrics from {len(runs)} run(s), "
                   f"steps {min(steps)}-{max(steps)}, precision {baseline.precision or 'unknown'}")
     if check is None:
-        console.print(f"[yellow]{len(runs)} run(s): fewer than {stats.MIN_CALIBRATED_RUNS}, so compares against this "
-                      "baseline are UNCALIBRATED (floors only, never failing); record at least "
-                      f"{stats.MIN_CALIBRATED_RUNS} runs[/]")
+        console.print(f"[yellow]{len(runs)} run(s): no leave-one-out self-check below {stats.MIN_CALIBRATED_RUNS}; "
+                      "compares against it are judged by the runs' step noise (more runs: tighter, surer bands)[/]")
     else:
         console.print(f"self-check (leave-one-out): {len(check.flagged)} of {len(runs)} runs flagged against the "
                       f"others, false-alarm rate {check.false_alarm_rate:.0%}")
@@ -209,15 +213,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip corrupt lines/pairs, truncated lines and duplicate steps (counted in the warnings) "
                         "instead of refusing the log")
     p.add_argument("--allow-partial", action="store_true",
-                   help="skip (not fail) window/trend statistics the candidate has not reached yet; --exact: "
-                        "compare the steps the candidate logged")
+                   help="--exact: compare the steps the candidate logged (a shorter run); without --exact a run too "
+                        "short for a statistic is always 'not judged' on it")
     p.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("baseline", help="golden baselines for curve alignment")
     bsub = b.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
     r = bsub.add_parser("record", help="derive a golden baseline (curves + tolerances) from reference runs; a "
                                        "leave-one-out self-check refuses runs that disagree with the others")
-    r.add_argument("runs", nargs="+", metavar="RUN", help="reference runs (log files or run directories), 3 or more")
+    r.add_argument("runs", nargs="+", metavar="RUN",
+                   help="reference runs (log files or run directories), 1 or more (3+ for the self-check)")
     r.add_argument("--out", required=True, help="golden JSON file to write")
     r.add_argument("--force", action="store_true", help="replace an existing baseline")
     r.add_argument("--keep-flagged", action="store_true",

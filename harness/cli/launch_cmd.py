@@ -104,8 +104,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     rules = stop_rules_for(job) if args.abort_on_fail else ()
     kw = {"timeout_s": args.timeout, "console": console, "stop_rules": rules, "wait": not args.no_wait}
     if args.local:
+        # tiny: its inputs are written while the cluster starts (the job's own prepare step then finds them done)
+        preparing = _prepare_tiny(run_dir, args) if scale.tier == "tiny" else None
         with local.local_cluster() as url:
             console.print(f"local Ray cluster at {url}, network interfaces {local.interfaces()}")
+            if preparing is not None:
+                preparing.wait()  # a failure there is the job's own prepare step's to report
             result = launch(url, spec, **kw)
     else:
         result = launch(address, spec, **kw)
@@ -131,9 +135,19 @@ def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[
     return argv + (["--", *args.overrides] if args.overrides else [])
 
 
+def _prepare_tiny(run_dir: Path, args: argparse.Namespace):
+    import subprocess
+
+    from harness.launch.tiny_verl import DEFAULT_STEPS, prepare_argv
+
+    argv = prepare_argv(run_dir, seed=args.seed, steps=args.steps or DEFAULT_STEPS, fault=args.fault,
+                        python=sys.executable)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import add_job_arguments, positive_float
-    from harness.launch.k8s import AUTH_SECRET, SHARED_CLAIM, SHARED_MOUNT
+    from harness.cli.args import SEED, add_job_arguments, positive_float, whole
+    from harness.launch.k8s import AUTH_SECRET, DEFAULT_IMAGE, SHARED_CLAIM, SHARED_MOUNT
 
     p = sub.add_parser("launch", help="submit a scale's DAPO job (or your recipe) to Ray, print a K8s manifest, "
                                       "or inspect a submitted job")
@@ -143,11 +157,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true",
                    help="start a throwaway Ray cluster in a loopback-only network namespace (needs root)")
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
-    p.add_argument("--steps", type=int, help="training steps (default: 15 for tiny, 20 otherwise)")
+    p.add_argument("--steps", type=whole(1), help="training steps (default: 15 for tiny, 20 otherwise)")
     p.add_argument("--timeout", type=positive_float, help="seconds before the job is stopped (verdict timeout; "
                                                  "default 3600, tiny 600)")
-    p.add_argument("--seed", type=int, default=0, help="tiny: seed of the model, data and rollout")
-    p.add_argument("--fault", help="tiny: seed a rollout fault through the vLLM worker extension (stale-absorbed)")
+    p.add_argument("--seed", type=SEED, default=0, help="tiny: seed of the model, data and rollout")
+    p.add_argument("--fault", help="tiny: seed a rollout fault (the vLLM worker extension: stale-absorbed, "
+                                   "frozen-rollout) or an algorithmic regression (harness.config.cpu_tier "
+                                   "TRAINER_FAULTS, e.g. no-optimizer-step)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--abort-on-fail", action="store_true",
                    help="stop the job at the first verdict it can no longer pass (non-finite loss/grad, rollout "
@@ -161,9 +177,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--stop", metavar="JOB_ID", help="stop a submitted job")
     p.add_argument("--json", action="store_true", help="--status as JSON")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
-    p.add_argument("--image", default="verl-ascend:latest",
-                   help="container image for --k8s (an image reference: registry/name:tag or name@sha256:...; "
-                        "default %(default)s)")
+    p.add_argument("--image", default=DEFAULT_IMAGE,
+                   help="container image for --k8s (an image reference: registry/name:tag, pulled Always, or "
+                        "name@sha256:..., pulled IfNotPresent; default %(default)s, built by docker/npu.Dockerfile)")
     p.add_argument("--namespace", default="default",
                    help=f"Kubernetes namespace for --k8s (default %(default)s); it must hold the --pvc claim and the "
                         f"Secret {AUTH_SECRET} (key `token`: Ray's cluster token)")

@@ -5,11 +5,11 @@ Exit 0 when every requested phase fits with the scale's headroom, 1 when one doe
 from __future__ import annotations
 
 import argparse
-import json
 
 from harness.cli.args import add_job_arguments
 from harness.errors import BadInput
 from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memory
+from harness.numeric import json_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
     results = plan_memory(scale, memory.options, phases)
     ok = all(p.fits for p in results)
     if args.json:
-        print(json.dumps({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results],
+        print(json_text({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results],
                           "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
-                          "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}, indent=2))
+                          "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}))
     else:
         _print(scale.name, results, ok, memory, job)
     return 0 if ok else 1
@@ -77,11 +77,13 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=No
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import whole
+
     p = sub.add_parser("memory", help="per-phase memory of a scale's device vs its budget (analytic model)")
     p.add_argument("--scale", required=True, help="scale name (see `scales`)")
     p.add_argument("--phase", choices=PHASES, help="only this phase (default: all)")
-    p.add_argument("--gbs", type=int, help="override the prompts per step (data.train_batch_size)")
-    p.add_argument("--micro-batch", type=int, help="override the micro batch per device (dynamic bsz packing)")
+    p.add_argument("--gbs", type=whole(1), help="override the prompts per step (data.train_batch_size)")
+    p.add_argument("--micro-batch", type=whole(1), help="override the micro batch per device (dynamic bsz packing)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="rollout chunked (MLA) prefill on/off (default: the scale's)")
     p.add_argument("--json", action="store_true", help="print JSON; each phase carries a boolean `fits`")

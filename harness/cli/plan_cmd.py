@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from harness.cli.args import add_job_arguments
 from harness.config.scales import SCALES
+from harness.numeric import json_text
 
 
 def cmd_scales(args: argparse.Namespace) -> int:
@@ -52,7 +52,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
     if args.format == "json":
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:
@@ -115,6 +115,11 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
         console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
     for override in doc["overrides"]:
         console.print(f"  {override}", markup=False, soft_wrap=True)
+    if doc.get("router_replay"):
+        blocked = {k: v for k, v in doc["router_replay"]["blocked_on"].items() if v}
+        console.print("router replay (R3) off: " + ("; ".join(f"{k}: {len(v)} blocker(s)" for k, v in
+                                                               blocked.items()) + " (plan --json names them)"
+                                                     if blocked else "nothing known blocks it"), soft_wrap=True)
     memory = doc.get("memory")
     if memory is not None:
         if memory["fits"] is None:

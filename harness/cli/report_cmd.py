@@ -13,14 +13,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from harness.io import write_atomic
-    from harness.report.publish import load_store, safe_name, write_trend
+    from harness.io import file_kind, write_atomic
+    from harness.report.publish import distinct_names, load_store, page_stems, write_trend
     from harness.report.render import render_html, render_markdown
     from harness.report.schema import load_report
 
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise BadInput(f"-o {out}: is a file; pass a directory for the pages")
+    for given in args.results:  # a FIFO would block the read, /dev/zero never end it
+        kind = file_kind(given)
+        if kind not in (None, "regular file", "directory"):
+            raise BadInput(f"{given}: a {kind}, not a report JSON or trend-store directory")
     console = Console()
     reports = []
     for given in args.results:
@@ -30,11 +34,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise BadInput(f"{' '.join(args.results)}: no report JSON there; pass report.json files or a trend-store "
                        "directory")
     reports.sort(key=lambda r: r.created)
+    reports = distinct_names(reports)
     pages: dict[str, str] = {}
-    for i, report in enumerate(reports):
-        stem = safe_name(report.name)  # one path component: a name `../../x` stays inside -o (issue 16)
-        while f"{stem}.html" in pages.values():
-            stem += "-1"
+    # one path component each, bounded, distinct: a name `../../x` stays inside -o (issue 16)
+    for i, (report, stem) in enumerate(zip(reports, page_stems([r.name for r in reports]), strict=True)):
         pages[report.name] = f"{stem}.html"
         write_atomic(out / f"{stem}.html", render_html(report, reports[i - 1] if i else None,
                                                        {"trend": "trend.html"} if len(reports) > 1 else {},
@@ -54,20 +57,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text}: must be a fraction in [0, 1) (0.05 = 5 %)")
-    return value
-
-
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import fraction
+
     p = sub.add_parser("report", help="render report JSON(s) to HTML + Markdown; several: trend + regressions")
     p.add_argument("results", nargs="+", metavar="RESULT_JSON",
                    help="report JSON files, or trend-store directories (their *.json)")
     p.add_argument("-o", "--output", required=True, help="output directory")
-    p.add_argument("--tolerance", type=_fraction, default=0.05, help="relative change that counts as a step")
+    p.add_argument("--tolerance", type=fraction, default=0.05, help="relative change that counts as a step")
     p.set_defaults(func=cmd_report)

@@ -7,9 +7,12 @@ verdict table and the report's path. Exit 0 only if every test that ran passed (
 allowed: a CPU machine has no NPU; zero tests is a failure) and, with --history, no regression shows across the
 stored reports; 1 otherwise, 2 on bad input.
 
-Nothing of the previous run is lost or mixed in (issue 16): the report directory is locked for the run (a
-second run on it is refused with one line); pytest's output goes to a new log beside the old pytest.log, which
-it replaces at the end; the verdict printed is always this run's report, never one left in the directory.
+Nothing of the previous run is lost or mixed in: the report directory is locked for the run (a second run on
+it is refused with one line); the new report set -- report.json/.html/.md, pytest.log and with --history the trend
+pages -- is written into a fresh generation directory and swapped in with one rename only when it is complete
+(harness.report.publish.Generation), so an interrupt (130 on SIGINT, 143 on SIGTERM), a full or read-only disk
+(exit 2, one line) or a kill at any moment leaves the previous set whole; the verdict printed is always this run's
+report, never one left in the directory.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from rich.markup import escape
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
+MAX_WORKERS = 1024  # xdist starts one interpreter per worker: 10**30 of them is no request
 HEARTBEAT_S = 60.0  # a line at least this often when stdout is no terminal: CI kills jobs silent for long
 
 
@@ -116,21 +120,78 @@ def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: li
 
 
 class _Session:
-    """pytest plugin: keeps the config, so the runner reads the report *this* session's collector wrote."""
+    """pytest plugin: keeps the config, so the runner reads the report *this* session's collector wrote, and the
+    interrupt that stopped the session (pytest turns it into exit status INTERRUPTED)."""
 
     config = None
+    interrupt: KeyboardInterrupt | None = None
 
     def pytest_configure(self, config) -> None:
         self.config = config
 
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        if not isinstance(excinfo.value, pytest.Session.Interrupted):  # that one: errors during collection
+            self.interrupt = excinfo.value
+
+    def collector(self):
+        return self.config.pluginmanager.get_plugin("harness-report") if self.config else None
+
     def written(self) -> Path | None:
-        collector = self.config.pluginmanager.get_plugin("harness-report") if self.config else None
-        return getattr(collector, "path", None)
+        return getattr(self.collector(), "path", None)
+
+
+class _Log(io.TextIOBase):
+    """pytest.log as pytest writes it: the first failed write (a full disk) is kept and every later one dropped,
+    so the session runs to its end instead of an INTERNALERROR written into the same full file; the runner then
+    refuses the set with one line naming the log."""
+
+    def __init__(self, path: Path):
+        self.path, self.error = path, None
+        self.file = open(path, "x", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115 -- closed by close()
+
+    def write(self, text: str) -> int:
+        if self.error is None and not self.file.closed:
+            try:
+                self.file.write(text)
+            except OSError as exc:
+                self.error = exc
+        return len(text)
+
+    encoding, errors = "utf-8", "backslashreplace"
+
+    def flush(self) -> None:
+        if self.error is None and not self.file.closed:
+            try:
+                self.file.flush()
+            except OSError as exc:
+                self.error = exc
+
+    def fileno(self) -> int:  # faulthandler dups stderr's descriptor
+        return self.file.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        try:
+            self.flush()
+            if self.error is None:
+                os.fsync(self.file.fileno())
+        except OSError as exc:
+            self.error = self.error or exc
+        finally:
+            try:
+                self.file.close()
+            except OSError as exc:
+                self.error = self.error or exc
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.cli.args import scale_arg
     from harness.io import exclusive
+    from harness.report.publish import check_store, staged
 
     scale = scale_arg(args.scale)
     if not Path(SUITES_DIR).is_dir():
@@ -138,15 +199,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_dir = Path(args.report_dir)
     if report_dir.exists() and not report_dir.is_dir():
         raise BadInput(f"--report-dir {report_dir}: is a file; pass a directory")
-    with exclusive(report_dir, "this report directory"):
-        return _run_locked(args, scale, report_dir)
+    if args.history:
+        check_store(args.history)
+    with exclusive(report_dir, "this report directory"), staged(report_dir) as generation:
+        return _run_locked(args, scale, report_dir, generation)
 
 
-def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
+def _run_locked(args: argparse.Namespace, scale, report_dir: Path, generation) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from harness.io import write_error
+    from harness.redact import redact_argv
     from harness.report.publish import LOG_NAME, load_store, publish, store, write_trend
     from harness.report.schema import load_report
 
@@ -160,11 +225,13 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
         terminal = sys.stdout
     # CI logs are no terminal: keep node ids and reasons on one line instead of folding them at 80 columns.
     console = Console(file=terminal, width=None if terminal.isatty() else 200)
-    log, new_log = report_dir / LOG_NAME, report_dir / f".{LOG_NAME}.new"
-    console.print(f"[bold]ascend-rl-harness run[/] scale {scale.name}: pytest {' '.join(argv)}")
+    log, new_log = report_dir / LOG_NAME, generation.path / LOG_NAME
+    shown = " ".join(redact_argv(argv))  # the console and CI logs are shared: no token from --ray-address
+    console.print(f"[bold]ascend-rl-harness run[/] scale {escape(scale.name)}: pytest {escape(shown)}")
     session = _Session()
     # stderr too: pytest's usage errors go there, and `run` says one line pointing at the log instead
-    with open(new_log, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    out = _Log(new_log)
+    with contextlib.closing(out), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         if terminal.isatty():
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             # redirect_*=False: rich's default proxies sys.stdout through the live display, which sent pytest's
@@ -174,14 +241,21 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
                 status = pytest.main(argv, plugins=[session, _Progress(progress, console)])
         else:
             status = pytest.main(argv, plugins=[session, _Lines(terminal, HEARTBEAT_S)])
+    if session.interrupt is not None:  # Ctrl-C / SIGTERM: no new set; the CLI says so and exits 130 / 143
+        raise session.interrupt
+    if out.error is not None:
+        raise write_error(log, out.error)
+    collector = session.collector()
+    if getattr(collector, "error", None) is not None:  # the report set could not be written (a full disk)
+        raise collector.error
     written = session.written()
     if written is None:  # no report from this run: keep the previous report and its log as they were
         failed_log = new_log.replace(report_dir / "pytest-failed.log")
-        raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)} and wrote no report; "
+        raise BadInput(f"pytest {shown} exited with {getattr(status, 'name', status)} and wrote no report; "
                        f"see {failed_log}")
-    new_log.replace(log)  # the old log is replaced only now, beside the report that refers to it
     if int(status) in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
-        raise BadInput(f"pytest {' '.join(argv)} exited with {getattr(status, 'name', status)}; see {log}")
+        failed_log = new_log.replace(report_dir / "pytest-failed.log")
+        raise BadInput(f"pytest {shown} exited with {getattr(status, 'name', status)}; see {failed_log}")
     report = load_report(written)
     table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
     table.add_column("test", overflow="fold", min_width=min(60, max((len(t.nodeid) for t in report.tests), default=4)))
@@ -194,6 +268,16 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
         table.add_row(escape(t.nodeid), f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}",
                       escape(t.reason[:200]))
     console.print(table)
+    regressed = []
+    if args.history:  # nightly: keep this report in the trend store and look for steps across it
+        earlier = load_store(args.history, warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+        store(report, args.history)
+        history = [*earlier, report]
+        # the page again, now with the delta against the previous night and the link to the trend
+        publish(report, generation.path, earlier[-1] if earlier else None, trend=True)
+        steps = write_trend(history, generation.path, pages={report.name: "report.html"})
+        regressed = [s for s in steps if s.regression]
+    generation.commit()  # the whole set at once: the previous one stays until here
     c = report.counts
     if not report.tests:
         console.print(f"[red]FAIL[/]: no {scale.tier} test ran (pytest exit status {report.exit_status}); a run "
@@ -202,29 +286,24 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path) -> int:
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
                   f"in {report.duration_s:.1f} s")
-    regressed = []
-    if args.history:  # nightly: keep this report in the trend store and look for steps across it
-        earlier = load_store(args.history, warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
-        store(report, args.history)
-        history = [*earlier, report]
-        # the page again, now with the delta against the previous night and the link to the trend
-        publish(report, report_dir, earlier[-1] if earlier else None, trend=True)
-        steps = write_trend(history, report_dir, pages={report.name: "report.html"})
-        regressed = [s for s in steps if s.regression]
-        for s in regressed:
-            console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
-                          f"from {escape(s.report)}")
-        console.print(f"trend over {args.history}: {(report_dir / 'trend.html').resolve()}")
-    console.print(f"report: {(report_dir / 'report.html').resolve()} (JSON: {written.resolve()}, "
-                  f"Markdown: {(report_dir / 'report.md').resolve()}, pytest log: {log.resolve()})")
+    for s in regressed:
+        console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
+                      f"from {escape(s.report)}")
+    if args.history:
+        console.print(f"trend over {escape(str(args.history))}: {(report_dir / 'trend.html').absolute()}")
+    console.print(f"report: {(report_dir / 'report.html').absolute()} (JSON: {(report_dir / written.name).absolute()}, "
+                  f"Markdown: {(report_dir / 'report.md').absolute()}, pytest log: {log.absolute()})")
     return 0 if report.passed and not regressed else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import whole
+
     p = sub.add_parser("run", help="the main job: run a scale's suites and write the report (JSON + HTML + Markdown)")
     p.add_argument("--scale", default="tiny", help="scale to run (default tiny; see `scales`)")
     p.add_argument("--report-dir", default="reports", help="where report.json/.html/.md go (default reports/)")
-    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (default 1)")
+    p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1,
+                   help=f"pytest-xdist workers, 1-{MAX_WORKERS} (default 1)")
     p.add_argument("--history", metavar="DIR", help="trend store: add this report to DIR and write trend.html "
                                                     "(exit 1 on a regression across the stored reports)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")

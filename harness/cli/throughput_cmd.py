@@ -4,11 +4,11 @@ Exit 0 on target and no regression (or nothing to check), 1 below either, 2 bad 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from harness.config.hardware import PROFILES
 from harness.errors import BadInput
+from harness.numeric import json_text
 
 
 def _validate(devices, sequences, warmup, target, tolerance) -> None:
@@ -84,7 +84,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                               args.target, statistic=args.statistic, baseline=args.baseline,
                               tolerance=args.tolerance, per_step=args.per_step or not args.json)
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
     else:
         from rich.console import Console
         from rich.markup import escape
@@ -126,23 +126,26 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.cli.args import fraction, real, whole
     from harness.metrics.throughput import STATISTICS
+    from harness.numeric import MAX_STEP, METRIC_LIMIT
 
     p = sub.add_parser("throughput", help="TPS per device (verl) and per card of a verl run, beside the roofline")
     p.add_argument("run", nargs="+", metavar="RUN", help="run directory or log file(s) (segments of one run)")
     p.add_argument("--hardware", choices=sorted(PROFILES), help="hardware profile (default: the run's meta.json)")
-    p.add_argument("--devices", type=int, help="torch devices of the run (dies on A3); default: verl's own count")
-    p.add_argument("--sequences", type=int, help="GBS x n, only for runs without perf/total_num_tokens")
-    p.add_argument("--warmup", type=int, default=1, help="leading steps the median skips (default 1)")
+    p.add_argument("--devices", type=whole(1), help="torch devices of the run (dies on A3); default: verl's own count")
+    p.add_argument("--sequences", type=whole(1), help="GBS x n, only for runs without perf/total_num_tokens")
+    p.add_argument("--warmup", type=whole(0, MAX_STEP), default=1, help="leading steps the median skips (default 1)")
     p.add_argument("--statistic", choices=STATISTICS, default="median",
                    help="median of the steps after --warmup (default), or nightly: verl's Ascend nightly mean of the "
                         "5th-14th logged steps (forced when --baseline is a nightly summary)")
     p.add_argument("--scale", help="scale of the run: roofline and default target")
-    p.add_argument("--target", type=float, help="TPS/card the run must reach (default: the scale's target)")
+    p.add_argument("--target", type=real(0.0, METRIC_LIMIT, low_open=True),
+                   help="TPS/card the run must reach (default: the scale's target)")
     p.add_argument("--baseline", metavar="REF",
                    help="a baseline run, or a verl nightly baseline summary (key: value): no regression beyond "
                         "--tolerance")
-    p.add_argument("--tolerance", type=float, help="allowed relative regression (default: the scale's, else 0.05)")
+    p.add_argument("--tolerance", type=fraction, help="allowed relative regression (default: the scale's, else 0.05)")
     p.add_argument("--per-step", action="store_true", help="list every step (JSON: the per_step rows)")
     p.add_argument("--json", action="store_true", help="print JSON (the summary; --per-step adds the rows)")
     p.set_defaults(func=cmd_throughput)

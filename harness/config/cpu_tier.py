@@ -19,9 +19,10 @@ run (harness.launch.tiny_verl) launches exactly that. Measured on verl 0.9.1 / v
 - V1 trainer plumbing sized for 2 cores: TransferQueue with one storage unit (its default 8 storage actors
   deadlock on few CPUs; the local Ray cluster also declares more logical CPUs than cores), one agent-loop and
   one reward worker, no dataloader workers, no validation.
-- The tiny task (harness.launch.tiny_task): an offline char tokenizer covering the model's whole vocab (verl
-  masks rollout logits at or above len(tokenizer)), and a reward with variance within groups through verl's
-  custom_reward_function (math_dapo on an untrained model gives every sample -1: zero advantages).
+- The tiny task (harness.config.task, the lab's): copy the prompt's first digit, scored by verl's own math_dapo
+  through verl's custom_reward_function (harness/launch/tiny_task.py), over a 6-token vocabulary the tokenizer
+  covers whole (verl masks rollout logits at or above len(tokenizer)), instead of math_dapo on DAPO-Math-17k (an
+  untrained model gets every sample -1 there: zero advantages); the lab's learning rate.
 """
 from __future__ import annotations
 
@@ -34,7 +35,17 @@ REWARD_FILE = "harness/launch/tiny_task.py"  # relative to the job's working dir
 REWARD_FUNCTION = "compute_score"
 # Seeded rollout faults the worker extension injects (read in vLLM's worker process): harness.launch.verl_rollout.
 ROLLOUT_FAULT_ENV = "HARNESS_ROLLOUT_FAULT"
-ROLLOUT_FAULTS = ("stale-absorbed",)
+ROLLOUT_FAULTS = ("stale-absorbed", "frozen-rollout")
+# Seeded algorithmic regressions (harness.launch.verl_faults): verl overrides appended after the recipe's (the last
+# value of a key wins in Hydra). What an upgrade that silently changes the algorithm does to a real run.
+TRAINER_FAULTS: dict[str, tuple[str, ...]] = {
+    "no-optimizer-step": ("actor_rollout_ref.actor.optim.lr=1e-12",),  # an optimizer / scheduler that stopped
+    "zero-advantages": ("algorithm.adv_estimator=harness_zero_advantages",),
+    "flipped-advantages": ("algorithm.adv_estimator=harness_flipped_advantages",),
+    "no-clip-higher": ("actor_rollout_ref.actor.clip_ratio_high=0.2",),  # DAPO's clip-higher lost (0.28 -> 0.2)
+    "seq-mean-loss": ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",),  # not DAPO's token-mean
+    "cold-rollout": ("actor_rollout_ref.rollout.temperature=0.6",),  # sampling temperature 1.0 -> 0.6
+}
 
 ENV: dict[str, str] = {
     "VERL_USE_EXTERNAL_MODULES": PLATFORM_MODULE,

@@ -177,11 +177,13 @@ def torch_device_types(found: Detected | None = None) -> list[str]:
 
 
 # Environment that makes Ascend runs bit-reproducible (seed 003: fixed seeds, deterministic HCCL and
-# matmul reductions) and keeps vLLM in-process so the harness can reach its model.
+# matmul reductions). Not seed 003's VLLM_ENABLE_V1_MULTIPROCESSING=0: only vLLM's synchronous LLMEngine reads it
+# (vllm v1/engine/llm_engine.py), and verl 0.9.1's rollout server builds AsyncLLM.from_vllm_config
+# (workers/rollout/vllm_rollout/vllm_async_server.py), whose engine core is always a separate process
+# (v1/engine/async_llm.py make_async_mp_client); harness.engines.vllm sets it for its own in-process engines.
 DETERMINISTIC_ENV = {
     "HCCL_DETERMINISTIC": "true",
     "CLOSE_MATMUL_K_SHIFT": "1",
     "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
     "ATB_LLM_LCOC_ENABLE": "0",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }

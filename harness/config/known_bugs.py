@@ -11,8 +11,6 @@ harness cannot see (the host's ISA for a named stack) makes it `possible`.
 """
 from __future__ import annotations
 
-import ast
-import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +18,9 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from harness.config import installed
+from harness.errors import BadInput
 
 OPS = ("is", "is-not", "contains", "at-least", "set")
 
@@ -135,61 +136,13 @@ def _typed(raw: str):
 
 
 # ---------------------------------------------------------------------------------------------------- detectors
-# A detector reads an installed package's own source (never imports it: `import mindspeed.megatron_adaptor` patches
-# the whole process) and answers "is the bug in this copy": True / False, or None when it cannot tell. To be unified
-# with doctor's installed-stack detection (MindSpeed by source, mbridge by behaviour) when that lands.
-
-def _package_file(package: str, relative: str) -> Path | None:
-    spec = importlib.util.find_spec(package)  # a top-level name: found without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    return path if path.is_file() else None
-
-
-MINDSPEED_ADAPTOR = "core/transformer/flash_attention/flash_attention/adaptor.py"
-
-
-def mindspeed_scale_bug_in_source(source: str) -> bool | None:
-    """MindSpeed's fused-attention forward passes 1/sqrt(head dim) instead of the module's softmax scale (seed 001's
-    MLA scale bug): Ascend/MindSpeed v2.2.0_core_r0.12.1 mindspeed/core/transformer/flash_attention/
-    flash_attention/adaptor.py `dot_product_attention_forward_impl` computes `1.0 /
-    math.sqrt(self.hidden_size_per_attention_head)`; v2.3.0_core_r0.12.1 passes `self.softmax_scale`. None when
-    the function is not there."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "dot_product_attention_forward_impl":
-            return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "sqrt"
-                       and any(isinstance(a, ast.Attribute) and a.attr == "hidden_size_per_attention_head"
-                               for a in n.args) for n in ast.walk(node))
-    return None
-
-
-def installed_mindspeed_has_scale_bug() -> bool | None:
-    path = _package_file("mindspeed", MINDSPEED_ADAPTOR)
-    return mindspeed_scale_bug_in_source(path.read_text(errors="replace")) if path else None
-
-
-def mbridge_rope_theta_bug_in_source(source: str) -> bool | None:
-    """mbridge builds DeepSeek-V3's TransformerConfig from `hf_config.rope_theta` (ISEEKYAN/mbridge v0.15.1
-    mbridge/models/deepseek_v3.py `_build_config`), which transformers 5 moved into `rope_parameters`; 680253f reads
-    it through utils/hf_config.get_hf_rope_theta. Both report version 0.15.1."""
-    if "get_hf_rope_theta" in source:
-        return False
-    return True if re.search(r"hf_config\.rope_theta\b", source) else None
-
-
-def installed_mbridge_has_rope_theta_bug() -> bool | None:
-    path = _package_file("mbridge", "models/deepseek_v3.py")
-    return mbridge_rope_theta_bug_in_source(path.read_text(errors="replace")) if path else None
-
-
+# A detector decides an installed component from its own code, never from its version (MindSpeed's setup.py says
+# 0.12.1 for v2.2.0 and v2.3.0; mbridge's pyproject 0.15.1 for fixed and unfixed commits): harness.config.installed
+# runs MindSpeed's attention forward on stand-ins and calls mbridge's rope_theta helper. True / False, or None
+# when it cannot tell.
 DETECTORS: dict[str, Callable[[], bool | None]] = {
-    "mindspeed-scale": installed_mindspeed_has_scale_bug,
-    "mbridge-rope-theta": installed_mbridge_has_rope_theta_bug,
+    "mindspeed-scale": installed.mindspeed_scale_bug_present,
+    "mbridge-rope-theta": installed.mbridge_reads_rope_theta,
 }
 
 
@@ -389,7 +342,6 @@ def stack_versions(name_or_file: str) -> dict[str, str]:
     """The versions of a named stack: a row of harness.config.stacks (by name, or by its constraints file
     requirements/npu-<name>.txt) -- the pins the constraints file holds plus the source-installed ones it cannot."""
     from harness.config.stacks import STACKS
-    from harness.errors import BadInput
 
     name = Path(name_or_file).name.removesuffix(".txt").removeprefix("npu-")
     row = next((s for s in STACKS if s.name == name), None)

@@ -10,6 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from harness.config.task import VOCAB as TASK_VOCAB
 from harness.errors import BadInput
 
 
@@ -182,12 +183,17 @@ TINY = ModelSpec(
     n_group=1, topk_group=1, routed_scaling_factor=2.5,
 )
 
+# TINY over the tiny task's 6-token vocabulary (harness.config.task): the model the tiny scale's DAPO runs train,
+# the lab's and verl's alike (the MLA suites keep TINY's 256 tokens: their prompts use ids up to 250).
+TINY_TASK = dataclasses.replace(TINY, vocab_size=len(TASK_VOCAB), name="tiny-dsv3-task")
+
 MODELS: dict[str, ModelSpec] = {
     m.name: m for m in (
         DEEPSEEK_V3,
         DEEPSEEK_V3.with_layers(4, name="deepseek-v3-4l"),  # 3 dense + 1 MoE, the `reduced` scale
         MOONLIGHT_16B,
         TINY,
+        TINY_TASK,
     )
 }
 

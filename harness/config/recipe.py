@@ -176,8 +176,6 @@ def recipe_env(scale: Scale) -> dict[str, str]:
         # Alignment scales (no throughput target) run deterministic (seed 001 method 3, seed 003): fixed
         # seeds and deterministic HCCL/matmul, so curves can be compared with the GPU baseline. The
         # throughput scale (seed 002, 120 TPS/card) does not: deterministic reductions cost speed.
-        # Seed 003 sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in all three of its scenarios (HCCL, LCCL, one card):
-        # the engine's process model changes sampling and tensor distribution.
         env.update(DETERMINISTIC_ENV)
     return env
 
@@ -313,7 +311,18 @@ def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str 
         "entrypoint": recipe.entrypoint,
         "overrides": list(recipe.overrides),
         "env": dict(recipe.env),
+        # the recipe leaves verl's rollout routing replay off: it cannot work on the supported stacks (stacks.py)
+        "router_replay": {"mode": "disabled", "blocked_on": r3_blocked_stacks()} if scale.model.num_moe_layers
+        else None,
     }
+
+
+def r3_blocked_stacks() -> dict[str, list[str]]:
+    """Supported NPU stack -> why verl's R3 router replay cannot work there (harness.config.stacks.r3_blockers)."""
+    from harness.config.stacks import STACKS, r3_blockers
+
+    return {s.name: r3_blockers({p.name: p.version for p in s.pins}) for s in STACKS if s.kind == "npu" and
+            s.supported}
 
 
 # ----------------------------------------------------------------------------------------------------

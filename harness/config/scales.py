@@ -99,8 +99,11 @@ _A2_FULL_PLAN = _plan(8, 16, 16, 1, 1, TrainParallel.uniform_middle(61, 16, 3, 2
 A3_STAGE_LAYERS = TrainParallel.uniform_middle(61, 8, 6, 7)
 
 SCALES: dict[str, Scale] = {s.name: s for s in (
-    Scale("tiny", "tiny", MODELS["tiny-dsv3"], PROFILES["cpu"], 1, 1, _plan(1, 1),
-          DapoBatch(gbs=8, n=4, max_prompt_length=16, max_response_length=16),
+    # The tiny task's batch, the lab's (harness.lab.config): 8 prompts x 8 samples, 2 optimizer steps per step,
+    # answers of up to 4 tokens with the overlong penalty past 2, so the run learns inside the alignment window.
+    Scale("tiny", "tiny", MODELS["tiny-dsv3-task"], PROFILES["cpu"], 1, 1, _plan(1, 1),
+          DapoBatch(gbs=8, n=8, max_prompt_length=8, max_response_length=4, ppo_mini_batch_size=4,
+                    overlong_buffer_len=2),
           description="random-init tiny DeepSeek-V3 (2 layers, latent 576) on CPU: every suite, seconds"),
     Scale("layer", "layer", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
           DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192),

@@ -43,22 +43,29 @@ class Rollout:
     distribution it was sampled from (logits / temperature; plain logits when greedy) — verl compares these
     rollout log-probs with the actor's (training/rollout_probs_diff_mean). dist_logprobs: with
     `full_logprobs=True`, the full log-softmax [T, vocab] at each generated step (for forward alignment).
+    routed_experts: from an engine built to return them, the experts each token was routed to, per prompt
+    [prompt + output - 1, num_hidden_layers, top_k] int (vLLM's `CompletionOutput.routed_experts` layout: absolute
+    layer index, dense layers zero, no row for the last generated token, which is never fed forward).
     """
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     dist_logprobs: list[torch.Tensor] | None = None
+    routed_experts: list[torch.Tensor] | None = None
 
 
 class Engine(abc.ABC):
     """A rollout engine under test. Subclasses implement `load_weights`, `sample`, `mla_layers`,
     `softmax_scale`, and where supported `sleep` / `wake_up` (then set `supports_sleep = True`).
 
-    Attributes: `name` (for messages), `spec` (the ModelSpec it runs), `dtype` (activation/weight dtype).
+    Attributes: `name` (for messages), `spec` (the ModelSpec it runs), `dtype` (activation/weight dtype),
+    `batch_invariant` (the engine claims a prompt's tokens and log-probs are bit-equal whatever batch it runs in:
+    the batch-invariance suite then judges that claim; without it the suite records and does not judge).
     """
 
     name: str = "engine"
     supports_sleep: bool = False
+    batch_invariant: bool = False
     spec: ModelSpec
     dtype: torch.dtype = torch.float32
     device: str = "cpu"  # torch device type the engine's memory lives on (the sleep suite measures there)

@@ -76,7 +76,10 @@ def mla_config_kwargs(spec, config_fields: set[str], kv_channels: int | None) ->
         kw["original_max_position_embeddings"] = original
     else:  # core_r0.12/0.13: YarnRotaryEmbedding reads max_position_embeddings as the original length
         kw["max_position_embeddings"] = original
-    return {k: v for k, v in kw.items() if k in config_fields and v is not None}
+    # q_lora_rank=None (Moonlight: a plain q_proj) must be passed as None: Megatron-LM core_v0.12.1
+    # MLATransformerConfig defaults q_lora_rank to 512, which would build DSV3's low-rank query instead. Other
+    # Nones (kv_channels) mean "the release's default" and are left out.
+    return {k: v for k, v in kw.items() if k in config_fields and (v is not None or k == "q_lora_rank")}
 
 
 def _init_world() -> None:

@@ -51,6 +51,15 @@ class EngineFault(str, enum.Enum):
     PRECISION       copies re-derived after every sync, but rounded through bf16 in an fp32 engine.
     LAYOUT          fresh views of kv_b_proj with the per-head rows split [v | nope] instead of [nope | v].
     DECODE_SCALE    `softmax_scale()` and prefill use the right scale, the decode kernel 1/sqrt(v_head_dim).
+    MoE faults (each invisible to a model whose layers are all dense):
+    PACKED_EXPERTS  the routed experts compute from a copy packed when the engine was built, never refreshed by a
+                    sync (vLLM CPU's MoE prepack skipped on a reload; an NPU format cast), while `synced_weights()`
+                    shows the fresh parameters: only the outputs can show it.
+    STALE_ROUTER_BIAS  `load_weights` skips `e_score_correction_bias` (a buffer in transformers: a sync of
+                    `named_parameters()` alone never sends it), so expert choices follow the initial bias.
+    SPLIT_K         layer 0's o_proj is a split-K GEMM whose split count follows the batch size (the cuBLAS split-K
+                    batch variance vLLM's batch-invariant mode turns off): the same prompt's log-probs change in
+                    their last bits with the batch it runs in.
     Across sleep the copies behave as in vLLM's sleep pool: level 1 restores them (still the initial weights),
     level 2 discards them and wakes them zeroed, and no sync re-derives them, so they stay stale either way.
     """
@@ -67,6 +76,9 @@ class EngineFault(str, enum.Enum):
     PRECISION = "precision"
     LAYOUT = "layout"
     DECODE_SCALE = "decode_scale"
+    PACKED_EXPERTS = "packed_experts"
+    STALE_ROUTER_BIAS = "stale_router_bias"
+    SPLIT_K = "split_k"
 
 
 # Faults whose absorbed weights are copies the engine re-derives itself after a sync (correctly or not).
@@ -139,6 +151,9 @@ class ReferenceEngine(Engine):
                    loader, to be overwritten by `load_weights` (the verl flow with load_format=dummy).
       fault        None, or a `EngineFault` (or its string value) reproducing a real bug, for seeded self-tests and the
                    tiny DAPO lab's fault injection.
+      batch_invariant  decode every sequence of a batch on its own (one row per GEMM), so a prompt's tokens and
+                   log-probs are bit-equal whatever batch it runs in (prefill is per prompt already): the claim the
+                   batch-invariance suite judges (`Engine.batch_invariant`).
     Supports sleep(level=1|2) / wake_up() for real (see `sleep`): the weights' storage is freed while asleep and
     reallocated in place on wake-up, so views into it (W_UK_T / W_UV) stay valid, as vLLM's CuMemAllocator /
     vllm-ascend's CaMemAllocator remap the pool at the same virtual addresses.
@@ -149,8 +164,9 @@ class ReferenceEngine(Engine):
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
-                 fault: EngineFault | str | None = None):
-        self.spec, self.dtype = spec, dtype
+                 fault: EngineFault | str | None = None, batch_invariant: bool = False):
+        self.spec, self.dtype, self.batch_invariant = spec, dtype, batch_invariant
+        self._batch_rows = 1  # rows of the current `sample` call (SPLIT_K's split count)
         self.fault = EngineFault(fault) if fault is not None else None
         self.name = "reference" + (f"[{self.fault.value}]" if self.fault else "")
         self._asleep = False
@@ -180,6 +196,9 @@ class ReferenceEngine(Engine):
         self._decode_scale = spec.v_head_dim ** -0.5 if self.fault is EngineFault.DECODE_SCALE else self._scale
         self._syncs = 0
         self._process_weights_after_loading()
+        # PACKED_EXPERTS: the experts' kernel copy, made once at build (see EngineFault)
+        self._packed_experts = {n: p.detach().clone() for n, p in self.params.items() if ".mlp.experts." in n} \
+            if self.fault is EngineFault.PACKED_EXPERTS else {}
 
     # ------------------------------------------------------------ weights
     def _process_weights_after_loading(self) -> None:
@@ -221,6 +240,8 @@ class ReferenceEngine(Engine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._check_awake("load_weights")
         self._syncs += 1
+        if self.fault is EngineFault.STALE_ROUTER_BIAS:
+            weights = ((n, t) for n, t in weights if not n.endswith("e_score_correction_bias"))
         if self.fault not in _REDERIVING:
             self._copy_in(weights, rebind=self.fault is EngineFault.REBIND)
             return
@@ -313,7 +334,15 @@ class ReferenceEngine(Engine):
 
     # ------------------------------------------------------------ model
     def _p(self, name: str) -> torch.Tensor:
-        return self.params[name]
+        return self._packed_experts.get(name, self.params[name]) if self._packed_experts else self.params[name]
+
+    def _o_proj(self, i: int, out: torch.Tensor) -> torch.Tensor:
+        w = self._p(f"model.layers.{i}.self_attn.o_proj.weight")
+        if self.fault is not EngineFault.SPLIT_K or i != 0 or self._batch_rows == 1:
+            return F.linear(out, w)
+        # split-K with as many splits as the batch has rows: other partial sums, other rounding
+        chunks = torch.arange(w.shape[1]).chunk(self._batch_rows)
+        return sum(F.linear(out[..., c], w[:, c]) for c in chunks)
 
     def _mlp(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
         g = F.linear(x, self._p(prefix + "gate_proj.weight"))
@@ -371,11 +400,11 @@ class ReferenceEngine(Engine):
         causal = torch.ones(len(x), len(x), dtype=torch.bool).tril()
         probs = scores.float().masked_fill(~causal, float("-inf")).softmax(-1).to(x.dtype)
         out = torch.einsum("nts,snv->tnv", probs, v).reshape(len(x), -1)
-        return F.linear(out, self._p(a + "o_proj.weight")), latent
+        return self._o_proj(i, out), latent
 
     def _attn_decode(self, i: int, x: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor):
         """Absorbed (MQA over the latent) path: one new token per sequence. cache [B, S, L+R] is updated in place."""
-        s, a = self.spec, f"model.layers.{i}.self_attn."
+        s = self.spec
         q_nope, q_pe, latent = self._qkv(i, x, pos)
         rows = torch.arange(len(x))
         cache[rows, lengths] = latent
@@ -388,7 +417,7 @@ class ReferenceEngine(Engine):
         probs = scores.float().masked_fill(~valid[:, None, :], float("-inf")).softmax(-1).to(x.dtype)
         o_lat = torch.einsum("bns,bsl->bnl", probs, c)
         out = torch.einsum("bnl,nlv->bnv", o_lat, w_uv).reshape(len(x), -1)
-        return F.linear(out, self._p(a + "o_proj.weight"))
+        return self._o_proj(i, out)
 
     def _decode_layer(self, i: int, y: torch.Tensor, *, pos, caches, lengths) -> torch.Tensor:
         return self._attn_decode(i, y, pos, caches[i], lengths)
@@ -427,6 +456,7 @@ class ReferenceEngine(Engine):
         if not prompt_token_ids or any(len(p) == 0 for p in prompt_token_ids):
             raise ValueError("sample: every prompt needs at least one token")
         s, b = self.spec, len(prompt_token_ids)
+        self._batch_rows = b
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         lengths = torch.tensor([len(p) for p in prompt_token_ids])
         width = s.kv_lora_rank + s.qk_rope_head_dim
@@ -464,15 +494,18 @@ class ReferenceEngine(Engine):
             if step == max_tokens - 1 or bool(done.all()):
                 break
             x = self._p("model.embed_tokens.weight")[nxt]
-            logits = self._layers(x, functools.partial(self._decode_layer, pos=lengths.clone(), caches=caches,
-                                                       lengths=lengths))
+            rows = [slice(r, r + 1) for r in range(b)] if self.batch_invariant else [slice(None)]
+            logits = torch.cat([self._layers(x[r], functools.partial(
+                self._decode_layer, pos=lengths[r].clone(), caches=[c[r] for c in caches], lengths=lengths[r]))
+                for r in rows])
             lengths = lengths + 1
         return Rollout(token_ids=tokens, logprobs=logps,
                        dist_logprobs=[torch.stack(d) for d in dists] if full_logprobs else None)
 
 
 def make_reference_engine(spec: ModelSpec, *, weights=None, load_format: str = "real",
-                          dtype: torch.dtype = torch.float32, seed: int = 0, fault: EngineFault | str | None = None
-                          ) -> ReferenceEngine:
+                          dtype: torch.dtype = torch.float32, seed: int = 0, fault: EngineFault | str | None = None,
+                          batch_invariant: bool = False) -> ReferenceEngine:
     """Factory with the `--engine` signature (see `harness.engines.base.load_factory`)."""
-    return ReferenceEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, fault=fault)
+    return ReferenceEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, fault=fault,
+                           batch_invariant=batch_invariant)

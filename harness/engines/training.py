@@ -62,6 +62,89 @@ class HFTrainingModel:
         return logits[len(prompt) - 1: len(prompt) - 1 + len(response)].log_softmax(-1)
 
 
+    @torch.no_grad()
+    def routed_forward(self, prompts: list[list[int]], responses: list[list[int]], *,
+                       replay: RouteReplay | None = None) -> RoutedForward:
+        """The actor's teacher-forced forward on a verl-layout batch (prompts left-padded, responses right-padded,
+        position ids from the attention mask: verl's `compute_position_id_with_mask`), recording in every MoE
+        layer the experts each token was routed to and the router's choice scores; with `replay`, the router
+        takes the replayed expert ids where `replay.mask` is set and its own elsewhere, and weighs them with its
+        own scores (verl 0.9.1 utils/megatron/router_replay_patch.py `get_replay_topk`: `scores.gather(1,
+        indices)`, then the same normalisation and scaling as the native route)."""
+        spec = self.spec
+        width_p, width_r = max(map(len, prompts)), max(map(len, responses))
+        ids = torch.zeros(len(prompts), width_p + width_r, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+            ids[b, width_p - len(p): width_p + len(r)] = torch.tensor(p + r)
+            mask[b, width_p - len(p): width_p + len(r)] = 1
+        if replay is not None and tuple(replay.targets.shape[:2]) != tuple(ids.shape):
+            raise ValueError(f"replay targets {tuple(replay.targets.shape)} do not match the batch {tuple(ids.shape)}")
+        layers = range(spec.first_k_dense_replace, spec.num_hidden_layers)
+        routes = torch.zeros(*ids.shape, spec.num_hidden_layers, spec.num_experts_per_tok, dtype=torch.long)
+        choice = torch.zeros(*ids.shape, spec.num_hidden_layers, spec.n_routed_experts)
+        saved = {}
+        for i in layers:
+            gate = self.model.model.layers[i].mlp.gate
+            saved[i] = gate.forward
+            gate.forward = functools.partial(self._route, gate, i, saved[i], replay, routes, choice)
+        try:
+            with torch_threads(1):
+                logits = self.model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+                                    ).logits.float()
+        finally:
+            for i, forward in saved.items():
+                self.model.model.layers[i].mlp.gate.forward = forward
+        logprobs = logits.log_softmax(-1)
+        out_lp, out_routes, out_choice = [], [], []
+        for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+            steps = torch.arange(width_p - 1, width_p - 1 + len(r))
+            out_lp.append(logprobs[b, steps, torch.tensor(r)])
+            rows = slice(width_p - len(p), width_p + len(r))
+            out_routes.append(routes[b, rows])
+            out_choice.append(choice[b, rows])
+        return RoutedForward(logprobs=out_lp, routes=out_routes, choice=out_choice, attention_mask=mask)
+
+    @staticmethod
+    def _route(gate, layer: int, native, replay, routes: torch.Tensor, choice: torch.Tensor, hidden: torch.Tensor):
+        """One MoE layer's router (transformers DeepseekV3TopkRouter.forward: logits, weights, ids), recorded and,
+        with `replay`, replayed."""
+        logits, weights, ids = native(hidden)
+        scores = logits.sigmoid()
+        if replay is not None:
+            target = replay.targets[:, :, layer].reshape(-1, ids.shape[-1]).to(ids.device)
+            ids = torch.where(replay.mask.reshape(-1, 1).to(ids.device), target, ids)
+            weights = scores.gather(1, ids)
+            if gate.norm_topk_prob:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights * gate.routed_scaling_factor
+        routes[:, :, layer] = ids.view(*routes.shape[:2], -1)
+        choice[:, :, layer] = (scores + gate.e_score_correction_bias).view(*choice.shape[:2], -1)
+        return logits, weights, ids
+
+
+@dataclass(frozen=True, eq=False)
+class RouteReplay:
+    """Expert ids to replay into the training forward: targets [B, S, num_hidden_layers, top_k] in the padded batch
+    layout (absolute layer index), mask [B, S] True where the replayed ids replace the router's own."""
+
+    targets: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class RoutedForward:
+    """Per sample (unpadded, prompt then response): log-probs of the response tokens [R], the experts every token
+    was routed to [P+R, num_hidden_layers, top_k] (dense layers zero, as vLLM's layout) and the router's choice
+    scores (sigmoid + e_score_correction_bias, before the group limit) [P+R, num_hidden_layers, n_routed_experts];
+    plus the batch's attention mask [B, S]."""
+
+    logprobs: list[torch.Tensor]
+    routes: list[torch.Tensor]
+    choice: list[torch.Tensor]
+    attention_mask: torch.Tensor
+
+
 @dataclass(frozen=True)
 class TrainingScale:
     """What harness.engines.megatron_probe measured on one training stack: the scale the MLA module computes and

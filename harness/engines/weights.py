@@ -52,17 +52,29 @@ def checkpoint_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def random_state_dict(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+# Std of the random router bias (e_score_correction_bias): DSV3 adds it to sigmoid scores in (0, 1) for the choice
+# of experts only, so 0.1 moves some choices without drowning the gate.
+ROUTER_BIAS_STD = 0.1
+
+
+def random_state_dict(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, *,
+                      zero_router_bias: bool = False) -> dict[str, torch.Tensor]:
     """Random weights with 1/sqrt(fan_in) scale so every activation is O(1): attention scores then span a
     few units, so a wrong softmax scale or a stale W_UV visibly changes the outputs (HF's 0.02 init would
-    leave attention near-uniform and hide both bugs). Norm weights are 1, the router bias 0."""
+    leave attention near-uniform and hide both bugs). Norm weights are 1.
+
+    The router bias differs per seed (a bias equal for every seed would hide a weight sync that leaves
+    `e_score_correction_bias` behind; it is a buffer in transformers, so a sync of named_parameters() alone
+    misses it). It is drawn from its own generator, so every other tensor is the same as with a zero bias;
+    `zero_router_bias=True` keeps the zero bias the committed tiny goldens were recorded with."""
     gen = torch.Generator().manual_seed(seed)
+    bias_gen = torch.Generator().manual_seed(seed + 0x5EED)
     out = {}
     for name, shape in checkpoint_shapes(spec).items():
         if name.endswith("norm.weight"):
             t = torch.ones(shape)
         elif name.endswith("e_score_correction_bias"):
-            t = torch.zeros(shape)
+            t = torch.zeros(shape) if zero_router_bias else ROUTER_BIAS_STD * torch.randn(shape, generator=bias_gen)
         elif name == "model.embed_tokens.weight":
             t = torch.randn(shape, generator=gen)
         else:

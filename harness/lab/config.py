@@ -2,10 +2,9 @@
 lists the lab's defaults without loading the stack (issue 15, points 4-5)."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from harness.config.models import TINY, ModelSpec
+from harness.config.models import TINY_TASK, ModelSpec
 from harness.errors import BadInput
 
 
@@ -56,6 +55,5 @@ class LabConfig:
             raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
 
     def spec(self) -> ModelSpec:
-        from harness.lab.task import VOCAB
-
-        return dataclasses.replace(TINY.with_layers(self.layers), vocab_size=len(VOCAB), name="tiny-dsv3-lab")
+        """The tiny task model (the one the tiny scale's verl run trains) with `layers` layers."""
+        return TINY_TASK if self.layers == TINY_TASK.num_hidden_layers else TINY_TASK.with_layers(self.layers)

@@ -85,7 +85,8 @@ def build_actor(spec: ModelSpec, seed: int, head_scale: float = 1.0):
     config = spec.to_hf_config(attn_implementation="eager")
     with torch.device("cpu"):
         model = DeepseekV3ForCausalLM(config)
-    checkpoint = random_state_dict(spec, seed)
+    # the zero router bias baselines/tiny/dapo_lab.json was recorded with (scripts/make-tiny-golden)
+    checkpoint = random_state_dict(spec, seed, zero_router_bias=True)
     # random_state_dict makes peaked next-token distributions (good for MLA forward checks); RL needs exploration.
     checkpoint["lm_head.weight"] = checkpoint["lm_head.weight"] * head_scale
     missing, unexpected = model.load_state_dict(hf_state_dict(checkpoint, spec), strict=False)
@@ -154,7 +155,8 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
     from harness.config.hardware import package_versions
-    from harness.lab.task import EOS_ID, CharTokenizer, compute_score, make_prompts
+    from harness.config.host import fingerprint
+    from harness.config.task import EOS_ID, CharTokenizer, compute_score, make_prompts
 
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
@@ -175,7 +177,8 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
                                   max_resp_len=config.max_response_length, overlong_buffer_cfg=overlong)
     R = config.max_response_length
     meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": N_DEVICES, "versions": package_versions(),
-            "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine")}
+            "lab": dataclasses.asdict(config), "model": spec.name, "engine": getattr(engine, "name", "engine"),
+            "host": fingerprint()}
     write_json_atomic(out / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
 
     with _file_logger(out / METRICS_FILE) as logger:
@@ -239,7 +242,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
 
 def _batch(prompts, rollout, config: LabConfig, DataProto):
     """A verl DataProto of one generation round: prompts, responses padded with EOS, masks, rollout log-probs."""
-    from harness.lab.task import EOS_ID
+    from harness.config.task import EOS_ID
 
     R, n = config.max_response_length, config.n
     prompt_ids = torch.tensor([p.token_ids for p in prompts for _ in range(n)])

@@ -16,7 +16,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from harness.errors import BadInput
-from harness.redact import redact_url
+from harness.redact import redact
 
 DASHBOARD_PORT = 8265
 NOT_DASHBOARD_PORTS = {6379: "the GCS", 10001: "the Ray client server"}
@@ -31,7 +31,7 @@ def dashboard_url(address: str, option: str = "--ray-address") -> str:
     if not text:
         raise BadInput(f"{option}: empty; pass the Ray dashboard of the cluster, http://HEAD:{DASHBOARD_PORT}")
     if text.startswith("ray://"):
-        raise BadInput(f"{option} {redact_url(text)}: a Ray client address; the harness talks to the dashboard "
+        raise BadInput(f"{option} {redact(text)}: a Ray client address; the harness talks to the dashboard "
                        f"(Jobs and state API): pass http://HEAD:{DASHBOARD_PORT}")
     url = text if "://" in text else f"http://{text}"
     parts = urlsplit(url)
@@ -41,9 +41,9 @@ def dashboard_url(address: str, option: str = "--ray-address") -> str:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
             or (parts.path not in ("", "/")) or parts.query or parts.fragment:
-        raise BadInput(f"{option} {redact_url(text)}: not a dashboard address; pass http://HEAD:{DASHBOARD_PORT}")
+        raise BadInput(f"{option} {redact(text)}: not a dashboard address; pass http://HEAD:{DASHBOARD_PORT}")
     if port in NOT_DASHBOARD_PORTS:
-        raise BadInput(f"{option} {redact_url(text)}: port {port} is {NOT_DASHBOARD_PORTS[port]}, not the dashboard; "
+        raise BadInput(f"{option} {redact(text)}: port {port} is {NOT_DASHBOARD_PORTS[port]}, not the dashboard; "
                        f"pass http://{parts.hostname}:{DASHBOARD_PORT}")
     netloc = parts.netloc if port is not None else f"{parts.netloc}:{DASHBOARD_PORT}"
     return f"{parts.scheme}://{netloc}"
@@ -73,16 +73,16 @@ def check_dashboard(url: str, option: str = "--ray-address", timeout_s: float | 
             body = reply.read(65536)
     except urllib.error.HTTPError as exc:
         hint = "; set RAY_AUTH_TOKEN (the cluster uses token authentication)" if exc.code in (401, 403) else ""
-        raise BadInput(f"{option} {redact_url(url)}: the dashboard answered HTTP {exc.code}{hint}") from None
+        raise BadInput(f"{option} {redact(url)}: the dashboard answered HTTP {exc.code}{hint}") from None
     except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
         reason = getattr(exc, "reason", exc)
-        raise BadInput(f"{option} {redact_url(url)}: no Ray dashboard answers within {timeout_s:g} s "
+        raise BadInput(f"{option} {redact(url)}: no Ray dashboard answers within {timeout_s:g} s "
                        f"({type(reason).__name__}: {reason}); start the cluster or pass "
                        f"http://HEAD:{DASHBOARD_PORT}") from None
     try:
         return str(json.loads(body).get("ray_version", "unknown"))
     except (ValueError, AttributeError):
-        raise BadInput(f"{option} {redact_url(url)}: answers, but not as a Ray dashboard (no JSON at "
+        raise BadInput(f"{option} {redact(url)}: answers, but not as a Ray dashboard (no JSON at "
                        "/api/version)") from None
 
 
@@ -94,7 +94,7 @@ def cluster_devices(url: str, option: str = "--ray-address") -> int:
     try:
         nodes = list_nodes(address=url, timeout=int(max(1, connect_timeout())), raise_on_missing_output=False)
     except Exception as exc:  # the state API wraps transport errors in several exception types
-        raise BadInput(f"{option} {redact_url(url)}: the dashboard's state API failed "
+        raise BadInput(f"{option} {redact(url)}: the dashboard's state API failed "
                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     alive = [n for n in nodes if n.state == "ALIVE"]
     npu = sum(int(n.resources_total.get("NPU", 0)) for n in alive)

@@ -8,15 +8,25 @@ start together or none does -- a 32-node job must never hold 31 nodes waiting fo
 plugin's `huawei.com/Ascend910` resource, runs on the host network (HCCL over RoCE) and mounts the
 shared volume that holds models/, data/ and runs/ -- the run directory the launcher collects.
 
-What MindCluster's scheduler and device plugin read (Ascend/mindcluster-deploy samples:
-samples/train/basic-training/ranktable/yaml/910b/a300t_a2_pytorch_vcjob.yaml, the A3 SuperPoD job
-samples/train/resumable-training/fault-tolerance/ranktable/mindspore/Qwen3/yamls/ms_multinodes_acjob_superpod.yaml,
-samples/inference/volcano/pytorch_acjob_infer_910b_softsharedev.yaml, k8s-deploy-tool/config/stormservice-config.yaml):
-the `ring-controller.atlas: ascend-910b` label on the job and its pods, ASCEND_VISIBLE_DEVICES from the pod's
-`huawei.com/Ascend910` annotation (ascend-docker-runtime, whole-card scheduling with Volcano), the
-`accelerator-type` node selector (module-910b-8 on A2, module-a3-16-super-pod on A3) with `host-arch: huawei-arm`,
-and on A3 the `sp-block` annotation: the job's dies form one logical SuperPoD block, so the rollout's EP group and
-Megatron's collectives stay on the HCCS fabric.
+What MindCluster's scheduler and device plugin read (Ascend/mindcluster-deploy at 7d97fe3, the A2 job sample
+samples/train/basic-training/ranktable/yaml/910b/a800_pytorch_vcjob.yaml -- the Atlas 800T A2 module template, not the
+A300T card one --, the A3 SuperPoD samples samples/train/basic-training/without-ranktable/pytorch/
+pytorch_multinodes_acjob_super_pod.yaml and samples/train/resumable-training/fault-tolerance/ranktable/mindspore/
+Qwen3/yamls/ms_multinodes_acjob_superpod.yaml, samples/inference/volcano/pytorch_acjob_infer_910b_softsharedev.yaml):
+the `ring-controller.atlas: ascend-910b` label on the job and its pods, paired as in every vcjob sample with the
+`rings-config-<job>` ConfigMap (hccl.json, which the device plugin fills in; mounted at /user/serverid/devindex/config);
+the `huawei.com/schedule_policy` annotation every sample carries (chip8-node8 for 8 NPUs on one HCCS ring, the Atlas
+800T A2; chip2-node16-sp for 16 dies of a SuperPoD node, two per ring: Ascend/mind-cluster
+component/ascend-for-volcano/common/util/constants.go); ASCEND_VISIBLE_DEVICES from the pod's `huawei.com/Ascend910`
+annotation (ascend-docker-runtime, whole-card scheduling with Volcano); the /usr/local/Ascend/driver hostPath every
+sample mounts; the `accelerator-type` node selector (module-910b-8 on A2, module-a3-16-super-pod on A3) with
+`host-arch: huawei-arm`; and on A3 the `sp-block` annotation: the job's dies form one logical SuperPoD block, so the
+rollout's EP group and Megatron's collectives stay on the HCCS fabric.
+
+The pods start under `bash -c`, which sources nothing: the container first sources CANN's and ATB's set_env.sh (as
+vllm-project/vllm-ascend v0.23.0's Dockerfile does, but only in its build steps), so torch_npu and ATB load in every
+Ray worker, and refuses a Ray older than 2.52 (the vllm-ascend images pin ray<=2.48, which ignores RAY_AUTH_MODE=token
+and would start an open cluster); docker/npu.Dockerfile builds the image with the stack's ray 2.60.0.
 
 Security: the pods run on the host network, so whatever Ray listens on is reachable from every node. Ray's
 dashboard serves the Jobs API, which runs any command it is sent; bound to 0.0.0.0 it would be remote code execution
@@ -25,10 +35,15 @@ pod's loopback (`--dashboard-host 127.0.0.1`, not in the Service), and the clust
 (`RAY_AUTH_MODE=token`, Ray >= 2.52 `ray/_private/authentication`; docs.ray.io ray-security/token-auth) with the token
 from a Secret the operator creates once per namespace -- `kubectl -n NS create secret generic SECRET
 --from-literal=token="$(openssl rand -hex 32)"` -- so the GCS port every worker needs accepts no one without it.
+The containers drop every capability, may not escalate privileges and run under the runtime's default seccomp
+profile (the securityContext of MindCluster's NPU pod sample samples/inference/volcano/mindie-ms/server.yaml): Ray
+needs none (its ports are above 1024) and the NPUs come as devices, not capabilities. CPU and memory are requested
+and limited (`pod_resources`), /dev/shm is bounded, and the image is pulled by digest or re-resolved every start.
 """
 from __future__ import annotations
 
 import copy
+import math
 import re
 import shlex
 
@@ -40,9 +55,26 @@ DASHBOARD_PORT = 8265
 SHARED_MOUNT = "/mnt/shared"
 SHARED_CLAIM = "ascend-rl-harness-shared"
 AUTH_SECRET = "ascend-rl-harness-ray-auth"  # Secret with key `token`: Ray's cluster token (see module docstring)
-# MindCluster: label and node selector values per hardware profile (see module docstring for the samples).
+# MindCluster: label, annotation and node selector values per hardware profile (module docstring: the samples).
 RING_CONTROLLER = {"ring-controller.atlas": "ascend-910b"}
 ACCELERATOR_TYPE = {"a2": "module-910b-8", "a3": "module-a3-16-super-pod"}
+SCHEDULE_POLICY = {"a2": "chip8-node8", "a3": "chip2-node16-sp"}
+RINGS_CONFIG_MOUNT = "/user/serverid/devindex/config"  # where the samples mount rings-config-<job>
+ASCEND_DRIVER = "/usr/local/Ascend/driver"  # the samples' `ascend-driver` hostPath (harness.config.installed)
+# The stack's image (docker/npu.Dockerfile: the vllm-ascend image + scripts/install-npu-stack): a versioned tag, not
+# :latest, pulled Always; a reference by digest is pulled IfNotPresent (it cannot move).
+DEFAULT_IMAGE = "ascend-rl-harness:vllm-ascend-0.23.0"
+# CANN's and ATB's environment (vllm-project/vllm-ascend v0.23.0 Dockerfile sources both before building)
+NPU_ENV_SCRIPTS = ("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh")
+MIN_RAY_FOR_AUTH = (2, 52)  # RAY_AUTH_MODE=token (Ray 2.52 ray/_private/authentication); older Ray ignores it
+# /dev/shm and Ray's object store in it: the 16Gi sizeLimit of MindCluster's training vcjob samples, 3/4 of it for
+# the object store (the rest for HCCL / torch shared memory); a larger store would silently fall back to /tmp.
+SHM_GIB = 16
+OBJECT_STORE_GIB = 12
+# CPU per device: MindCluster's 8-NPU pod sample (mindie-ms/server.yaml) requests 16 and limits 64 CPUs.
+CPU_PER_DEVICE = {"requests": 2, "limits": 8}
+BASE_MEMORY_GIB = 32  # Ray's raylet / GCS, verl's driver and data loaders, the Python processes of the workers
+MEMORY_LIMIT_FACTOR = 1.25  # headroom over the modelled need: pinned staging copies during sleep/wake
 # RFC 1123 DNS label (Kubernetes namespace names), and an OCI image reference (registry[:port]/path[:tag][@digest]).
 _PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # RFC 1123 subdomain (object names such as PVCs)
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -88,16 +120,55 @@ def _env(scale, run_dir: str, env: dict) -> list[dict]:
     return out
 
 
+def pull_policy(image: str) -> str:
+    """IfNotPresent for an image by digest (immutable), Always for a tag: a moved tag (`:latest`, a rebuilt
+    version) is re-resolved on every start instead of running whatever a node cached."""
+    return "IfNotPresent" if "@sha256:" in image else "Always"
+
+
+def pod_resources(scale) -> dict:
+    """CPU and memory requests and limits of one pod (one node): CPUs per device as MindCluster's NPU pod sample,
+    memory from the plan -- the host side of the offloads (harness.memory.phases.host_offload_bytes per device:
+    params, grads and optimizer shards, the rollout weights at sleep level 1), /dev/shm (memory-backed, charged to
+    the pod) and a base for Ray and verl's processes; limits MEMORY_LIMIT_FACTOR above. A node too small for the
+    plan leaves the pod Pending with the reason, instead of an OOM kill at the first offload."""
+    from harness.memory.phases import host_offload_bytes
+
+    devices = scale.devices_per_node
+    if scale.hardware.kind == "cpu":  # the tiny verl run: ~7 GiB PSS on 2 cores (README)
+        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
+    need_gib = devices * host_offload_bytes(scale) / 2**30 + SHM_GIB + BASE_MEMORY_GIB
+    out = {}
+    for kind, factor in (("requests", 1.0), ("limits", MEMORY_LIMIT_FACTOR)):
+        out[kind] = {"cpu": str(devices * CPU_PER_DEVICE[kind]), "memory": f"{math.ceil(need_gib * factor)}Gi"}
+        if scale.hardware.kind == "npu":
+            out[kind][NPU_RESOURCE] = str(devices)
+    return out
+
+
+def _prelude(scale) -> list[str]:
+    """What every container runs before Ray: the NPU environment, and the Ray version token auth needs."""
+    steps = [f"source {script}" for script in NPU_ENV_SCRIPTS] if scale.hardware.kind == "npu" else []
+    need = ".".join(map(str, MIN_RAY_FOR_AUTH))
+    check = ('import ray, sys; v = tuple(int(x) for x in ray.__version__.split(".")[:2]); '
+             f'sys.exit(0 if v >= {MIN_RAY_FOR_AUTH!r} else "ray " + ray.__version__ + " in this image ignores '
+             f'RAY_AUTH_MODE=token (needs >= {need}): build it with docker/npu.Dockerfile (ray 2.60.0)")')
+    return [*steps, f"python3 -c {shlex.quote(check)}"]
+
+
 def _container(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
-    container = {"name": role, "image": image, "imagePullPolicy": "IfNotPresent", "workingDir": SHARED_MOUNT,
-                 "command": ["bash", "-c", command], "env": copy.deepcopy(env),  # no YAML aliases
-                 "volumeMounts": [{"name": "shared", "mountPath": SHARED_MOUNT},
-                                  {"name": "dshm", "mountPath": "/dev/shm"}],
-                 "ports": [{"containerPort": RAY_PORT, "name": "gcs"}]}
+    mounts = [{"name": "shared", "mountPath": SHARED_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}]
     if scale.hardware.kind == "npu":
-        count = str(scale.devices_per_node)
-        container["resources"] = {"requests": {NPU_RESOURCE: count}, "limits": {NPU_RESOURCE: count}}
-    return container
+        mounts += [{"name": "ascend-driver", "mountPath": ASCEND_DRIVER, "readOnly": True},
+                   {"name": "ascend-910-config", "mountPath": RINGS_CONFIG_MOUNT}]
+    return {"name": role, "image": image, "imagePullPolicy": pull_policy(image), "workingDir": SHARED_MOUNT,
+            "command": ["bash", "-c", " && ".join([*_prelude(scale), command])],
+            "env": copy.deepcopy(env),  # no YAML aliases
+            "resources": pod_resources(scale),
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumeMounts": mounts,
+            "ports": [{"containerPort": RAY_PORT, "name": "gcs"}]}
 
 
 def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str = SHARED_CLAIM) -> dict:
@@ -106,9 +177,11 @@ def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str =
             "automountServiceAccountToken": False,
             "containers": [_container(scale, image, role, command, env)],
             "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": pvc}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory"}}]}
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}}]}
     if scale.hardware.kind == "npu":
         labels.update(RING_CONTROLLER)
+        spec["volumes"] += [{"name": "ascend-driver", "hostPath": {"path": ASCEND_DRIVER}},
+                            {"name": "ascend-910-config", "configMap": {"name": rings_config_name(scale)}}]
         selector = {"host-arch": "huawei-arm"}
         if scale.hardware.name in ACCELERATOR_TYPE:
             selector["accelerator-type"] = ACCELERATOR_TYPE[scale.hardware.name]
@@ -116,12 +189,19 @@ def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str =
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
-def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "default",
+def rings_config_name(scale) -> str:
+    """The ConfigMap MindCluster pairs with a ring-controller job: `rings-config-<job name>` (the prefix may not
+    change: a800_pytorch_vcjob.yaml)."""
+    return f"rings-config-{_name(scale)}"
+
+
+def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
              steps: int | None = None, pvc: str = SHARED_CLAIM, job=None) -> list[dict]:
-    """The manifest documents (Service, Volcano Job) for a scale, as plain dicts. BadInput for a namespace, image or
-    PVC name that is not one, or steps < 1. `pvc`: the claim mounted at SHARED_MOUNT in every pod (issue 15,
-    point 6: the default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale --
-    its overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
+    """The manifest documents (on NPU the rings-config ConfigMap, then the Service and the Volcano Job) for a
+    scale, as plain dicts. BadInput for a namespace, image or PVC name that is not one, or steps < 1. `pvc`: the
+    claim mounted at SHARED_MOUNT in every pod, holding models/<name>, data/dapo and runs/ (issue 15, point 6: the
+    default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale -- its
+    overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
     from harness.launch.ray_job import DEFAULT_STEPS_VERL, check_steps, verl_job
 
     check_namespace(namespace)
@@ -132,7 +212,9 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
     steps = check_steps(steps)
     name = _name(scale)
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
-    # resume_mode=auto: a rescheduled head (seed 001's resumable K8s launch) continues from the checkpoints
+    # resume_mode=auto: the job is never rescheduled (maxRetry 0; PodFailed / PodEvicted abort it), but applying
+    # this manifest again after an abort (seed 001's resumable launch) continues from the run dir's checkpoints.
+    # Inputs by absolute path on the shared mount (harness.launch.ray_job.shared_inputs).
     recipe = None
     if job is not None:
         if job.plan_error:
@@ -140,7 +222,8 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
 
             raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
         scale, recipe = job.scale, job.recipe
-    job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe)
+    job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe,
+                   model_path=f"{SHARED_MOUNT}/models/{scale.model.name}", data_dir=f"{SHARED_MOUNT}/data/dapo")
     # verl_job resolves paths on this machine; on the cluster the run dir is the shared mount's
     env = _env(scale, run_dir, dict(job.env))
     head_host = f"{name}-head.{namespace}.svc.cluster.local"
@@ -155,12 +238,12 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
         f"{shlex.quote(run_dir)}/metrics.seg$(date +%s).jsonl; }}",
         # the dashboard (and its Jobs API) only on the pod's loopback: see the module docstring
         f"ray start --head --port {RAY_PORT} --dashboard-host 127.0.0.1 --dashboard-port {DASHBOARD_PORT} "
-        "--disable-usage-stats",
+        f"--object-store-memory {OBJECT_STORE_GIB << 30} --disable-usage-stats",
         wait,
         f"{job.entrypoint} 2>&1 | tee {shlex.quote(run_dir)}/job.log",
     ])
-    worker_cmd = (f"until ray start --address {shlex.quote(f'{head_host}:{RAY_PORT}')} --disable-usage-stats --block; "
-                  "do sleep 10; done")
+    worker_cmd = (f"until ray start --address {shlex.quote(f'{head_host}:{RAY_PORT}')} "
+                  f"--object-store-memory {OBJECT_STORE_GIB << 30} --disable-usage-stats --block; do sleep 10; done")
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": f"{name}-head", "namespace": namespace},
                "spec": {"clusterIP": "None", "selector": {"app": name, "role": "head"},
@@ -172,11 +255,18 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
                       "template": _pod(scale, image, "worker", worker_cmd, env, pvc)})
     job_labels = {"app": name, "ascend-rl-harness/scale": scale.name}
     job_annotations = {}
+    documents = []
     if scale.hardware.kind == "npu":
         job_labels.update(RING_CONTROLLER)
+        if scale.hardware.name in SCHEDULE_POLICY:
+            job_annotations["huawei.com/schedule_policy"] = SCHEDULE_POLICY[scale.hardware.name]
         if scale.hardware.name == "a3":
             # one logical SuperPoD block of all the job's dies (MindCluster sp-block, ms_multinodes_acjob_superpod)
             job_annotations["sp-block"] = str(scale.devices)
+        documents.append({"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": rings_config_name(scale), "namespace": namespace,
+                                       "labels": dict(RING_CONTROLLER)},
+                          "data": {"hccl.json": '{\n    "status": "initializing"\n}\n'}})
     volcano_job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
                    "metadata": {"name": name, "namespace": namespace, "labels": job_labels,
                                 **({"annotations": job_annotations} if job_annotations else {})},
@@ -184,7 +274,7 @@ def manifest(scale, *, image: str = "verl-ascend:latest", namespace: str = "defa
                             "policies": [{"event": "PodEvicted", "action": "AbortJob"},
                                          {"event": "PodFailed", "action": "AbortJob"}],
                             "tasks": tasks}}
-    return [service, volcano_job]
+    return [*documents, service, volcano_job]
 
 
 def manifest_yaml(scale, **kw) -> str:

@@ -79,7 +79,10 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None,
     if os.geteuid() != 0:
         raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass "
                        "--ray-address")
-    command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--",
+    # --kill-child: when unshare dies, however it dies (the launcher SIGKILLed with its process group), the
+    # namespace's PID 1 gets SIGKILL, and with it every process of the namespace (Ray's included), instead of
+    # living on reparented to the host's PID 1 (util-linux unshare(1), PR_SET_PDEATHSIG on the forked child)
+    command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
                "sh", "-c", _INIT_SCRIPT, "sh", *argv]
     env = {**isolated_env(dict(os.environ if env is None else env)), ISOLATED_ENV: "1"}
     return subprocess.run(command, env=env, timeout=timeout_s, check=False)

@@ -25,8 +25,8 @@ from pathlib import Path
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
 from harness.launch.address import check_dashboard, dashboard_url
-from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
-from harness.redact import redact_url
+from harness.metrics.keys import HYDRA_DIR, JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
+from harness.redact import redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
@@ -72,19 +72,49 @@ def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "py
                               f"--out {shlex.quote(str(run_dir))}")
 
 
+# Where a cluster job finds its inputs: $HARNESS_MODEL_DIR holds one HF directory per model (`<dir>/<model name>`),
+# $HARNESS_DATA_DIR the DAPO parquet files (train.parquet, test.parquet).
+MODEL_DIR_ENV, DATA_DIR_ENV = "HARNESS_MODEL_DIR", "HARNESS_DATA_DIR"
+
+
+def shared_inputs(scale, model_path: str | None, data_dir: str | None) -> tuple[str, str]:
+    """(model path, data dir) of a cluster scale, both absolute: Ray uploads the working directory without models/
+    and data/ (WORKING_DIR_EXCLUDES) and runs the job from a copy of it, so the recipe's relative defaults
+    (`models/<name>`, `data/dapo`) resolve nowhere on the workers. Defaults from $HARNESS_MODEL_DIR /
+    $HARNESS_DATA_DIR; BadInput naming what is missing otherwise."""
+    model_root = os.environ.get(MODEL_DIR_ENV)
+    model_path = model_path or (os.path.join(model_root, scale.model.name) if model_root else None)
+    data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+    bad = [f"{what} {path!r}" if path else f"no {what} (set ${env})"
+           for what, path, env in (("model path", model_path, MODEL_DIR_ENV), ("data dir", data_dir, DATA_DIR_ENV))
+           if not path or not os.path.isabs(path)]
+    if bad:
+        raise BadInput(f"scale {scale.name} runs on a cluster: {'; '.join(bad)}; give absolute paths on storage every "
+                       f"node mounts (${MODEL_DIR_ENV} holding {scale.model.name}/, ${DATA_DIR_ENV} holding "
+                       "train.parquet and test.parquet): the job's uploaded working directory has no models/ or data/")
+    return model_path, data_dir
+
+
 def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
              extra_overrides: tuple[str, ...] = (), resume: bool = False, recipe=None) -> JobSpec:
     """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides (or `recipe`'s: a job's,
-    harness.config.job), writing into `run_dir`."""
+    harness.config.job), writing into `run_dir`. Every scale but tiny (whose job writes its own inputs into the run
+    directory) needs absolute `shared_inputs`."""
     from harness.config.recipe import dapo_recipe
 
     run_dir = Path(run_dir).resolve()
-    recipe = recipe or dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
+    if recipe is None:
+        if scale.tier != "tiny":
+            model_path, data_dir = shared_inputs(scale, model_path, data_dir)
+        recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     overrides = [*recipe.overrides,
                  f"trainer.total_training_steps={steps}",
                  f"trainer.default_local_dir={run_dir / 'checkpoints'}",
                  f"trainer.resume_mode={'auto' if resume else 'disable'}",
                  f"trainer.rollout_data_dir={run_dir / 'rollouts'}",  # seed 003: rollouts dumped per step
+                 # verl's own resolved config (Hydra writes .hydra/config.yaml there): what the run really trained
+                 # with, defaults of the installed verl included (harness.metrics.ingest reads it into the run)
+                 f"hydra.run.dir={run_dir / HYDRA_DIR}",
                  f"global_profiler.save_path={run_dir / 'profiles'}",
                  *extra_overrides]
     entrypoint = " ".join(shlex.quote(w) for w in ["python3", "-m", recipe.entrypoint, *overrides])
@@ -120,6 +150,10 @@ def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resum
         return tiny_job(run_dir, steps=steps or DEFAULT_STEPS, seed=seed, fault=fault, user=user)
     if fault is not None:
         raise BadInput(f"--fault {fault}: rollout faults are seeded only into the tiny CPU run")
+    given = user.override_map() if user else {}
+    if not (os.path.isabs(given.get("actor_rollout_ref.model.path") or "")
+            and os.path.isabs(given.get("data.train_files") or "")):  # the recipe names no absolute inputs itself
+        model_path, data_dir = shared_inputs(scale, model_path, data_dir)
     job = build_job(scale, user, model_path=model_path, data_dir=data_dir)
     if job.plan_error:
         raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
@@ -205,7 +239,7 @@ def _client(address: str):
     try:
         return JobSubmissionClient(url, headers=headers), url
     except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
-        raise BadInput(f"--ray-address {redact_url(url)}: no Ray job server answers there ({type(exc).__name__}); "
+        raise BadInput(f"--ray-address {redact(url)}: no Ray job server answers there ({type(exc).__name__}); "
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
 
 
@@ -292,7 +326,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                                submission_id=f"harness-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                              f"{time.time_ns() % 10**6}",
                                metadata={"harness.scale": spec.name, "harness.run_dir": str(run_dir)})
-    shown = redact_url(url)  # launch.json and the verdict line are shared: no token from the address
+    shown = redact(url)  # launch.json and the verdict line are shared: no token from the address
     rules = [r.name for r in stop_rules]  # what could have stopped it: recorded whatever the verdict
     _write_launch(run_dir, {"job_id": job_id, "address": shown, "verdict": "running", "stop_rules": rules,
                             "nodes_at_submit": len(nodes_before), "spec": dataclasses.asdict(spec)})
@@ -344,10 +378,11 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                         client.stop_job(job_id)
                     result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
                                           spec.total_steps, time.monotonic() - start, shown, stopped_by)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the job is stopped and recorded, the command exits 130/143
         client.stop_job(job_id)
-        result = LaunchResult("stopped", job_id, str(run_dir), "interrupted by the user", progress.steps_done,
-                              spec.total_steps, time.monotonic() - start, shown)
+        result = LaunchResult("stopped", job_id, str(run_dir), f"interrupted ({type(exc).__name__})",
+                              progress.steps_done, spec.total_steps, time.monotonic() - start, shown)
+        raise
     finally:
         _keep_logs(client, job_id, run_dir)
         if result is not None:
@@ -357,7 +392,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
 
 
 def _write_launch(run_dir: Path, doc: dict) -> None:
-    write_json_atomic(run_dir / LAUNCH_FILE, versioned(LAUNCH_SCHEMA, LAUNCH_VERSION, doc))
+    # the spec's entrypoint and environment are shared with the run directory: no secret in them reaches it
+    write_json_atomic(run_dir / LAUNCH_FILE, versioned(LAUNCH_SCHEMA, LAUNCH_VERSION, redact_doc(doc)))
 
 
 def read_launch(run_dir: str | Path) -> dict:
@@ -413,7 +449,7 @@ def _known_job(client, url: str, job_id: str):
     try:
         return client.get_job_info(job_id)
     except Exception as exc:  # RuntimeError "Job ... does not exist" (404), connection errors
-        raise BadInput(f"job {job_id}: not known to the Ray job server at {redact_url(url)} "
+        raise BadInput(f"job {job_id}: not known to the Ray job server at {redact(url)} "
                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
@@ -424,7 +460,7 @@ def job_status(address: str, job_id: str) -> dict:
     info = _known_job(client, url, job_id)
     status = str(getattr(info.status, "value", info.status))
     run_dir = (info.metadata or {}).get("harness.run_dir")
-    doc = {"job_id": job_id, "address": redact_url(url), "status": status, "message": info.message or "",
+    doc = {"job_id": job_id, "address": redact(url), "status": status, "message": info.message or "",
            "entrypoint": info.entrypoint, "run_dir": run_dir, "steps_done": None, "verdict": None}
     if run_dir and Path(run_dir).is_dir():
         doc["steps_done"] = read_progress(Path(run_dir) / METRICS_FILE).steps_done

@@ -5,7 +5,7 @@
 `python -m harness.launch.tiny_verl --run-dir D --seed S` writes, inside the run directory and offline,
 
   inputs/model/  the tiny DeepSeek-V3 (random weights of `seed`, fp32 safetensors) plus the char tokenizer
-  inputs/data/   train.parquet / test.parquet in verl's RLHFDataset layout (harness.launch.tiny_task)
+  inputs/data/   train.parquet / test.parquet in verl's RLHFDataset layout (the tiny task: harness.config.task)
   meta.json      the harness's run metadata (scale, hardware, devices, versions, seed, fault)
 
 and verl writes its FileLogger `metrics.jsonl` beside them. `fault` seeds a rollout fault through the vLLM worker
@@ -43,10 +43,16 @@ MACHINE_LOCK = Path(tempfile.gettempdir()) / "ascend-rl-harness-tiny-verl.lock"
 def one_at_a_time():
     """Hold MACHINE_LOCK (blocking) for the duration of a tiny verl run."""
     import fcntl
+    import os
 
-    with open(MACHINE_LOCK, "w") as lock:
+    from harness.io import open_lock
+
+    lock = open_lock(MACHINE_LOCK)  # in /tmp, which anyone can write: never through a planted link
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(lock)
 
 
 def model_dir(run_dir: str | Path) -> Path:
@@ -57,25 +63,43 @@ def data_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / INPUTS / "data"
 
 
+def prepare_argv(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = None,
+                 python: str = "python") -> list[str]:
+    """The command that prepares a tiny run directory (`prepare`), as the job runs it."""
+    return [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps),
+            *(["--fault", fault] if fault else [])]
+
+
+def _prepared_key(seed: int, steps: int, fault: str | None) -> str:
+    return f"seed={seed} steps={steps} fault={fault}"
+
+
 def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = None) -> Path:
-    """Write the tiny model + tokenizer, the parquet data and meta.json into `run_dir`; returns `run_dir`."""
+    """Write the tiny model + tokenizer, the parquet data and meta.json into `run_dir`; returns `run_dir`. A run
+    directory prepared for the same seed, steps and fault already (`launch --local` prepares it while its Ray
+    cluster starts: ~7 s of imports and writes off the job's critical path) is left as it is."""
+    stamp = Path(run_dir) / INPUTS / ".prepared"
+    if stamp.is_file() and stamp.read_text() == _prepared_key(seed, steps, fault):
+        return Path(run_dir)
     import numpy as np
     import pandas as pd
 
     from harness.config.hardware import package_versions
-    from harness.config.models import TINY
+    from harness.config.host import fingerprint
+    from harness.config.models import TINY_TASK
+    from harness.config.task import build_tokenizer, make_rows
     from harness.engines.weights import random_state_dict, write_model_dir
-    from harness.io import versioned, write_json_atomic
-    from harness.launch.tiny_task import build_tokenizer, make_rows
+    from harness.io import versioned, write_atomic, write_json_atomic
     from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION
 
     run = Path(run_dir)
-    weights = random_state_dict(TINY, seed)
+    # the zero router bias baselines/tiny/dapo_verl.json was recorded with (scripts/make-tiny-verl-golden)
+    weights = random_state_dict(TINY_TASK, seed, zero_router_bias=True)
     weights["lm_head.weight"] = weights["lm_head.weight"] * HEAD_SCALE
-    model = write_model_dir(TINY, weights, model_dir(run))
+    model = write_model_dir(TINY_TASK, weights, model_dir(run))
     tokenizer = build_tokenizer()
-    if len(tokenizer) != TINY.vocab_size:
-        raise BadInput(f"tiny tokenizer covers {len(tokenizer)} tokens but {TINY.name} has {TINY.vocab_size}")
+    if len(tokenizer) != TINY_TASK.vocab_size:
+        raise BadInput(f"tiny tokenizer covers {len(tokenizer)} tokens but {TINY_TASK.name} has {TINY_TASK.vocab_size}")
     tokenizer.save_pretrained(model)
     data = data_dir(run)
     data.mkdir(parents=True, exist_ok=True)
@@ -83,10 +107,12 @@ def prepare(run_dir: str | Path, *, seed: int, steps: int, fault: str | None = N
     for split, count in (("train", TRAIN_PROMPTS), ("test", TEST_PROMPTS)):
         pd.DataFrame(make_rows(rng, count, split)).to_parquet(data / f"{split}.parquet")
     meta = {"name": run.name, "scale": "tiny", "hardware": "cpu", "devices": 1, "versions": package_versions(),
-            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY.name,
+            "trainer": "verl.trainer.main_ppo", "seed": seed, "steps": steps, "fault": fault, "model": TINY_TASK.name,
             # the rollout's dtype (baselines pick their precision floors from it: harness.metrics.baseline)
-            "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"]}
+            "precision": cpu_tier.OVERRIDES["actor_rollout_ref.rollout.dtype"],
+            "host": fingerprint()}  # the CPU kernels it ran (harness.config.host): exact mode compares by it
     write_json_atomic(run / META_FILE, versioned(RUN_META_SCHEMA, RUN_META_VERSION, meta))
+    write_atomic(stamp, _prepared_key(seed, steps, fault))  # last: it means every input above is complete
     return run
 
 
@@ -104,19 +130,21 @@ def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, 
     import dataclasses
 
     from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
-    from harness.config.cpu_tier import ROLLOUT_FAULTS as FAULTS
+    from harness.config.cpu_tier import ROLLOUT_FAULTS, TRAINER_FAULTS
+    from harness.config.host import kernel_env
     from harness.config.job import build_job
     from harness.config.scales import get_scale
     from harness.launch.ray_job import verl_job
 
-    if fault is not None and fault not in FAULTS:
-        raise BadInput(f"--fault {fault!r}: the verl rollout injects {', '.join(FAULTS)}")
+    if fault is not None and fault not in (*ROLLOUT_FAULTS, *TRAINER_FAULTS):
+        raise BadInput(f"--fault {fault!r}: the tiny verl run injects {', '.join((*ROLLOUT_FAULTS, *TRAINER_FAULTS))}")
     run_dir = Path(run_dir).resolve()
     job = build_job(get_scale("tiny"), user, model_path=str(model_dir(run_dir)), data_dir=str(data_dir(run_dir)))
-    spec = verl_job(job.scale, run_dir, steps=steps, recipe=job.recipe, extra_overrides=seed_overrides(seed))
-    prepare_cmd = [python, "-m", __name__, "--run-dir", str(run_dir), "--seed", str(seed), "--steps", str(steps)]
-    prepare_cmd += ["--fault", fault] if fault else []
-    env = {**spec.env, **({FAULT_ENV: fault} if fault else {})}
+    spec = verl_job(job.scale, run_dir, steps=steps, recipe=job.recipe,
+                    extra_overrides=(*seed_overrides(seed), *TRAINER_FAULTS.get(fault, ())))
+    prepare_cmd = prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)
+    # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
+    env = {**spec.env, **kernel_env(), **({FAULT_ENV: fault} if fault in ROLLOUT_FAULTS else {})}
     entrypoint = " ".join(map(shlex.quote, prepare_cmd)) + " && " + spec.entrypoint
     return dataclasses.replace(spec, entrypoint=entrypoint, env=env)
 

@@ -294,7 +294,13 @@ def vllm_distribution_visible() -> bool:
 
 def install() -> None:
     """Register the platform, the process-group backend, the unpinned CPU offload and the `vllm` alias
-    (idempotent)."""
+    (idempotent); HARNESS_CPU_ISA takes effect here in every verl process, before vLLM CPU picks its kernel library
+    (harness.config.host)."""
+    from harness.config.host import apply_isa_mask
+    from harness.launch.verl_faults import register_estimators
+
+    apply_isa_mask()
+    register_estimators()  # seeded regressions, selected only by `launch --fault`
     if not vllm_distribution_visible() and not any(isinstance(f, _VllmDistributionAlias) for f in sys.meta_path):
         sys.meta_path.append(_VllmDistributionAlias())
     _register_platform()

@@ -16,6 +16,8 @@ real trainer):
   stale-absorbed  the decode path's W_UK_T / W_UV stay the copies made before the first sync (vllm-ascend's
                   `.contiguous()` copies never re-derived: seed 001 precision issue 1, verl PR #4130); prefill
                   keeps using the fresh kv_b_proj, exactly as on the NPU.
+  frozen-rollout  every sync after the first is received and dropped: the rollout keeps the actor's initial
+                  weights (a weight sync that no longer reaches the rollout) while the actor trains.
 """
 from __future__ import annotations
 
@@ -75,6 +77,13 @@ class LayerwiseReloadExtension(vLLMColocateWorkerExtension):
             self._stale_absorbed = _absorbed_copies(model)  # what vllm-ascend copies once, at init, before any sync
         buffer_names = {name for name, _ in model.named_buffers()}
         buffers: list[tuple[str, torch.Tensor]] = []
+
+        if fault == "frozen-rollout" and getattr(self, "_synced_once", False):
+            # received (verl's sender waits for every bucket), never loaded: no reload is opened either
+            BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=torch.device("cpu"),
+                                   use_shm=use_shm).receive_weights(on_bucket_received=lambda *_: None)
+            return
+        self._synced_once = True
 
         def load(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
             # The layerwise reload holds a layer's tensors until the layer is complete, and the receiver reuses

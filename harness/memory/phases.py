@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from harness.config.hardware import GiB
 from harness.config.models import ModelSpec
 from harness.config.plans import Recompute
+from harness.config.platforms import platform_facts
 from harness.config.scales import Scale
 from harness.errors import BadInput
 from harness.findings import Finding
@@ -344,6 +345,26 @@ def actor_state_bytes(scale: Scale, stage: int, phase: str, o: MemoryOptions) ->
     if not o.optimizer_offload:
         c["optimizer"] = (dense / dp + experts / expert_dp) * o.optimizer_bytes
     return c
+
+
+def host_offload_bytes(scale: Scale, options: MemoryOptions | None = None) -> float:
+    """Host memory one device's offloads take at most (the worst pipeline stage): what `actor_state_bytes` keeps
+    off the device -- bf16 params, grads, the distributed optimizer's shard -- plus the rollout's weights where
+    verl's sleep level offloads them to the host (level 1: harness.config.platforms, vLLM sleep mode). What a pod
+    of the K8s manifest requests per device."""
+    o = (options or MemoryOptions()).resolve(scale)
+    t, w = scale.plan.train, scale.devices
+    dp, expert_dp = t.dp(w), max(1, w // (t.pp * t.ep * t.etp))
+    worst = 0.0
+    for stage in range(len(stage_layers(scale))):
+        dense, experts = train_params(scale, stage)
+        params = dense + experts
+        host = (params * BF16 * o.param_offload + params * o.grad_bytes * o.grad_offload
+                + (dense / dp + experts / expert_dp) * o.optimizer_bytes * o.optimizer_offload)
+        worst = max(worst, host)
+    if platform_facts(scale.hardware.kind).sleep_level == 1:
+        worst += rollout_weight_bytes(scale)
+    return worst
 
 
 def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:

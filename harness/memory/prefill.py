@@ -146,6 +146,21 @@ def check_prefill(tr: Trace, *, batch: int, heads: int, seq: int, static_bytes: 
                           budget_bytes / 2**30, headroom_gib, quadratic)
 
 
+def prefill_step_tokens(prompts: int, prompt_len: int, token_budget: int | None) -> int:
+    """Tokens one prefill step computes: the whole batch, or at most vLLM's per-step budget
+    (`max_num_batched_tokens`) when chunked prefill is on (the scheduler splits the prompts into steps)."""
+    total = prompts * prompt_len
+    return total if token_budget is None else min(total, token_budget)
+
+
+def prefill_query_bytes(spec: ModelSpec, tokens: int, dtype_bytes: int = 2) -> int:
+    """The query tensor [tokens, heads, qk_head_dim] any MLA prefill step of `tokens` tokens allocates: a floor
+    under the step's transient peak. A measured peak below it did not see the prefill (the sensitivity guard of
+    suites/memory/test_chunked_prefill.py), so its bound is the step's tokens, never the whole batch's: a chunked
+    run of 4 x 2048 tokens at a 2048-token budget holds 96 MiB of DSV3 bf16 query per step, not 384 MiB."""
+    return tokens * spec.num_attention_heads * spec.qk_head_dim * dtype_bytes
+
+
 def prefill_verdict(scale: Scale, options: MemoryOptions | None = None, *,
                     variant: str | None = None) -> PrefillVerdict:
     """Trace the rollout prefill of `scale` on one device at the shape the memory model derives (prompts

@@ -26,12 +26,13 @@ from harness.io import read_versioned, versioned, write_json_atomic
 from harness.metrics import stats
 from harness.metrics.keys import GRAD_NORM, PG_LOSS, RESPONSE_LENGTH, REWARD, ROLLOUT_PROBS_DIFF
 from harness.metrics.run import Run, Series
+from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
 SCHEMA_VERSION = 2  # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std)
 
 
-def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = math.inf, integer: bool = False,
+def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = METRIC_LIMIT, integer: bool = False,
             low_open: bool = False, high_open: bool = False):
     """doc[key] validated as a finite number (not a bool or string) in its range; BadInput naming it."""
     value = doc[key]
@@ -46,10 +47,8 @@ def _number(doc: dict, key: str, where: str, *, low: float = 0.0, high: float = 
 
 
 def _finite(value) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond float range (JSON allows 400 digits)
-        return False
+    """Within harness.numeric's metric range: 1e308 values overflowed the band's sums and squares."""
+    return is_metric_value(value)
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,11 @@ class CurveTolerance:
     window_rtol: float = 0.0
     trend_steps: int = 10
     trend_atol: float = 0.01
+    # How much wider than the noise model (harness.metrics.stats.run_noise) runs of other seeds spread, per
+    # statistic: measured on calibration seeds (scripts/calibrate-curves; NOISE_INFLATION below).
+    band_inflation: float = 1.0
+    window_inflation: float = 1.0
+    trend_inflation: float = 1.0
 
     def __post_init__(self):
         self.validate(dataclasses.asdict(self), "tolerance")
@@ -90,6 +94,8 @@ class CurveTolerance:
     def validate(doc: dict, where: str) -> None:
         for key in ("band_atol", "band_rtol", "window_atol", "window_rtol", "trend_atol"):
             _number(doc, key, where)
+        for key in ("band_inflation", "window_inflation", "trend_inflation"):
+            _number(doc, key, where, low=1.0, high=1e3)
         # max_outliers is a fraction of the steps: 5.0 would allow every step outside (MISALIGNED read as ALIGNED)
         _number(doc, "max_outliers", where, high=1.0, high_open=True)
         _number(doc, "confidence", where, low=0.5, high=1.0, low_open=True, high_open=True)
@@ -97,7 +103,7 @@ class CurveTolerance:
         _number(doc, "trend_steps", where, low=2, high=10_000, integer=True)
         window = doc["window"]
         if (not isinstance(window, (list, tuple)) or len(window) != 2 or any(type(w) is not int for w in window)
-                or not 1 <= window[0] <= window[1]):
+                or not 1 <= window[0] <= window[1] <= MAX_STEP):
             raise BadInput(f"{where}: tolerance window {window!r} must be [first, last] logged steps, "
                            "1 <= first <= last (verl's nightly: [5, 14])")
         if doc["window_stat"] not in ("mean", "median"):
@@ -146,15 +152,78 @@ DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 
 
+# How much wider than their step noise clean runs of other seeds spread, per metric and statistic (band, window,
+# trend): measured by scripts/calibrate-curves on the tiny lab's calibration seeds (baselines/tiny/
+# curve_calibration.json records the measurement; tests/test_curve_calibration.py keeps this table in step with it).
+NOISE_INFLATION: dict[str, tuple[float, float, float]] = {
+    REWARD: (2.0, 2.2, 1.2),
+    RESPONSE_LENGTH: (3.7, 7.2, 4.8),  # the lab's lengths switch between modes for stretches of steps
+    PG_LOSS: (1.4, 1.4, 1.6),
+    GRAD_NORM: (5.4, 1.4, 1.0),  # single-step spikes: wide per step, the window and slope average them out
+    ROLLOUT_PROBS_DIFF: (1.6, 1.7, 1.0),
+}
+INFLATED_STATISTICS = ("band", "window", "trend")
+
+
 def default_tolerance(metric: str, precision: str | None = None) -> CurveTolerance:
     """The metric's tolerance; rollout_probs_diff's floors follow the precision (bf16 when unknown: the
-    production NPU precision, and the wider floor)."""
+    production NPU precision, and the wider floor); the noise inflation is NOISE_INFLATION's."""
     if metric in PRECISION_TOLERANCES.get(precision or "bf16", {}):
-        return PRECISION_TOLERANCES[precision or "bf16"][metric]
-    try:
-        return DEFAULT_TOLERANCES[metric]
-    except KeyError:
-        raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}") from None
+        tol = PRECISION_TOLERANCES[precision or "bf16"][metric]
+    elif metric in DEFAULT_TOLERANCES:
+        tol = DEFAULT_TOLERANCES[metric]
+    else:
+        raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}")
+    factors = NOISE_INFLATION.get(metric, (1.0,) * len(INFLATED_STATISTICS))
+    inflation = dict(zip(INFLATED_STATISTICS, factors, strict=True))
+    return dataclasses.replace(tol, **{f"{k}_inflation": v for k, v in inflation.items()})
+
+
+# Quantiles of the standardized differences the inflation matches (scripts/calibrate-curves): the band's per-step
+# values are many (runs x steps), the window's and trend's one per pair of runs.
+INFLATION_QUANTILES = {"band": 0.99, "window": 0.9, "trend": 0.9}
+
+
+def measure_inflation(runs: list[Run], metric: str, tol: CurveTolerance) -> dict[str, float]:
+    """{band, window, trend}: the noise inflation that makes one reference run's verdict hold its stated rate on
+    these runs. For every ordered pair (candidate, reference) of runs, each statistic's difference is divided by
+    the SD the noise model gives it from the reference alone (harness.metrics.stats, times sqrt(2): one run on
+    each side); the inflation is that ratio's INFLATION_QUANTILES quantile over the Student-t quantile the verdict
+    would use there (at least 1). Matched on the verdict's own form, it also covers what the noise model leaves
+    out: seeds that take other paths, runs whose noise differs from each other's, regime switches. Steps a run did
+    not log (a step with nothing to update logs no loss) are left out."""
+    series = [r[metric] for r in runs if metric in r]
+    if len(series) < 3:
+        raise BadInput(f"{metric}: measuring the noise inflation needs >= 3 runs that log it")
+    first_step = min(s.steps[0] for s in series)
+    first, last = window_steps(first_step, tol)
+    head = tuple(range(first_step, first_step + tol.trend_steps))
+    ratios: dict[str, list[float]] = {"band": [], "window": [], "trend": []}
+    noise_df = []
+    for cand, ref in itertools.permutations(series, 2):
+        noise = stats.pooled_noise([ref.values])
+        if noise.sigma <= 0:
+            continue
+        noise_df.append(noise.df)
+        rmap = ref.as_dict()
+        ratios["band"] += [abs(v - rmap[t]) / (noise.sigma * math.sqrt(2))
+                           for t, v in zip(cand.steps, cand.values, strict=True) if t in rmap]
+        wc, wr = window_stat(cand, first, last, tol.window_stat), window_stat(ref, first, last, tol.window_stat)
+        if wc is not None and wr is not None:
+            ratios["window"].append(abs(wc - wr) / (noise.mean_sd(last - first + 1) * math.sqrt(2)))
+        hc, hr = cand.window(head[0], head[-1]), ref.window(head[0], head[-1])
+        if hc.steps == head and hr.steps == head:
+            ratios["trend"].append(abs(slope(hc) - slope(hr)) / (noise.slope_sd(head) * math.sqrt(2)))
+    df = min(int(statistics.median(noise_df)), stats.MAX_PRIOR_DF) if noise_df else 1
+    out = {}
+    for key, values in ratios.items():
+        q = INFLATION_QUANTILES[key]
+        if len(values) < 2:
+            out[key] = 1.0
+            continue
+        empirical = statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+        out[key] = max(1.0, empirical / stats.t_quantile(df, q))
+    return out
 
 
 @dataclass(frozen=True)
@@ -216,11 +285,48 @@ def run_precision(run: Run) -> str | None:
     return "fp32" if isinstance(extra.get("lab"), dict) else None
 
 
+# The algorithm a DAPO run trains with, as verl resolved it (the run's Hydra config: harness.metrics.ingest): what an
+# upgrade must not change silently -- a verl default that moved, a recipe edit -- and what a 15-step tiny run's
+# curves cannot always show (DAPO's clip-higher lost changes nothing a few steps can see).
+ALGORITHM_KEYS = (
+    "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
+    "algorithm.kl_ctrl.kl_coef", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.clip_ratio_c", "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.optim.weight_decay",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
+    "data.max_response_length",
+)
+
+
+def algorithm_config(run: Run) -> dict[str, object] | None:
+    """ALGORITHM_KEYS -> value in the run's resolved verl config (keys it lacks left out); None without a config."""
+    config = run.meta.extra.get("config")
+    if not isinstance(config, dict):
+        return None
+    out = {}
+    for key in ALGORITHM_KEYS:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, (dict, list)):
+            out[key] = node
+    return out
+
+
 def run_seed(run: Run) -> int | None:
     """The seed of a run: meta.json "seed", or the lab config's seed."""
     extra = run.meta.extra
     seed = extra.get("seed", (extra.get("lab") or {}).get("seed") if isinstance(extra.get("lab"), dict) else None)
     return seed if type(seed) is int else None
+
+
+def _common_host(runs: list[Run]) -> dict | None:
+    hosts = [r.meta.extra.get("host") for r in runs]
+    return hosts[0] if isinstance(hosts[0], dict) and all(h == hosts[0] for h in hosts) else None
 
 
 def window_steps(first_step: int, tol: CurveTolerance) -> tuple[int, int]:
@@ -259,15 +365,10 @@ class MetricBaseline:
 
     runs: tuple[ReferenceCurve, ...]
     tolerance: CurveTolerance
-    min_runs: int = stats.MIN_CALIBRATED_RUNS  # runs needed for a calibrated spread (the self-check lowers it)
 
     @property
     def n_runs(self) -> int:
         return len(self.runs)
-
-    @property
-    def calibrated(self) -> bool:
-        return self.n_runs >= self.min_runs
 
     @cached_property
     def steps(self) -> tuple[int, ...]:
@@ -286,17 +387,35 @@ class MetricBaseline:
 
     @cached_property
     def spreads(self) -> tuple[tuple[float, int], ...]:
-        """(s, df) per step: the robust spread pooled over `pool` neighbouring steps each side."""
-        return tuple(stats.pooled_spreads(self._columns, self.tolerance.pool))
+        """(s, df) per step: the robust spread across runs pooled over `pool` neighbouring steps each side, shrunk
+        toward the noise model (harness.metrics.stats.shrunk): one run is judged by its noise alone."""
+        tol = self.tolerance
+        across = (stats.pooled_spreads(self._columns, tol.pool) if self.n_runs > 1
+                  else [(0.0, 0)] * len(self.steps))
+        prior = tol.band_inflation * self.noise.sigma
+        return tuple(stats.shrunk(prior, self.noise.df, s, df) for s, df in across)
 
-    def half_width(self, i: int, *, calibrated: bool | None = None) -> float:
-        """Band half-width at step index i; floors only when not calibrated (fewer than 3 runs)."""
+    @cached_property
+    def noise(self) -> stats.Noise:
+        """The reference runs' step-to-step noise (harness.metrics.stats.run_noise), pooled."""
+        return stats.pooled_noise([r.series.values for r in self.runs])
+
+    def half_width(self, i: int) -> float:
+        """Band half-width at step index i: the metric's floors, or the prediction interval of one new run."""
         tol = self.tolerance
         floor = max(tol.band_atol, tol.band_rtol * abs(self.center[i]))
-        if not (self.calibrated if calibrated is None else calibrated):
-            return floor
         s, df = self.spreads[i]
         return max(floor, stats.prediction_half_width(s, df, self.n_runs, tol.confidence))
+
+    def predict(self, values: list[float], prior_sd: float) -> tuple[float, float, str]:
+        """(centre, prediction half-width, how) of one new run's statistic, from the reference runs' values of it
+        and the noise model's SD of it (`prior_sd`, before inflation)."""
+        center = stats.centre(values)
+        spread, spread_df = stats.robust_spread([[v - center for v in values]]) if len(values) > 1 else (0.0, 0)
+        s, df = stats.shrunk(prior_sd, self.noise.df, spread, spread_df)
+        how = (f"noise model sd {prior_sd:.3g}" + (f" + spread of {len(values)} runs {spread:.3g}"
+                                                   if len(values) > 1 else " (1 reference run)"))
+        return center, stats.prediction_half_width(s, df, self.n_runs, self.tolerance.confidence), how
 
     def series(self) -> Series:
         return Series(self.steps, self.center)
@@ -329,9 +448,16 @@ class MetricBaseline:
             runs_doc, values, tolerance = doc["runs"], doc["values"], doc["tolerance"]
         except KeyError as exc:
             raise BadInput(f"{where}: missing {exc}; re-record it with `ascend-rl-harness baseline record`") from None
-        if any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0:
-            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, start <= end, "
-                           f"interval >= 1 (got {start!r}, {end!r}, {interval!r})")
+        # bounded before range()/len(): end_step 10**300 overflowed a C ssize_t, start_step 2**70 lay beyond every
+        # step a run logs (harness.numeric.MAX_STEP) and every statistic was silently skipped
+        if any(type(x) is not int for x in (start, end, interval)) or interval < 1 or end < start or start < 0 \
+                or end >= MAX_STEP:
+            raise BadInput(f"{where}: start_step/end_step/step_interval must be whole numbers, 0 <= start <= end < "
+                           f"2^62, interval >= 1 (got {str(start)[:24]}, {str(end)[:24]}, {str(interval)[:24]})")
+        points = (end - start) // interval + 1
+        if not isinstance(values, list) or points != len(values):
+            raise BadInput(f"{where}: \"values\" holds {len(values) if isinstance(values, list) else 'no list of'} "
+                           f"values for the {points} steps of start_step..end_step; re-record it")
         grid = range(start, end + 1, interval)
         if not isinstance(runs_doc, list) or not runs_doc:
             raise BadInput(f"{where}: \"runs\" must be a non-empty list of the reference runs' curves")
@@ -362,7 +488,8 @@ def _curve_from_json(doc, grid: range, where: str) -> ReferenceCurve:
     pairs = [(s, v) for s, v in zip(grid, values, strict=True) if v is not None]
     bad = [s for s, v in pairs if type(v) not in (int, float) or not _finite(v)]
     if bad:
-        raise BadInput(f"{where}: step {bad[0]} holds {dict(pairs)[bad[0]]!r}, not a finite number")
+        raise BadInput(f"{where}: step {bad[0]} holds {str(dict(pairs)[bad[0]])[:40]}, not a finite number within "
+                       f"+-{METRIC_LIMIT:g}")
     if not pairs:
         raise BadInput(f"{where}: every value is null; re-record the baseline")
     return ReferenceCurve(name=doc["name"], seed=seed,
@@ -396,6 +523,11 @@ class Baseline:
         if len(precisions) > 1:
             raise BadInput(f"reference runs mix precisions {sorted(map(str, precisions))}; record one per precision")
         (precision,) = precisions
+        algorithms = [algorithm_config(r) for r in runs]
+        if any(a != algorithms[0] for a in algorithms):
+            differ = next(r.name for r, a in zip(runs, algorithms, strict=True) if a != algorithms[0])
+            raise BadInput(f"reference runs train different algorithms ({runs[0].name} vs {differ}: their verl "
+                           "configs differ in ALGORITHM_KEYS); record one golden per recipe")
         out = {}
         for metric in metrics:
             missing = [r.name for r in runs if metric not in r]
@@ -422,30 +554,40 @@ class Baseline:
                       "sources": [src for r in runs for src in r.meta.sources],
                       "scale": first.scale, "hardware": first.hardware, "devices": first.devices,
                       "precision": precision, "versions": dict(first.versions),
+                      # the CPU kernels the runs were computed with (harness.config.host): exact mode is bit for
+                      # bit only on a host with the same; None when the runs disagree or do not say
+                      "host": _common_host(runs),
                       # what the runs shared (a candidate that differs is told so); seed and length may differ
                       "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
+                      # verl's resolved algorithm settings (ALGORITHM_KEYS); a candidate that differs fails on them
+                      "algorithm": algorithms[0],
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more")
 
-    def without(self, index: int, *, min_runs: int = stats.MIN_CALIBRATED_RUNS) -> Baseline:
-        """The baseline of every reference run but the index-th (the leave-one-out self-check), calibrated from
-        `min_runs` runs on."""
+    def without(self, index: int) -> Baseline:
+        """The baseline of every reference run but the index-th (the leave-one-out self-check)."""
         left_out = next(iter(self.metrics.values())).runs[index].name
         return dataclasses.replace(self, metrics={
-            m: dataclasses.replace(b, runs=b.runs[:index] + b.runs[index + 1:], min_runs=min_runs)
-            for m, b in self.metrics.items()}, name=f"{self.name} without {left_out}")
+            m: dataclasses.replace(b, runs=b.runs[:index] + b.runs[index + 1:]) for m, b in self.metrics.items()},
+            name=f"{self.name} without {left_out}")
+
+    def subset(self, indices) -> Baseline:
+        """The baseline of the reference runs at `indices` (calibration and its measurement)."""
+        keep = tuple(indices)
+        return dataclasses.replace(self, metrics={
+            m: dataclasses.replace(b, runs=tuple(b.runs[i] for i in keep)) for m, b in self.metrics.items()},
+            name="+".join(next(iter(self.metrics.values())).runs[i].name for i in keep))
 
     def to_json(self) -> dict:
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance,
                                                   "metrics": {m: b.to_json() for m, b in self.metrics.items()}})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
-        """Write atomically; refuse to overwrite an existing baseline unless `force`."""
-        path = Path(path)
-        if path.exists() and not force:
-            raise BadInput(f"{path}: a baseline already exists; pass --force to replace it")
-        return write_json_atomic(path, self.to_json())
+        """Write atomically; refuse to overwrite an existing baseline unless `force` -- atomic against another
+        writer (linked into place: checking first let two `baseline record`s both succeed)."""
+        return write_json_atomic(path, self.to_json(), overwrite=force,
+                                 exists="pass --force to replace it")
 
 
 def is_baseline_file(path: str | Path) -> bool:

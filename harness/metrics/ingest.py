@@ -24,6 +24,7 @@ import csv
 import itertools
 import json
 import math
+import os
 import re
 from array import array
 from collections import Counter
@@ -36,11 +37,11 @@ import orjson
 
 from harness.config.hardware import PROFILES
 from harness.errors import BadInput
-from harness.io import read_versioned
-from harness.metrics.keys import META_FILE
+from harness.io import BOM, file_kind, open_input, read_versioned
+from harness.metrics.keys import HYDRA_CONFIG, META_FILE
 from harness.metrics.run import RUN_META_SCHEMA, RUN_META_VERSION, Run, RunMeta, Series, Summary
+from harness.numeric import MAX_COUNT, MAX_STEP, METRIC_LIMIT, is_metric_value
 
-MAX_STEP = 2**62  # steps live in int64 arrays; anything larger is not a training step
 # Warnings kept per kind: a log with a NaN on every one of 2M lines must not hold 2M strings.
 MAX_WARNINGS_PER_KIND = 20
 
@@ -53,15 +54,46 @@ class _Issues:
         self.warnings: list[str] = []
         self.kinds: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()  # "lines" / "pairs" dropped under lenient ingest
-        self.truncated: dict[Path, str] = {}  # file -> "file:line" of its partial last line; judged in _assemble
+        # file -> ("file:line", line or event number, unit) of its partial last line; judged in _assemble
+        self.truncated: dict[Path, tuple[str, int, str]] = {}
         self.hardware: dict[str, str] = {}  # profile name -> "file:line" of a log line naming its device
+        self.dropped: list[tuple[Path, int, str]] = []  # (file, line/event number, unit label) of each skipped line
+        self.places: list[str] = []  # the dropped lines and the steps around them (resolve_dropped)
 
-    def fatal(self, where: str, what: str, hint: str = "", *, unit: str = "lines") -> None:
-        """Bad input: raise (strict), or skip one line (unit="lines") or one key:value pair (unit="pairs")."""
+    def fatal(self, where: str, what: str, hint: str = "", *, unit: str = "lines",
+              at: tuple[Path, int, str] | None = None) -> None:
+        """Bad input: raise (strict), or skip one line (unit="lines") or one key:value pair (unit="pairs"); `at`,
+        for a skipped line: (file, its line or event number, "" or "event"), to say which steps it lies between."""
         if self.strict:
             raise BadInput(f"{where}: {what}{'; ' + hint if hint else ''} (or ingest with strict=False / --lenient)")
         self.skipped[unit] += 1
+        if at is not None:
+            self.dropped.append(at)
         self.note(where, f"{what}; {'line' if unit == 'lines' else 'pair'} skipped", kind="skipped")
+
+    def resolve_dropped(self, files: list[_Records]) -> None:
+        """Name every line lenient ingest dropped by the steps around it (a TensorBoard record flipped mid-file
+        once dropped 16 of 30 steps as "1 line skipped"): consecutive drops between the same two steps are one
+        place, "metrics.jsonl:11-12 (between steps 10 and 13)"."""
+        by_path = {f.path: f for f in files}
+        groups: list[list] = []
+        for path, position, unit in sorted(self.dropped, key=lambda d: (str(d[0]), d[1])):
+            records = by_path.get(path)
+            around = "no step read from this file"
+            if records is not None and len(records):
+                positions = np.frombuffer(records.positions, dtype=np.int64)
+                steps = np.frombuffer(records.steps, dtype=np.int64)
+                i = int(np.searchsorted(positions, position))
+                before = int(steps[:i].max()) if i else None
+                after = int(steps[i:].min()) if i < len(steps) else None
+                around = (f"between steps {before} and {after}" if before is not None and after is not None
+                          else f"after step {before}" if before is not None else f"before step {after}")
+            if groups and groups[-1][0] == path and groups[-1][3] == around:
+                groups[-1][2] = position
+            else:
+                groups.append([path, position, position, around, unit])
+        self.places = [f"{path.name}:{unit}{first}{f'-{last}' if last != first else ''} ({around})"
+                       for path, first, last, around, unit in groups]
 
     def note(self, where: str, what: str, *, kind: str = "note") -> None:
         self.kinds[kind] += 1
@@ -73,8 +105,11 @@ class _Issues:
         out += [f"... {n - MAX_WARNINGS_PER_KIND} more {kind} warnings like these"
                 for kind, n in self.kinds.items() if n > MAX_WARNINGS_PER_KIND]
         if self.skipped:
+            shown = self.places[:MAX_WARNINGS_PER_KIND]
+            more = f", ... {len(self.places) - len(shown)} more" if len(self.places) > len(shown) else ""
             out.append(f"lenient ingest skipped {self.skipped['lines']} lines and {self.skipped['pairs']} key:value "
-                       "pairs (the good pairs of a partly bad line are kept)")
+                       "pairs (the good pairs of a partly bad line are kept)"
+                       + (f"; dropped: {', '.join(shown)}{more}" if shown else ""))
         return out
 
 
@@ -150,9 +185,20 @@ def _number(raw, where: str, key: str, issues: _Issues) -> float | None:
             return None
         if not math.isfinite(value):
             issues.note(where, f"{key} is {value}; kept", kind="non-finite")
+        elif not _in_range(value, where, key, issues):
+            return None
         return value
     issues.fatal(where, f"{key} is {type(raw).__name__} {str(raw)[:40]!r}, not a number", unit="pairs")
     return None
+
+
+def _in_range(value: float, where: str, key: str, issues: _Issues) -> bool:
+    """A finite value within harness.numeric's metric range; beyond it (1e308) no metric lies, and its sums and
+    squares would overflow the statistics: a bad pair."""
+    if abs(value) <= METRIC_LIMIT:
+        return True
+    issues.fatal(where, f"{key} is {value:g}, beyond +-{METRIC_LIMIT:g} (no metric takes it)", unit="pairs")
+    return False
 
 
 def _valid_step(step) -> bool:
@@ -161,10 +207,14 @@ def _valid_step(step) -> bool:
 
 def _lines(path: Path, mode: str = "rb") -> Iterator[tuple[int, bytes | str, bool]]:
     """(line number, line without its newline, complete) streamed; the last line is incomplete when the file
-    does not end with a newline (a crash mid-write, or a job still running)."""
-    with path.open(mode, **({} if mode == "rb" else {"encoding": "utf-8", "errors": "replace", "newline": ""})) as f:
+    does not end with a newline (a crash mid-write, or a job still running). A UTF-8 byte-order mark is dropped
+    (a console log saved by an editor started "\ufeffstep:1", and step 1 was silently lost)."""
+    with open_input(path, mode, **({} if mode == "rb" else {"encoding": "utf-8-sig", "errors": "replace",
+                                                             "newline": ""})) as f:
         newline = b"\n" if mode == "rb" else "\n"
         for number, line in enumerate(f, 1):
+            if number == 1 and mode == "rb":
+                line = line.removeprefix(BOM)
             complete = line.endswith(newline)
             yield number, (line[:-1] if complete else line), complete
 
@@ -199,13 +249,13 @@ def read_filelogger(path: Path, issues: _Issues) -> _Records:
                                  f"{str(step)[:20]!r}")
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             if not complete:
-                issues.truncated[path] = where
+                issues.truncated[path] = (where, number, "")
             else:
-                issues.fatal(where, f"corrupt line, not a FileLogger record ({str(exc)[:80]})")
+                issues.fatal(where, f"corrupt line, not a FileLogger record ({str(exc)[:80]})", at=(path, number, ""))
             continue
         values = data.values()
-        try:  # the common case in one C-level pass: plain numbers, finite (NaN/inf anywhere make the sum so)
-            fast = set(map(type, values)) <= _FAST_TYPES and math.isfinite(sum(values))
+        try:  # the common case in one C-level pass: plain numbers, finite and in range (NaN, inf, 1e308 fail it)
+            fast = set(map(type, values)) <= _FAST_TYPES and sum(map(abs, values)) <= METRIC_LIMIT
         except OverflowError:  # an int beyond float range
             fast = False
         if not fast:
@@ -317,7 +367,7 @@ def read_console(path: Path, issues: _Issues) -> _Records:
             continue
         where = f"{path}:{number}"
         if not complete:  # no newline: killed while printing, or still running
-            issues.truncated[path] = where
+            issues.truncated[path] = (where, number, "")
             continue
         values, bad, note = _console_pairs(match.group(2) or "")
         joined = 0
@@ -349,38 +399,99 @@ def read_console(path: Path, issues: _Issues) -> _Records:
             issues.fatal(where, f"corrupt metrics pair {pair[:60]!r}", unit="pairs")
         step = int(match.group(1))
         if not _valid_step(step):
-            issues.fatal(where, f"step {match.group(1)[:20]} is out of range")
+            issues.fatal(where, f"step {match.group(1)[:20]} is out of range", at=(path, number, ""))
             continue
-        for key, value in values.items():
+        for key, value in list(values.items()):
             if not math.isfinite(value):
                 issues.note(where, f"{key} is {value}; kept", kind="non-finite")
+            elif not _in_range(value, where, key, issues):
+                del values[key]
         out.add(step, number, values)
     return out
 
 
 # ---------------------------------------------------------------- TensorBoard
+# TFRecord framing of an event file (tensorflow/core/lib/io/record_writer.cc, read the same way by tensorboard's
+# compat reader tensorboard/compat/tensorflow_stub/pywrap_tensorflow.py PyRecordReader_New.GetNext): uint64 length,
+# masked CRC32C of the length, the data, masked CRC32C of the data, little-endian.
+_TF_HEAD, _TF_CRC = 12, 4
+
+
+def _tfrecords(path: Path, issues: _Issues) -> Iterator[tuple[int, bytes]]:
+    """(event number, data) of every record whose CRCs hold. A corrupt record is bad input; under lenient ingest
+    it is skipped and reading resumes at the next offset where a whole valid record starts (tensorboard's loader
+    stops at the first bad record: one byte flipped mid-file dropped 16 of 30 steps). A partial last record is a
+    truncation (the writer was killed), judged like a partial last line."""
+    import mmap
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    with open_input(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def record_at(at: int) -> int | None:
+        """The record's length if a whole valid record starts at `at`; -1 if it is cut off by the end of file."""
+        if at + _TF_HEAD > size:
+            return -1
+        head = buf[at:at + 8]
+        if masked_crc32c(head) != struct.unpack("<I", buf[at + 8:at + _TF_HEAD])[0]:
+            return None
+        (length,) = struct.unpack("<Q", head)
+        end = at + _TF_HEAD + length
+        if end + _TF_CRC > size:
+            return -1
+        return length if masked_crc32c(buf[at + _TF_HEAD:end]) == struct.unpack("<I", buf[end:end + _TF_CRC])[0] \
+            else None
+
+    with buf:
+        at, number = 0, 0
+        while at < size:
+            number += 1
+            length = record_at(at)
+            if length == -1:
+                issues.truncated[path] = (f"{path}:byte{at}", number, "event")
+                return
+            if length is not None:
+                yield number, bytes(buf[at + _TF_HEAD:at + _TF_HEAD + length])
+                at += _TF_HEAD + length + _TF_CRC
+                continue
+            resume = None if issues.strict else next(
+                (o for o in range(at + 1, size - _TF_HEAD) if (n := record_at(o)) is not None and n >= 0), None)
+            issues.fatal(f"{path}:byte{at}", "corrupt TensorBoard record (CRC mismatch); "
+                         + (f"{resume - at} bytes skipped, read on from byte {resume}" if resume is not None
+                            else "the rest of the file skipped"), at=(path, number, "event"))
+            if resume is None:
+                return
+            at = resume
+
+
 def read_tensorboard(path: Path, issues: _Issues) -> _Records:
     """Scalars of a TensorBoard event file (verl's tensorboard backend: SummaryWriter.add_scalar per key)."""
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from google.protobuf.message import DecodeError
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     by_step: dict[int, tuple[int, dict[str, float]]] = {}
     order: list[tuple[int, int, dict[str, float]]] = []  # (step, event number, values): one record each
-    size = path.stat().st_size
-    consumed = 0
-    try:
-        for number, raw in enumerate(RawEventFileLoader(str(path)).Load(), 1):
-            consumed += len(raw) + 16  # TFRecord framing: length (8) + crc (4) + data + crc (4)
+    for number, raw in _tfrecords(path, issues):
+        where = f"{path}:event{number}"
+        try:
             event = event_pb2.Event.FromString(raw)
-            if not event.HasField("summary"):
-                continue
-            where = f"{path}:event{number}"
-            if not _valid_step(event.step):
-                issues.fatal(where, f"step {event.step} is out of range")
-                continue
-            for value in event.summary.value:
-                kind = value.WhichOneof("value")
+        except DecodeError as exc:  # valid CRCs around bytes that are no Event
+            issues.fatal(where, f"corrupt TensorBoard event ({str(exc)[:80]})", at=(path, number, "event"))
+            continue
+        if not event.HasField("summary"):
+            continue
+        if not _valid_step(event.step):
+            issues.fatal(where, f"step {event.step} is out of range", at=(path, number, "event"))
+            continue
+        for value in event.summary.value:
+            kind = value.WhichOneof("value")
+            try:
                 if kind == "simple_value":
                     number_value = float(value.simple_value)
                 elif kind == "tensor" and value.tensor.dtype in (1, 2, 19):  # DT_FLOAT, DT_DOUBLE, DT_HALF
@@ -390,18 +501,19 @@ def read_tensorboard(path: Path, issues: _Issues) -> _Records:
                     number_value = float(tensor.reshape(()))
                 else:
                     continue
-                if not math.isfinite(number_value):
-                    issues.note(where, f"{value.tag} is {number_value}; kept", kind="non-finite")
-                record = by_step.get(event.step)
-                if record is None or value.tag in record[1]:  # a repeated step starts a new record
-                    record = (number, {})
-                    by_step[event.step] = record
-                    order.append((event.step, number, record[1]))
-                record[1][value.tag] = number_value
-    except Exception as exc:  # the loader raises on a corrupt record (DataLossError and friends)
-        issues.fatal(f"{path}:byte{consumed}", f"corrupt TensorBoard record ({type(exc).__name__}: {str(exc)[:80]})")
-    if consumed < size:  # trailing bytes that do not form a complete record: the writer was killed
-        issues.truncated[path] = f"{path}:byte{consumed}"
+            except (ValueError, TypeError) as exc:  # a tensor whose content does not match its shape
+                issues.fatal(where, f"{value.tag}: corrupt tensor ({str(exc)[:60]})", unit="pairs")
+                continue
+            if not math.isfinite(number_value):
+                issues.note(where, f"{value.tag} is {number_value}; kept", kind="non-finite")
+            elif not _in_range(number_value, where, value.tag, issues):
+                continue
+            record = by_step.get(event.step)
+            if record is None or value.tag in record[1]:  # a repeated step starts a new record
+                record = (number, {})
+                by_step[event.step] = record
+                order.append((event.step, number, record[1]))
+            record[1][value.tag] = number_value
     out = _Records(path, unit="event")
     for step, number, values in order:
         out.add(step, number, values)
@@ -417,7 +529,8 @@ _SURROGATE = re.compile("[\udc80-\udcff]")  # undecodable bytes, kept by errors=
 def _csv_rows(path: Path, issues: _Issues) -> Iterator[tuple[int, list[str]]]:
     """(line number, cells) of a CSV, streamed; non-UTF-8 bytes and cells over the csv module's field limit are
     bad input naming the line."""
-    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as f:
+    # utf-8-sig: a BOM (Excel's CSV export writes one) made the header's first cell "\ufeff_step": "no step column"
+    with open_input(path, "r", newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
         reader = csv.reader(f)
         while True:
             try:
@@ -425,12 +538,13 @@ def _csv_rows(path: Path, issues: _Issues) -> Iterator[tuple[int, list[str]]]:
             except StopIteration:
                 return
             except csv.Error as exc:
-                issues.fatal(f"{path}:{reader.line_num}", f"unreadable CSV row ({exc})")
+                issues.fatal(f"{path}:{reader.line_num}", f"unreadable CSV row ({exc})", at=(path, reader.line_num, ""))
                 if reader.line_num <= 1:
                     raise BadInput(f"{path}:1: unreadable CSV header ({exc})") from None
                 continue
             if _SURROGATE.search("".join(row)):
-                issues.fatal(f"{path}:{reader.line_num}", "bytes that are not UTF-8; export the CSV as UTF-8")
+                issues.fatal(f"{path}:{reader.line_num}", "bytes that are not UTF-8; export the CSV as UTF-8",
+                             at=(path, reader.line_num, ""))
                 if reader.line_num <= 1:
                     raise BadInput(f"{path}:1: the header has bytes that are not UTF-8; export the CSV as UTF-8")
                 continue
@@ -486,11 +600,12 @@ def read_wandb_csv(path: Path, issues: _Issues) -> _Records:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
-            issues.fatal(where, f"corrupt row: {len(row)} cells, header has {len(header)}")
+            issues.fatal(where, f"corrupt row: {len(row)} cells, header has {len(header)}", at=(path, number, ""))
             continue
         step = _csv_step(row[step_col])
         if step is None:
-            issues.fatal(where, f"step {row[step_col][:40]!r} is not a whole number in [0, 2^62)")
+            issues.fatal(where, f"step {row[step_col][:40]!r} is not a whole number in [0, 2^62)",
+                         at=(path, number, ""))
             continue
         values = {}
         for i, name in columns.items():
@@ -504,6 +619,8 @@ def read_wandb_csv(path: Path, issues: _Issues) -> _Records:
                 continue
             if not math.isfinite(value):
                 issues.note(where, f"{name} is {value}; kept", kind="non-finite")
+            elif not _in_range(value, where, name, issues):
+                continue
             values[name] = value
         out.add(step, number, values)
     return out
@@ -524,7 +641,7 @@ def is_summary_file(path: str | Path) -> bool:
     if not path.is_file() or _kind(path) != "console":
         return False
     seen = False
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with open_input(path, "r", encoding="utf-8-sig", errors="replace") as f:
         for line in itertools.islice(f, 50):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
@@ -555,8 +672,9 @@ def load_summary(path: str | Path) -> Summary:
             value = float(match.group(2)) if match else math.nan
         except ValueError:
             value = math.nan
-        if not match or not math.isfinite(value):
-            raise BadInput(f"{path}:{number}: not a `key: value` line with a finite number ({line.strip()[:60]!r})")
+        if not match or not is_metric_value(value):
+            raise BadInput(f"{path}:{number}: not a `key: value` line with a finite number within "
+                           f"+-{METRIC_LIMIT:g} ({line.strip()[:60]!r})")
         key = match.group(1)
         if key in values:
             raise BadInput(f"{path}:{number}: {key!r} appears twice; keep one value per metric")
@@ -636,13 +754,13 @@ def _assemble(files: list[_Records], issues: _Issues) -> dict[str, Series]:
         if a.steps[0] == b.steps[0]:
             raise BadInput(f"{b.where(0)}: starts at step {b.steps[0]} like {a.where(0)}; logs of two different "
                            "runs? pass the segments of one run only")
-    for path, where in issues.truncated.items():
+    for path, (where, position, unit) in issues.truncated.items():
         # The job that was killed mid-line and then resumed left a truncated earlier segment: expected.
         if path != files[-1].path:
             issues.note(where, "truncated last record of a segment the resumed job continued; partial record skipped")
         else:
             issues.fatal(where, "truncated last record (the job was killed while writing, or is still running)",
-                         "wait for the job to finish or remove the partial line")
+                         "wait for the job to finish or remove the partial line", at=(path, position, unit))
     keep = {id(f): np.ones(len(f), dtype=bool) for f in files}
     segments = [seg for f in files for seg in _segments(f, keep[id(f)], issues)]
     earlier = np.empty(0, dtype=np.int64)
@@ -714,7 +832,7 @@ def _columns_general(files: list[_Records], keep: dict[int, np.ndarray]) -> dict
 
 def _meta_field(meta_path: Path, fields: dict, key: str, kinds: tuple, what: str):
     value = fields.get(key)
-    if value is not None and (type(value) not in kinds or (key == "devices" and value < 1)):
+    if value is not None and (type(value) not in kinds or (key == "devices" and not 1 <= value <= MAX_COUNT)):
         raise BadInput(f"{meta_path}: \"{key}\" is {json.dumps(value)[:40]}, not {what}; fix or remove it")
     return value
 
@@ -741,10 +859,43 @@ def _meta(paths: list[Path], sources: list[Path], issues: _Issues) -> RunMeta:
         versions = _meta_field(meta_path, fields, "versions", (dict,), "an object of package: version")
         if versions and not all(isinstance(v, str) for v in versions.values()):
             raise BadInput(f"{meta_path}: \"versions\" must map package names to version strings")
+    if "config" not in fields:
+        config = _hydra_config([p if p.is_dir() else p.parent for p in paths])
+        if config is not None:
+            fields["config"] = config
     known = {k: v for k in ("scale", "hardware", "devices", "versions") if (v := fields.pop(k, None)) is not None}
     return RunMeta(**known, sources=tuple(map(str, sources)), extra=fields, warnings=tuple(issues.summary()),
                    skipped_lines=issues.skipped["lines"], skipped_pairs=issues.skipped["pairs"],
                    hardware_in_logs=dict(issues.hardware))
+
+
+MAX_CONFIG_BYTES = 4 << 20  # verl's resolved config is ~30 KiB
+
+
+def _hydra_config(dirs: list[Path]) -> dict | None:
+    """verl's resolved config as its Hydra run wrote it (HYDRA_CONFIG in a run directory: the launcher points
+    hydra.run.dir there), or None; a file that is not a YAML mapping is one line naming it."""
+    import yaml
+
+    for directory in dirs:
+        path = directory / HYDRA_CONFIG
+        if not path.is_file():
+            continue
+        try:
+            with open_input(path) as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise BadInput(f"{path}: more than {MAX_CONFIG_BYTES >> 20} MiB, not verl's resolved config; remove it")
+        try:
+            doc = yaml.safe_load(raw.decode("utf-8-sig", errors="replace"))
+        except yaml.YAMLError as exc:
+            raise BadInput(f"{path}: not YAML ({str(exc).splitlines()[0]}); remove it or rerun the job") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path}: not a mapping of verl's config sections; remove it or rerun the job")
+        return doc
+    return None
 
 
 def run_sources(path: str | Path, issues: _Issues | None = None) -> list[Path]:
@@ -754,7 +905,9 @@ def run_sources(path: str | Path, issues: _Issues | None = None) -> list[Path]:
     if p.is_dir():
         return _run_files(p, issues or _Issues(strict=False))
     if not p.is_file():
-        raise BadInput(f"{p}: no such file or directory; pass verl log files or run directories")
+        kind = file_kind(p)  # a FIFO would block the read, a device (/dev/zero) never end it
+        raise BadInput(f"{p}: " + ("no such file or directory" if kind is None else f"a {kind}, not a regular file")
+                       + "; pass verl log files or run directories")
     if is_summary_file(p):
         raise BadInput(f"{p}: a verl nightly baseline summary (`key: value` per metric), not a run log; "
                        "pass it as the BASELINE")
@@ -784,6 +937,7 @@ def load_run(*paths: str | Path, name: str | None = None, strict: bool = True) -
     if not read:
         raise BadInput(f"{', '.join(map(str, sources))}: no metric records (no `step` lines); is this a verl log?")
     series = _assemble(read, issues)
+    issues.resolve_dropped(read)
     if not series:
         raise BadInput(f"{', '.join(map(str, sources))}: its step records hold no metric values; is this a verl log?")
     default_name = resolved[0].name if resolved[0].is_dir() else resolved[0].stem

@@ -12,7 +12,21 @@ RESPONSE_LENGTH = "response_length/mean"
 PROMPT_LENGTH = "prompt_length/mean"
 PG_LOSS = "actor/pg_loss"
 GRAD_NORM = "actor/grad_norm"
-ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff_mean"  # rollout vs actor log-probs of the sampled tokens
+# mean |p_rollout - p_actor| of the sampled tokens, in probability space: verl exponentiates both log-probs before
+# taking the difference (verl/utils/debug/metrics.py calculate_debug_metrics); _max / _std likewise
+ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff_mean"
+ROLLOUT_PROBS_DIFF_MAX = "training/rollout_probs_diff_max"
+ROLLOUT_PROBS_DIFF_STD = "training/rollout_probs_diff_std"
+# verl's rollout-correction diagnostics, logged every step (verl/trainer/ppo/rollout_corr_helper.py
+# compute_offpolicy_metrics): log-ratios are training (old_log_prob) minus rollout log-probs of the sampled tokens
+ROLLOUT_CORR = "rollout_corr/"
+ROLLOUT_CORR_KL = ROLLOUT_CORR + "kl"  # mean(log p_rollout - log p_training): signed, ~0 when they agree
+ROLLOUT_CORR_K3_KL = ROLLOUT_CORR + "k3_kl"  # mean(exp(r) - 1 - r): non-negative, cannot cancel across tokens
+ROLLOUT_CORR_CHI2_TOKEN = ROLLOUT_CORR + "chi2_token"  # E[rho^2] - 1 of the token ratios
+ROLLOUT_CORR_LOG_PPL_ABS_DIFF = ROLLOUT_CORR + "log_ppl_abs_diff"  # mean |log ppl_training - log ppl_rollout|
+# Present only when algorithm.rollout_correction.rollout_is (TIS / IcePop weights) or rollout_rs (rejection) is set
+ROLLOUT_IS_PREFIX = ROLLOUT_CORR + "rollout_is_"
+ROLLOUT_RS_PREFIX = ROLLOUT_CORR + "rollout_rs_"
 THROUGHPUT = "perf/throughput"  # tokens / (step s x torch devices): per die on A3
 TOTAL_TOKENS = "perf/total_num_tokens"  # prompt + response tokens of the trained batch
 TIMING_PREFIX = "timing_s/"
@@ -27,4 +41,6 @@ VERL_SECTIONS = ("actor", "critic", "perf", "timing_s", "timing_per_token_ms", "
 METRICS_FILE = "metrics.jsonl"  # verl FileLogger ($VERL_FILE_LOGGER_PATH)
 META_FILE = "meta.json"  # run metadata (scale, hardware, devices, versions): the lab and the launcher write it
 LAUNCH_FILE = "launch.json"  # the launcher's verdict of the job
+HYDRA_DIR = "hydra"  # verl's Hydra run directory in a run directory: HYDRA_DIR/.hydra/config.yaml, its resolved config
+HYDRA_CONFIG = f"{HYDRA_DIR}/.hydra/config.yaml"
 JOB_LOG_FILE = "job.log"  # the job's driver log, kept whatever the verdict

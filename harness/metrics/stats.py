@@ -1,18 +1,25 @@
-"""The statistics behind curve bands, from few reference runs: a robust centre, a robust spread pooled over
-neighbouring steps, and Student-t prediction intervals for one new run.
+"""The statistics behind curve verdicts, from any number of reference runs (one included): a robust centre, a
+noise model from the runs' own step-to-step noise, the spread across runs where there are several, and Student-t
+prediction intervals for one new run.
 
-Why not mean +- k*std per step (what the harness did): with N = 1..5 reference runs the per-step std is itself
-noise, and a fixed k ignores how little N tells. Measured on the tiny lab: 100 % false alarms on clean runs
-with 1 reference run, 72 % with 2, 24 % with 3 (issue 14). Here:
+Why not mean +- k*std per step (what the harness did first): with N = 1..5 reference runs the per-step std is
+itself noise (100 % false alarms on clean lab runs with 1 reference run, 72 % with 2, 24 % with 3). Why not the
+spread across runs alone (the next version): one run has none, so one-vs-one (seed 003's NPU run against one GPU
+run; "before vs after the upgrade") could never fail, and three runs that happen to agree closely gave bands so
+narrow that one golden in twenty flagged most clean candidates. Here:
 
 - centre: the per-step median of the runs (N >= 3; one bad run cannot move it), the mean below 3;
-- spread: residuals from the centre, pooled over the step and its `pool` neighbours on each side (per-step
-  spread from 3 runs has 2 degrees of freedom; pooled over 5 steps, 10), each residual first clipped at
-  CLIP_MADS robust standard deviations (1.4826 x the pooled median absolute residual), so one bad run adds at
-  most a bounded amount instead of widening every band;
-- a new run falls within centre +- t(df, confidence) * s * sqrt(1 + 1/N) (Student-t prediction interval;
-  df = sum over the pooled steps of (runs - 1)).
-Below MIN_CALIBRATED_RUNS runs there is no calibrated spread at all: callers say "uncalibrated: floors only".
+- noise model (`run_noise`): each run's step-to-step noise from its first and second differences (a smooth trend
+  cancels in them), with the lag-1 autocorrelation an AR(1) model infers from their ratio; a statistic's noise SD
+  follows from it (a window mean of m steps: sigma / sqrt(m) x the AR(1) variance inflation; a slope over k steps:
+  sigma / sqrt(Sxx) x the same). What the noise model leaves out -- runs of other seeds take other paths -- is a
+  per-metric, per-statistic factor measured on calibration seeds (`NOISE_INFLATION` in harness.metrics.baseline,
+  scripts/calibrate-curves);
+- spread across runs (N >= 2): residuals from the centre, pooled over neighbouring steps, each clipped at
+  CLIP_MADS robust SDs, so one bad run adds a bounded amount;
+- the two combined as a scaled-inverse-chi-square update (`shrunk`): the noise model is a prior worth the
+  differences it was estimated from (at most MAX_PRIOR_DF), the runs' spread adds theirs; a new run falls within
+  centre +- t(df, confidence) * s * sqrt(1 + 1/N).
 """
 from __future__ import annotations
 
@@ -24,8 +31,23 @@ from functools import lru_cache
 
 from harness.errors import BadInput
 
-# Fewer runs than this give no spread worth a verdict (2 runs: one difference per step).
+# Fewer runs than this give no spread across runs (the median centre needs 3): below it the noise model carries
+# the verdict alone (1 run) or mostly (2 runs).
 MIN_CALIBRATED_RUNS = 3
+# The noise model counts for the differences it was estimated from (one 30-step run: 28), at most this many, when
+# combined with the runs' own spread: a 3-run golden adds 2 (window, trend) or ~10 (band, pooled over 5 steps), a
+# 5-run golden 4 or ~20. The cap keeps a long curve's noise from outweighing what several seeds show.
+MAX_PRIOR_DF = 30
+# First differences are centred on the median of this many neighbours each side (see run_noise); on noise alone the
+# centring changes their SD by ~1 % (simulated, n = 30), so it needs no correction.
+SLOPE_NEIGHBOURS = 3
+# The autocorrelation of one 30-step curve is a noisy estimate (simulated on white noise: median 0, 90th
+# percentile 0.73), and it enters the window and trend tolerances as (1 + rho) / (1 - rho): it is shrunk toward 0
+# as if 0 had been seen in this many differences (one 30-step run: x0.22; five: x0.58). Simulated (30 steps): the
+# window-mean noise SD of one white-noise run then reads 0.72-1.40x the truth (10th-90th percentile) instead of
+# 0.72-1.73x; what the shrinkage leaves of real autocorrelation the calibrated inflation covers.
+RHO_PRIOR_DF = 100
+MAX_AUTOCORRELATION = 0.8
 # Residuals beyond this many robust standard deviations are clipped (Huber's winsorizing; 2.5 keeps ~98 % of a
 # Gaussian residual's variance, WINSOR_VARIANCE below, and bounds what one bad run adds).
 CLIP_MADS = 2.5
@@ -119,3 +141,92 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], con
     half = t_quantile(n - 1, confidence) * statistics.stdev(logs) / math.sqrt(n)
     return RatioInterval(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), n=n,
                          confidence=confidence)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A curve's step-to-step noise: SD `sigma` of one step's value around the curve's smooth trend, lag-1
+    autocorrelation `rho` (AR(1)), and the differences it was estimated from (`df`; 0: no estimate)."""
+
+    sigma: float
+    rho: float
+    df: int
+    diff_sd: float = 0.0  # SD of the (locally centred) first differences: 2 sigma^2 (1 - rho) is their variance
+
+    def ar_inflation(self) -> float:
+        """Variance of a mean of m autocorrelated steps over sigma^2/m (large m): (1 + rho) / (1 - rho)."""
+        return (1 + self.rho) / (1 - self.rho)
+
+    def mean_sd(self, m: int) -> float:
+        """Noise SD of the mean of m consecutive steps."""
+        return self.sigma * math.sqrt(self.ar_inflation() / max(m, 1))
+
+    def slope_sd(self, steps: Sequence[int]) -> float:
+        """Noise SD of a least-squares slope over these steps."""
+        mean = statistics.fmean(steps)
+        sxx = sum((t - mean) ** 2 for t in steps)
+        return self.sigma * math.sqrt(self.ar_inflation() / sxx) if sxx > 0 else math.inf
+
+
+def _winsorized_sd(values: Sequence[float]) -> float:
+    """SD of values around their median, each deviation clipped at CLIP_MADS robust SDs first (one spike adds a
+    bounded amount) and the clip's variance loss undone; the plain RMS where the MAD is 0 (a discrete metric).
+    Not the MAD itself: from 15-30 differences its SD is ~2.7x the plain one's, and the noise model's
+    autocorrelation is a ratio of two of them."""
+    if not values:
+        return 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    if mad <= 0:
+        return math.sqrt(statistics.fmean((v - mid) ** 2 for v in values))
+    clip = CLIP_MADS * MAD_TO_SD * mad
+    return math.sqrt(statistics.fmean(min(abs(v - mid), clip) ** 2 for v in values) / WINSOR_VARIANCE)
+
+
+def run_noise(values: Sequence[float]) -> Noise:
+    """The step-to-step noise of one curve (consecutive logged steps). For AR(1) noise e around a smooth trend,
+    first differences have variance 2 sigma^2 (1 - rho) and second differences 2 sigma^2 (1 - rho)(3 - rho): the
+    trend cancels (its slope only shifts the first differences' median), their variance ratio gives rho, and
+    either gives sigma. Winsorized SDs, so one spike does not set the noise."""
+    d1 = [b - a for a, b in zip(values, values[1:], strict=False)]
+    d2 = [b - a for a, b in zip(d1, d1[1:], strict=False)]
+    if len(d2) < 3:
+        return Noise(0.0, 0.0, 0)
+    # The trend's slope changes (a reward that rises, then plateaus) move the first differences' level: each is
+    # measured from the median of its neighbours, so only the noise remains (measured: a curve with one kink read
+    # rho 0.5 on white noise without it).
+    local = [d1[i] - statistics.median(d1[max(0, i - SLOPE_NEIGHBOURS):i + SLOPE_NEIGHBOURS + 1])
+             for i in range(len(d1))]
+    s1, s2 = _winsorized_sd(local), _winsorized_sd(d2)
+    if s1 <= 0:
+        return Noise(0.0, 0.0, len(d2))
+    rho = min(max(3 - (s2 / s1) ** 2, 0.0), MAX_AUTOCORRELATION)
+    return Noise(s1 / math.sqrt(2 * (1 - rho)), rho, len(d2), s1)
+
+
+def pooled_noise(curves: Sequence[Sequence[float]]) -> Noise:
+    """The noise of several runs of one metric: their variances averaged, weighted by df, and their
+    autocorrelation shrunk toward 0 (RHO_PRIOR_DF). What every verdict reads (`run_noise` is one run's raw
+    estimate)."""
+    parts = [n for n in map(run_noise, curves) if n.df > 0]
+    df = sum(n.df for n in parts)
+    if df == 0:
+        return Noise(0.0, 0.0, 0)
+    # sigma from the first differences with the SHRUNK autocorrelation: with each run's raw one, one run in ten
+    # read its noise 1.85x too high (simulated, white noise, 30 steps), and its tolerance with it
+    rho = sum(n.df * n.rho for n in parts) / (df + RHO_PRIOR_DF)
+    diff_var = sum(n.df * n.diff_sd ** 2 for n in parts) / df
+    return Noise(math.sqrt(diff_var / (2 * (1 - rho))), rho, df, math.sqrt(diff_var))
+
+
+def shrunk(prior_sd: float, prior_df: int, spread: float, spread_df: int) -> tuple[float, int]:
+    """(s, df): the spread across runs (`spread`, `spread_df` degrees of freedom) combined with the noise model's
+    SD (`prior_sd`, worth `prior_df`, at most MAX_PRIOR_DF): s^2 = (prior_df prior_sd^2 + spread_df spread^2) /
+    (prior_df + spread_df).
+    Three runs that happen to agree closely cannot shrink the interval below what the noise model allows for
+    long, and one run, which has no spread, is judged by the noise model alone."""
+    prior_df = min(max(prior_df, 0), MAX_PRIOR_DF)
+    df = prior_df + max(spread_df, 0)
+    if df <= 0:
+        return 0.0, 0
+    return math.sqrt((prior_df * prior_sd ** 2 + max(spread_df, 0) * spread ** 2) / df), df

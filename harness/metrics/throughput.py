@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from harness import numeric
 from harness.config.hardware import PROFILES, HardwareProfile
 from harness.errors import BadInput
 from harness.findings import Finding
@@ -181,10 +182,9 @@ def hardware_warnings(run: Run, profile: HardwareProfile) -> tuple[str, ...]:
 def _positive(value, option: str, *, integer: bool = False):
     if value is None:
         return None
-    if isinstance(value, bool) or (integer and not isinstance(value, int)) or not (
-            isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise BadInput(f"{option} {value!r}: must be a positive {'whole ' if integer else ''}number")
-    return value
+    if integer:
+        return numeric.integer(value, option, low=1)
+    return numeric.real(value, option, low=0.0, low_open=True)
 
 
 def _steady(run: Run, steps: list[int], warmup: int, statistic: str) -> list[int]:
@@ -213,8 +213,7 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
     """
     if STEP_TIME not in run:
         raise BadInput(f"run {run.name!r} has no {STEP_TIME}; is it a verl run log?")
-    if type(warmup) is not int or warmup < 0:
-        raise BadInput(f"--warmup {warmup!r}: must be a whole number >= 0")
+    numeric.integer(warmup, "--warmup", high=numeric.MAX_STEP)
     if statistic not in STATISTICS:
         raise BadInput(f"--statistic {statistic!r}: use one of {', '.join(STATISTICS)}")
     _positive(devices, "--devices", integer=True)
@@ -222,11 +221,15 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
     times = run[STEP_TIME].as_dict()
     tokens = _tokens_per_step(run, sequences)
     source = run.meta.sources[0] if run.meta.sources else run.name
-    for what, values in ((STEP_TIME, times), ("tokens per step", tokens)):
-        bad = [(s, v) for s, v in values.items() if not v > 0 or not math.isfinite(v)]
-        if bad:  # a zero step time divides by zero; a negative one is not a time
-            raise BadInput(f"{source}: step {bad[0][0]} has {what} = {bad[0][1]!r} ({len(bad)} steps not a positive "
-                           "finite number); fix or drop those steps in the log")
+    # a zero step time divides by zero, a negative one is no time, and a subnormal one (5e-324 s) made TPS inf,
+    # which passed any --target: harness.numeric's duration range; tokens within its metric range
+    for what, values, low, high, kind in ((STEP_TIME, times, numeric.MIN_SECONDS, numeric.MAX_SECONDS, "duration"),
+                                          ("tokens per step", tokens, 0.0, numeric.METRIC_LIMIT, "count")):
+        bad = [(s, v) for s, v in values.items() if not (low < v <= high if kind == "count" else low <= v <= high)]
+        if bad:
+            raise BadInput(f"{source}: step {bad[0][0]} has {what} = {bad[0][1]!r} ({len(bad)} steps outside "
+                           f"{'(' if kind == 'count' else '['}{low:g}, {high:g}], the range a {kind} can take); fix or "
+                           "drop those steps in the log")
     steps = sorted(s for s in times if s in tokens)
     if not steps:
         raise BadInput(f"run {run.name!r}: {STEP_TIME} and the token counts share no step")

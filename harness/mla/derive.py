@@ -28,8 +28,14 @@ def softmax_scale(spec: ModelSpec) -> float:
 
 
 def wrong_scales(spec: ModelSpec) -> dict[str, float]:
-    """The scales real bugs used: MindSpeed's 1/sqrt(kv_channels = v_head_dim), and the yarn scale without mscale^2."""
-    return {"v_head_dim": spec.v_head_dim ** -0.5, "no_mscale": spec.qk_head_dim ** -0.5}
+    """The scales real bugs used, by the dimension they took: MindSpeed v2.2.0_core_r0.12.1's flash-attention
+    adaptor passes 1/sqrt(kv_channels) (Megatron-LM core_v0.12.1 `DotProductAttention.__init__`:
+    hidden_size_per_attention_head = kv_channels) -- kv_channels = v_head_dim = 128 in seed 001's setup (0.0884 for
+    DSV3), and kv_channels = qk_rope_head_dim = 64 where mbridge takes it from the HF config's head_dim (mbridge
+    core/llm_bridge.py `"kv_channels": ("head_dim", None)`; transformers' DeepseekV3Config sets head_dim =
+    qk_rope_head_dim: 0.125); and the yarn scale without mscale^2."""
+    return {"v_head_dim": spec.v_head_dim ** -0.5, "qk_rope_head_dim": spec.qk_rope_head_dim ** -0.5,
+            "no_mscale": spec.qk_head_dim ** -0.5}
 
 
 # ---------------------------------------------------------------- absorbed weights

@@ -6,6 +6,11 @@ Works under xdist: outcomes and user_properties travel to the controller inside 
 only the controller writes the report. Benchmark stats are read from the `benchmark` fixture on the
 worker and ride along as the `benchmark` user property (pytest-benchmark disables timing under xdist,
 so those runs carry none).
+
+The report is written as one new set (harness.report.publish.Generation) and swapped in only when the session
+ran to its end: an interrupted session (Ctrl-C, SIGTERM) keeps the previous set whole, and a test whose call
+phase never ran is no outcome (an interrupt mid-test recorded it passed). Everything kept goes through
+harness.redact (a command line, a failure message or a property may hold a token).
 """
 from __future__ import annotations
 
@@ -19,7 +24,17 @@ import pytest
 from harness.errors import BadInput
 from harness.io import exclusive
 from harness.markers import REPORTED_MARKERS, SCALE_KEY
-from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, git_commit, machine_info, now_utc
+from harness.redact import redact, redact_argv, redact_doc
+from harness.report.schema import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    RunReport,
+    TestVerdict,
+    git_commit,
+    machine_info,
+    now_utc,
+    report_name,
+)
 
 BENCHMARK_PROPERTY = "benchmark"
 TAIL_CHARS = 20_000  # of a failure's traceback and captured log: the end is where the error is
@@ -30,9 +45,9 @@ def _jsonable(value):
     """record_property accepts anything; the report keeps JSON, and says so for the rest."""
     try:
         json.dumps(value, allow_nan=False)
-        return value
+        return redact_doc(value)
     except (TypeError, ValueError):
-        return {"unserializable": repr(value)[:500]}
+        return {"unserializable": redact(repr(value)[:500])}
 
 
 def _reason(report: pytest.TestReport) -> str:
@@ -65,6 +80,8 @@ class ReportCollector:
         self.tests: dict[str, dict] = {}
         self.started = time.monotonic()
         self.path: Path | None = None
+        self.error: BadInput | None = None  # the set could not be written (a full or read-only disk)
+        self.interrupted = False  # a signal (Ctrl-C, SIGTERM) stopped the session: its report is incomplete
         self.lock = contextlib.ExitStack()
         if not hasattr(config, "workerinput"):  # the controller writes; two sessions on one directory must not
             try:
@@ -90,14 +107,17 @@ class ReportCollector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         entry = self.tests.setdefault(report.nodeid, {
-            "outcome": "passed", "duration_s": 0.0, "reason": "", "properties": {}, "markers": ()})
+            "outcome": "passed", "duration_s": 0.0, "reason": "", "properties": {}, "markers": (), "decided": False})
         entry["duration_s"] += report.duration
+        # a passed setup decides nothing: the test has an outcome once its call ran, or a phase skipped or failed
+        entry["decided"] |= report.when == "call" or not report.passed
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
-            entry["outcome"], entry["reason"] = outcome, _reason(report)
+            entry["outcome"], entry["reason"] = outcome, redact(_reason(report))
         if report.failed:  # issue 15: the report page shows each failure's traceback and captured log
-            entry["traceback"] = report.longreprtext[-TAIL_CHARS:]
-            entry["log"] = "\n".join(f"----- {name} -----\n{text}" for name, text in report.sections)[-TAIL_CHARS:]
+            entry["traceback"] = redact(report.longreprtext[-TAIL_CHARS:])
+            entry["log"] = redact("\n".join(f"----- {name} -----\n{text}"
+                                             for name, text in report.sections)[-TAIL_CHARS:])
         for name, value in report.user_properties:
             entry["properties"][name] = _jsonable(value)
         keywords = getattr(report, "keywords", {}) or {}
@@ -108,23 +128,51 @@ class ReportCollector:
         if report.failed:
             lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
             self.tests[report.nodeid or "<collection>"] = {
-                "outcome": "error", "duration_s": 0.0,
-                "reason": f"collection failed: {lines[-1] if lines else ''}"[:2000],
-                "properties": {}, "markers": (), "traceback": report.longreprtext[-TAIL_CHARS:]}
+                "outcome": "error", "duration_s": 0.0, "decided": True,
+                "reason": redact(f"collection failed: {lines[-1] if lines else ''}"[:2000]),
+                "properties": {}, "markers": (), "traceback": redact(report.longreprtext[-TAIL_CHARS:])}
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        # pytest raises Session.Interrupted for errors during collection: that session's report is complete
+        self.interrupted = not isinstance(excinfo.value, pytest.Session.Interrupted)
+
+    def outcomes(self) -> dict[str, str]:
+        """nodeid -> outcome of every test that has one (see pytest_runtest_logreport)."""
+        return {nodeid: e["outcome"] for nodeid, e in self.tests.items() if e["decided"]}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
             return
-        from harness.report.publish import publish
+        from harness.report.publish import Generation, publish, staged_for
 
-        self.path = publish(self.build(int(exitstatus)), self.report_dir)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        say = reporter.write_line if reporter is not None else print
+        if self.interrupted:
+            say(f"ascend-rl-harness: the session was interrupted; {self.report_dir} keeps the previous report")
+            return
+        generation = staged_for(self.report_dir)  # `run` commits the set itself, with pytest.log and the trend
+        own = generation is None
+        try:
+            generation = generation or Generation(self.report_dir)
+            self.path = publish(self.build(int(exitstatus)), generation.path)
+            if own:
+                generation.commit()
+                self.path = self.report_dir / self.path.name
+        except BadInput as exc:  # a full or read-only disk: one line, the previous set kept
+            if own and generation is not None:
+                generation.discard()
+            self.error, self.path = exc, None
+            say(f"ascend-rl-harness: error: {exc}")
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
     def build(self, exit_status: int) -> RunReport:
         scale = self.config.stash.get(SCALE_KEY, None)
         commit, dirty = git_commit(self.config.rootpath)
         tests = []
         for nodeid, e in self.tests.items():
+            if not e["decided"]:
+                continue
             props = dict(e["properties"])
             bench = props.pop(BENCHMARK_PROPERTY, None)
             tests.append(TestVerdict(nodeid=nodeid, outcome=e["outcome"], duration_s=round(e["duration_s"], 3),
@@ -133,9 +181,9 @@ class ReportCollector:
         created = now_utc()
         return RunReport(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,
-            name=f"{scale.name if scale else 'tests'}-{created[:19].replace(':', '')}",
+            name=report_name(scale.name if scale else "tests", created),
             commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale),
-            command=tuple(self.config.invocation_params.args), machine=machine_info(), tests=tuple(tests),
+            command=tuple(redact_argv(self.config.invocation_params.args)), machine=machine_info(), tests=tuple(tests),
             duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status)
 
 

@@ -23,12 +23,14 @@ import statistics
 from markupsafe import Markup
 
 from harness.errors import BadInput
+from harness.redact import redact_argv
 from harness.report.page import Cell, Row, img, page, render, table
 from harness.report.schema import RunReport, TestVerdict, finite
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
-KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases")
+KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases",
+         "rollout_corr.verdicts", "routing.agreement", "routing.replay", "consistency.batch_invariance")
 # what a drawing of a malformed measurement raises: caught per section, never a traceback (issue 16)
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
 
@@ -168,7 +170,59 @@ def plot_memory(phases: list[dict]) -> str:
     return _png(fig)
 
 
+def plot_agreement(docs: list[tuple[str, dict]]) -> str:
+    """Per MoE layer, the share of tokens whose top-k expert sets agree between rollout and trainer, one bar group
+    per test (e.g. per dtype)."""
+    fig, ax = _figure()
+    layers = sorted({la["layer"] for _, doc in docs for la in doc["layers"]})
+    width = 0.8 / max(len(docs), 1)
+    for k, (label, doc) in enumerate(docs):
+        share = {la["layer"]: 100 * float(la["share"]) for la in doc["layers"]}
+        xs = [i + k * width for i in range(len(layers))]
+        ax.bar(xs, [share.get(layer, math.nan) for layer in layers], width, label=_tex(label))
+    ax.set_xticks([i + width * (len(docs) - 1) / 2 for i in range(len(layers))], [f"layer {la}" for la in layers])
+    ax.set_ylabel("top-k sets agreeing (%)")
+    ax.set_ylim(min([80.0] + [100 * float(la["share"]) - 5 for _, d in docs for la in d["layers"]]), 100.5)
+    ax.legend(loc="lower left", fontsize=7)
+    return _png(fig)
+
+
 # --------------------------------------------------------------------------------------------- sections
+def _consistency(report: RunReport) -> list[Markup]:
+    """Routing agreement per MoE layer (table + plot), router replay's log-prob gaps, batch-invariance cases."""
+    out = []
+    agreement = list(report.properties("routing.agreement"))
+    if agreement:
+        rows = [[nodeid, la["layer"], f"{100 * la['share']:.1f} % ({la['agreed']}/{la['tokens']})",
+                 la["first_flips"], la["downstream"], fmt(la["max_first_gap"])]
+                for nodeid, doc in agreement for la in doc["layers"]]
+        out += [render("<h3>Routing agreement (rollout vs trainer, per MoE layer)</h3>"),
+                table(["test", "layer", "top-k sets agree", "first flips (near ties)", "flips downstream",
+                       "widest first-flip gap"], rows),
+                img(plot_agreement([(nodeid.rsplit("[", 1)[-1].rstrip("]"), doc) for nodeid, doc in agreement]),
+                    "routing agreement per layer")]
+    replay = list(report.properties("routing.replay"))
+    if replay:
+        out += [render("<h3>Router replay</h3>"),
+                table(["test", "log-prob gap with replay", "without", "agreement with replay"],
+                      [[n, fmt(d["gap_with"]), fmt(d["gap_without"]),
+                        ", ".join(f"layer {la['layer']} {100 * la['share']:.1f} %" for la in d["agreement"]["layers"])]
+                       for n, d in replay])]
+    invariance = list(report.properties("consistency.batch_invariance"))
+    if invariance:
+        rows = [[n, d["engine"], "yes" if d["claimed"] else "no", c["case"],
+                 Cell("bit-equal", cls="ok") if c["equal"] else Cell("differs", cls="FAIL" if c["judged"] else
+                                                                      "skipped"),
+                 fmt(c["first_token"]), fmt(c["first_bits"]), fmt(c["max_abs"])]
+                for n, d in invariance for c in d["cases"]]
+        rows += [[n, d["engine"], "", note, "not measured", "", "", ""] for n, d in invariance
+                 for note in d.get("not_measured", [])]
+        out += [render("<h3>Batch invariance (greedy prompt vs alone)</h3>"),
+                table(["test", "engine", "claims invariance", "case", "bits", "first divergent token",
+                       "first divergent log-prob bits", "max |d log-prob|"], rows)]
+    return out
+
+
 def _throughput(nodeid: str, doc: dict) -> list[Markup]:
     roof = doc.get("roofline") or {}
     rows = [[label, value] for label, value in (
@@ -206,8 +260,8 @@ def _graph_mode(nodeid: str, doc: dict) -> list[Markup]:
 
 
 def curve_state(v: dict) -> tuple[str, str]:
-    """(text, css class) of one curve verdict: ok, FAIL, uncalibrated (fewer than 3 reference runs: floors only,
-    never a pass) or not judged."""
+    """(text, css class) of one curve verdict: ok, FAIL or not judged (reports written before every N of
+    reference runs was judged also say "uncalibrated": floors only, fewer than 3 runs)."""
     if v.get("passed") is True:
         return "ok", "ok"
     if v.get("passed") is False:
@@ -341,7 +395,7 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
     machine = table(["field", "value"], [
         ["host", m.hostname], ["platform", m.platform], ["python", m.python],
         ["device", f"{m.device_kind}: {m.device_name} x{m.device_count} (profile {m.hardware_profile})"],
-        ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(report.command)]])
+        ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(redact_argv(report.command))]])
     prev_tests = {t.nodeid: t for t in previous.tests} if previous is not None else None
     ordered = sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))
     tests = table(["test", "outcome", "seconds", f"\u0394 vs {previous.name}" if previous else "\u0394 previous",
@@ -356,7 +410,15 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
     sections = [("Throughput", _drawn(report, "throughput", _throughput, strict)),
                 ("Graph mode vs eager", _drawn(report, "throughput.graph_mode", _graph_mode, strict)),
                 ("Curves", _drawn(report, "curves.verdicts", _curve_verdicts, strict)
-                 + _drawn(report, "curves.series", _curve_series, strict))]
+                 + _drawn(report, "curves.series", _curve_series, strict)),
+                ("Rollout correction", _drawn(report, "rollout_corr.verdicts", _curve_verdicts, strict))]
+    try:
+        sections.append(("Train-inference consistency (MoE)", _consistency(report)))
+    except SHAPE_ERRORS as exc:
+        if strict:
+            raise BadInput(f"report {report.name}: a consistency measurement has the wrong shape ({exc}); "
+                           "regenerate it") from None
+        sections.append(("Train-inference consistency (MoE)", [_raw(dict(report.properties("routing.agreement")))]))
     if memory:
         try:
             sections.append(("Memory per phase", _memory(memory)))

@@ -11,6 +11,12 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
   "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
   "curves.series"         harness.metrics.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps,
                           candidate}}
+  "rollout_corr.verdicts" [CurveVerdict.to_json()] of harness.metrics.rollout_corr (drawn like curves.verdicts)
+  "routing.agreement"     harness.consistency.routing RoutingAgreement.to_json(): {name, tie_tol, exact,
+                          layers: [{layer, tokens, agreed, share, first_flips, downstream, max_first_gap}]}
+  "routing.replay"        ReplayCheck.to_json(): {name, gap_with, gap_without, agreement}
+  "consistency.batch_invariance"  BatchInvariance.to_json(): {engine, claimed, cases: [{case, equal, first_token,
+                          first_bits, max_abs, judged}], not_measured}
   "findings"              [harness.findings Finding.to_json(): check, metric, where, message] (the `expect` fixture)
 and lists every other property as JSON.
 
@@ -21,7 +27,6 @@ foreign JSON ends in one line naming the field, never a traceback in a renderer 
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import platform
 import socket
@@ -29,6 +34,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import numeric
 from harness.errors import BadInput
 from harness.io import check_version, read_json, write_json_atomic
 
@@ -116,27 +122,11 @@ class RunReport:
         return doc
 
 
-def _cann_version() -> str | None:
-    """CANN toolkit version from its install tree (ASCEND_HOME_PATH or the default /usr/local/Ascend)."""
-    home = (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-            or "/usr/local/Ascend/ascend-toolkit/latest")
-    for info in (Path(home) / "compiler" / "version.info", Path(home) / "toolkit" / "version.info",
-                 Path(home) / "version.cfg"):
-        if info.is_file():
-            for line in info.read_text(errors="replace").splitlines():
-                if "version" in line.lower() and "=" in line:
-                    return line.split("=", 1)[1].strip().strip('"[]')
-    return None
-
-
 def _driver_version(kind: str) -> str | None:
     if kind == "npu":
-        info = Path("/usr/local/Ascend/driver/version.info")
-        if info.is_file():
-            for line in info.read_text(errors="replace").splitlines():
-                if line.startswith("Version="):
-                    return line.split("=", 1)[1].strip()
-        return None
+        from harness.config.installed import driver_version
+
+        return driver_version()
     if kind == "gpu":
         try:
             import torch
@@ -150,13 +140,14 @@ def _driver_version(kind: str) -> str | None:
 def machine_info() -> MachineInfo:
     """This machine: host, device (harness.config.hardware.detect), driver/CANN and the stack's versions."""
     from harness.config.hardware import STACK_PACKAGES, detect, package_versions
+    from harness.config.installed import cann_version
 
     found, installed = detect(), package_versions()
     return MachineInfo(
         hostname=socket.gethostname(), platform=platform.platform(), python=platform.python_version(),
         cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
         device_count=found.device_count, hardware_profile=found.profile.name,
-        driver=_driver_version(found.kind), cann=_cann_version(),
+        driver=_driver_version(found.kind), cann=cann_version(),
         packages={p: installed.get(p) for p in STACK_PACKAGES})  # null where absent (a CPU run has no torch_npu)
 
 
@@ -177,9 +168,18 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_report(report: RunReport, path: str | os.PathLike) -> Path:
-    """Write the report JSON atomically (a crash never leaves half a report)."""
-    return write_json_atomic(path, report.to_dict())
+def write_report(report: RunReport, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write the report JSON atomically (a crash never leaves half a report); `overwrite=False` never replaces
+    an existing file (a trend store's entries)."""
+    return write_json_atomic(path, report.to_dict(), overwrite=overwrite)
+
+
+def report_name(prefix: str, created: str) -> str:
+    """A report's name: `<scale>-<created to the second>-<4 random hex>`, unique by construction (two sessions in
+    one second named their reports alike, and a trend keyed by name showed one of them)."""
+    import secrets
+
+    return f"{prefix}-{created[:19].replace(':', '')}-{secrets.token_hex(2)}"
 
 
 _STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
@@ -208,20 +208,21 @@ def _check(doc: dict, spec: dict, where: str) -> dict:
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise BadInput(f"{where}: field {key!r} is {type(value).__name__} {str(value)[:40]!r}, expected "
                            + " or ".join("null" if t is type(None) else t.__name__ for t in types))
-        if types is _NUM and not finite(value):
+        if types is _NUM and not numeric.is_real(value):
             raise BadInput(f"{where}: field {key!r} is {str(value)[:40]}, expected a finite number")
+        # the numeric policy: durations are seconds (a 1e308 s night broke the trend's plot), counts are bounded
+        if types is _NUM:
+            numeric.real(value, f"{where}: field {key!r}", low=0.0, high=numeric.MAX_SECONDS)
+        elif types is _INT:
+            numeric.integer(value, f"{where}: field {key!r}", low=-numeric.MAX_COUNT if key == "exit_status" else 0)
         out[key] = value
     return out
 
 
 def finite(value) -> bool:
-    """A JSON number a float can hold (10**400 cannot) that is neither NaN nor infinite; not a bool."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+    """A number the report's renderers and trend can use: real and within harness.numeric's metric range (10**400,
+    NaN, inf and 1e308 are not); not a bool."""
+    return numeric.is_metric_value(value)
 
 
 def _test_from_dict(t, where: str) -> TestVerdict:

@@ -173,9 +173,11 @@ def test_mbridge_hf_save_writes_every_shard(tmp_path, scale):
     import torch.distributed as dist
     from mbridge import AutoBridge
 
-    model_dir = os.environ.get("HARNESS_MODEL_DIR", f"models/{scale.model.name}")
+    # $HARNESS_MODEL_DIR holds one HF directory per model, as for the cluster jobs (harness.launch.ray_job)
+    model_dir = os.path.join(os.environ.get("HARNESS_MODEL_DIR", "models"), scale.model.name)
     if not os.path.isfile(os.path.join(model_dir, INDEX_FILE)):
-        pytest.fail(f"{model_dir}/{INDEX_FILE} missing: set HARNESS_MODEL_DIR to the {scale.model.name} HF directory")
+        pytest.fail(f"{model_dir}/{INDEX_FILE} missing: set HARNESS_MODEL_DIR to the directory holding "
+                    f"{scale.model.name}/", pytrace=False)
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29531")

@@ -6,7 +6,7 @@ for MLA (vllm-ascend's fused path) avoided it.
   chunked path's measured peak stays below the vanilla one by the [b, h, s, s] score chain.
 * layer: the A2 rollout plan at GBS 128 with 2k prompts, traced on fake tensors at real shapes
   (heads / rollout TP8): vanilla exceeds the 64 GB device, chunked fits with the scale's headroom.
-* npu: the same through the real vllm-ascend prefill with chunking on/off, measured on the device.
+* npu: the real vllm-ascend prefill with chunking on and off, measured on the device: neither builds the chain.
 """
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ import torch
 
 from harness.config.models import TINY
 from harness.markers import requires
-from harness.memory.prefill import padding_mask, prefill_verdict, run_prefill
+from harness.memory.prefill import (
+    padding_mask,
+    prefill_query_bytes,
+    prefill_step_tokens,
+    prefill_verdict,
+    run_prefill,
+)
 from harness.memory.tracer import rope_inputs, shard_config, trace
 
 
@@ -60,10 +66,14 @@ def test_a2_gbs128_vanilla_prefill_ooms_chunked_fits(scale, record_property, exp
     expect(chunked)
 
 
-def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_len: int, out: str) -> None:
-    """Child process: one vllm-ascend engine, one batch of long prompts; writes the prefill's transient peak
-    (max_memory_allocated during generate minus what was allocated before: weights and KV pool) to `out`."""
-    import json
+# vLLM's per-step token budget of the chunked run (max_num_batched_tokens); the run with chunking off schedules the
+# whole batch in one step.
+CHUNKED_TOKEN_BUDGET = 2048
+
+
+def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_len: int) -> int:
+    """Child process: one vllm-ascend engine, one batch of long prompts; returns the prefill's transient peak
+    (max_memory_allocated during generate minus what was allocated before: weights and KV pool)."""
     import os
 
     # The model must run in THIS process for torch.npu's counters to see it (V1 otherwise runs it in an
@@ -74,45 +84,23 @@ def _vllm_prefill_transient(model_dir: str, chunked: bool, prompts: int, prompt_
     import torch_npu  # noqa: F401  (registers torch.npu)
     from vllm import LLM, SamplingParams
 
-    # chunked_prefill_for_mla selects the fused MLA prefill in vllm-ascend before PR #2781; later
-    # versions dropped the vanilla branch (the key is then ignored) and always chunk.
+    # No `additional_config={"chunked_prefill_for_mla": ...}`: vllm-ascend dropped the key in #5296 (v0.20.2rc1 and
+    # v0.23.0 read it nowhere; their MLA prefill is always the fused npu_fused_infer_attention_score path,
+    # attention/mla_v1.py _forward_prefill). Chunking here is vLLM's scheduler: `enable_chunked_prefill` with a
+    # per-step token budget, off = the whole batch in one step.
     # skip_tokenizer_init: the model directory holds config + weights only, no tokenizer.
     llm = LLM(model=model_dir, tensor_parallel_size=1, enforce_eager=True, load_format="dummy",
               skip_tokenizer_init=True, dtype=torch.bfloat16,
               max_model_len=prompt_len + 8, max_num_seqs=prompts, enable_chunked_prefill=chunked,
-              max_num_batched_tokens=2048 if chunked else prompts * prompt_len,
-              additional_config={"chunked_prefill_for_mla": chunked}, gpu_memory_utilization=0.5)
+              max_num_batched_tokens=CHUNKED_TOKEN_BUDGET if chunked else prompts * prompt_len,
+              gpu_memory_utilization=0.5)
     torch.npu.synchronize()
     before = torch.npu.memory_allocated()
     torch.npu.reset_peak_memory_stats()
     llm.generate([{"prompt_token_ids": [1 + i % 100] * prompt_len} for i in range(prompts)],
                  SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
     torch.npu.synchronize()
-    with open(out, "w") as f:
-        json.dump(torch.npu.max_memory_allocated() - before, f)
-
-
-def _in_own_process(target, *args, timeout: float = 900) -> int:
-    """Run `target(*args, out)` in a fresh spawned process and return the int it wrote. One plain (non-daemonic)
-    mp.Process per engine (issue 11): a daemonic Pool worker cannot start vLLM's own children, and two engines
-    in one worker would share (and leak) the device."""
-    import json
-    import multiprocessing as mp
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/result.json"
-        proc = mp.get_context("spawn").Process(target=target, args=(*args, out))
-        proc.start()
-        proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-            raise TimeoutError(f"{target.__name__}{args}: no result after {timeout:.0f} s")
-        if proc.exitcode != 0:
-            raise RuntimeError(f"{target.__name__}{args}: child exited {proc.exitcode} (its log is above)")
-        with open(out) as f:
-            return int(json.load(f))
+    return int(torch.npu.max_memory_allocated() - before)
 
 
 @pytest.mark.layer
@@ -120,6 +108,7 @@ def _in_own_process(target, *args, timeout: float = 900) -> int:
 @requires(hardware="npu", packages=["vllm", "vllm_ascend", "torch_npu"])
 def test_vllm_ascend_chunked_prefill_has_no_score_matrix(tmp_path, record_property):
     from harness.config.models import DEEPSEEK_V3
+    from harness.engines.isolation import in_fresh_process
     from harness.engines.weights import write_model_dir
     from harness.memory import phases as mm
 
@@ -128,19 +117,25 @@ def test_vllm_ascend_chunked_prefill_has_no_score_matrix(tmp_path, record_proper
     # config only: load_format="dummy" lets vLLM initialize the weights on the device
     write_model_dir(spec, {}, tmp_path / "model", dtype=torch.bfloat16)
     prompts, prompt_len = 4, 2048
-    transient = {c: _in_own_process(_vllm_prefill_transient, str(tmp_path / "model"), c, prompts, prompt_len)
+    # one engine per fresh process: two in one process would share (and leak) the device
+    transient = {c: in_fresh_process(_vllm_prefill_transient, str(tmp_path / "model"), c, prompts, prompt_len)
                  for c in (True, False)}
     vanilla = mm.prefill_activation_bytes(spec, batch=prompts, seq=prompt_len, tp=1, chunk=None)
-    # Sensitivity guard: any prefill allocates at least its bf16 query [b*s, h, qk_head_dim]; a measurement below
-    # that cannot see the prefill (e.g. it ran in another process and reads 0), and the check below could not fail.
-    query = prompts * prompt_len * spec.num_attention_heads * spec.qk_head_dim * 2
+    # Sensitivity guard: every prefill step allocates at least its bf16 query [step tokens, h, qk_head_dim]; a
+    # measurement below that cannot see the prefill (e.g. it ran in another process and reads 0), and the checks
+    # below could not fail. The chunked run's steps hold at most its token budget, not the whole batch.
+    query = {c: prefill_query_bytes(spec, prefill_step_tokens(prompts, prompt_len, CHUNKED_TOKEN_BUDGET if c else None))
+             for c in (True, False)}
     record_property("memory.prefill", {"scale": "layer-npu", "transient_bytes": {
         "chunked": transient[True], "chunking_off": transient[False]}, "vanilla_model_bytes": vanilla,
-        "query_bytes": query})
-    assert min(transient.values()) >= query, (
-        f"the prefill's measured transient peak ({transient}) is below its own query tensor ({query} bytes): "
-        "the measurement does not see the prefill")
-    # With chunking on, the prefill must not build the [b, h, s, s] chain the vanilla path builds.
-    assert transient[True] < 0.5 * vanilla, (
-        f"chunked prefill transient {transient[True] / 2**30:.2f} GiB; the vanilla chain is "
-        f"{vanilla / 2**30:.2f} GiB: chunked prefill is not taking the fused MLA path")
+        "step_query_bytes": {"chunked": query[True], "chunking_off": query[False]}})
+    for c in (True, False):
+        assert transient[c] >= query[c], (
+            f"the {'chunked' if c else 'unchunked'} prefill's measured transient peak ({transient[c]} bytes) is below "
+            f"its own per-step query tensor ({query[c]} bytes): the measurement does not see the prefill")
+    # Neither run may build the [b, h, s, s] chain seed 001's vanilla MLA prefill built: vllm-ascend's MLA prefill is
+    # fused with chunking on and off alike (the vanilla branch went with chunked_prefill_for_mla).
+    for c in (True, False):
+        assert transient[c] < 0.5 * vanilla, (
+            f"{'chunked' if c else 'unchunked'} prefill transient {transient[c] / 2**30:.2f} GiB; the vanilla chain "
+            f"is {vanilla / 2**30:.2f} GiB: the prefill is not taking the fused MLA path")

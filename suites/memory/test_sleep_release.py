@@ -10,14 +10,21 @@ the vLLM cases skip and the reference engine is measured: it frees its weights' 
 offloads them to a temporary file, level 2 discards them; harness/engines/reference.py `sleep`).
 A sleep that releases memory must also wake up right: level 1 restores the weights, level 2 needs the
 next weight sync, after which generation must match what it was before sleep.
+
+On GPU / NPU a process holds one sleep-mode vLLM engine (harness.config.platforms `sleep_plan`: the sleep-mode pool
+never empties and the next engine's load asserts it is empty), so each vLLM case here runs in a fresh process
+(harness.engines.isolation); the device-level measurement is the device's wherever it is taken.
 """
 from __future__ import annotations
+
+import functools
 
 import pytest
 
 from fixtures.engines import MAX_TOKENS, MLA_SPEC, PROMPTS
 from harness.config.hardware import torch_device_types
-from harness.config.platforms import platform_facts
+from harness.config.platforms import platform_facts, sleep_plan
+from harness.engines.isolation import in_fresh_process
 from harness.markers import DETECTED_KEY, skip_or_fail
 from harness.memory.device import check_sleep_release, torch_allocated_bytes, used_bytes
 from harness.mla.sync import sync
@@ -35,56 +42,50 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("level", levels, ids=[f"level{lv}" for lv in levels])
 
 
-def needs_sleep(config: pytest.Config, engine) -> None:
-    if not engine.supports_sleep:
-        skip_or_fail(config, f"sleep mode in {engine.name} on {engine.device} (vLLM CPU 0.32 has none: "
-                             "cpu_worker.sleep 'not supported on CPU')")
-
-
 def vllm_on_cpu(engine_kind, detected_hardware) -> bool:
     """vLLM on CPU has no sleep mode (harness.engines.vllm enables it on GPU/NPU only): known before a 30 s start."""
     return engine_kind.name.startswith("vllm") and platform_facts(detected_hardware.kind).sleep_level is None
 
 
-@pytest.mark.tiny
-def test_sleep_returns_memory_to_preload_level(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
-                                               record_property, expect):
-    if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
-    # The engine's device is known only once it exists (issue 11: the CPU reference engine on an NPU machine must
-    # be measured on the CPU): take the baseline on every device type here and keep the engine's.
-    baselines = {device: used_bytes(device) for device in torch_device_types(detected_hardware)}
-    with engine_kind.make(SLEEP_SPEC, weights=None, load_format="dummy", dtype=engine_dtype, seed=0) as engine:
-        needs_sleep(pytestconfig, engine)
+def run_sleeping(engine_kind, detected_hardware, fn, *args):
+    """`fn(make, *args)` with `make` building an engine meant to sleep: a vLLM engine gets sleep mode, and where a
+    process holds only one of those (GPU / NPU), `fn` runs in a fresh process; other engines run here."""
+    if not engine_kind.name.startswith("vllm"):
+        return fn(engine_kind.make, *args)
+    make = functools.partial(engine_kind.make, sleep_mode=True)
+    if sleep_plan(detected_hardware.kind, sleeps=True).own_process:
+        return in_fresh_process(fn, make, *args)
+    return fn(make, *args)
+
+
+def measure_sleep(make, level: int, dtype, devices: list[str]) -> dict:
+    """Build an engine (dummy weights), sleep it at `level`, wake it: the device's memory at each point. The
+    baseline is taken on every device type before the engine exists (issue 11: the CPU reference engine on an NPU
+    machine is measured on the CPU), the engine's device kept."""
+    baselines = {device: used_bytes(device) for device in devices}
+    with make(SLEEP_SPEC, weights=None, load_format="dummy", dtype=dtype, seed=0) as engine:
+        out = {"engine": engine.name, "device": engine.device, "supports_sleep": engine.supports_sleep}
+        if not engine.supports_sleep:
+            return out
         device = engine.device
         # vLLM allocates its weights and the whole KV pool at init: no rollout needed to be "loaded"
         loaded, torch_loaded = used_bytes(device), torch_allocated_bytes(device)
         engine.sleep(level=level)
         asleep, torch_asleep = used_bytes(device), torch_allocated_bytes(device)
-        verdict = check_sleep_release(engine.name, device, baselines[device], loaded, asleep)
-        record_property("memory.sleep", {
-            "engine": engine.name, "device": device, "level": level, "baseline_bytes": baselines[device],
-            "loaded_bytes": loaded, "asleep_bytes": asleep, "torch_allocated_loaded": torch_loaded,
-            "torch_allocated_asleep": torch_asleep, "released": verdict.ok})
         engine.wake_up()
-    expect(verdict)
+    return {**out, "baseline_bytes": baselines[device], "loaded_bytes": loaded, "asleep_bytes": asleep,
+            "torch_allocated_loaded": torch_loaded, "torch_allocated_asleep": torch_asleep}
 
 
-@pytest.mark.tiny
-def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
-                                           mla_spec, mla_weights, mla_model_dirs):
-    """verl's rollout loop, two steps of it: sleep after rollout, wake_up, sync (from one-shot generators in
-    buckets, as verl does; after level 2 the weights come back only through it), roll out. Step 1 syncs `old`
-    again, step 2 `new` then `old` (issue 13 pt 1: an engine that re-derives its absorbed copies on the first sync
-    only passes one step). After each step the engine must generate as it did on `old` before any sleep. A wake
-    path that loses or garbles weights, or copies discarded with the pool and not re-derived, changes tokens."""
-    if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
-    old, new = mla_weights
+def wake_and_sync(make, level: int, dtype, spec, model_dirs) -> dict:
+    """verl's rollout loop, two steps of it, on an engine built on `old`: what differs from before sleep."""
+    from harness.engines.weights import read_model_dir
+
+    old, new = (read_model_dir(d) for d in model_dirs)
     failures = []
-    with engine_kind.make(mla_spec, weights=mla_model_dirs[0], load_format="real", dtype=engine_dtype,
-                          seed=0) as engine:
-        needs_sleep(pytestconfig, engine)
+    with make(spec, weights=model_dirs[0], load_format="real", dtype=dtype, seed=0) as engine:
+        if not engine.supports_sleep:
+            return {"engine": engine.name, "device": engine.device, "supports_sleep": False}
         before = engine.generate(PROMPTS, MAX_TOKENS)
         for step, targets in enumerate(([old], [new, old]), 1):
             engine.sleep(level=level)
@@ -98,4 +99,41 @@ def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, det
                                 f"{' -> '.join('new' if w is new else 'old' for w in targets)}): {len(diff)}/"
                                 f"{len(before)} prompts generate differently, first prompt {diff[0]}: "
                                 f"{before[diff[0]]} -> {after[diff[0]]}")
-    assert not failures, f"{engine.name}: " + "; ".join(failures)
+    return {"engine": engine.name, "device": engine.device, "supports_sleep": True, "failures": failures}
+
+
+def needs_sleep(config: pytest.Config, run: dict) -> None:
+    if not run["supports_sleep"]:
+        skip_or_fail(config, f"sleep mode in {run['engine']} on {run['device']} (vLLM CPU 0.32 has none: "
+                             "cpu_worker.sleep 'not supported on CPU')")
+
+
+@pytest.mark.tiny
+def test_sleep_returns_memory_to_preload_level(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
+                                               record_property, expect):
+    if vllm_on_cpu(engine_kind, detected_hardware):
+        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    run = run_sleeping(engine_kind, detected_hardware, measure_sleep, level, engine_dtype,
+                       torch_device_types(detected_hardware))
+    needs_sleep(pytestconfig, run)
+    verdict = check_sleep_release(run["engine"], run["device"], run["baseline_bytes"], run["loaded_bytes"],
+                                  run["asleep_bytes"])
+    record_property("memory.sleep", {k: v for k, v in run.items() if k != "supports_sleep"}
+                    | {"level": level, "released": verdict.ok})
+    expect(verdict)
+
+
+@pytest.mark.tiny
+def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
+                                           mla_spec, mla_model_dirs):
+    """verl's rollout loop, two steps of it: sleep after rollout, wake_up, sync (from one-shot generators in
+    buckets, as verl does; after level 2 the weights come back only through it), roll out. Step 1 syncs `old`
+    again, step 2 `new` then `old` (issue 13 pt 1: an engine that re-derives its absorbed copies on the first sync
+    only passes one step). After each step the engine must generate as it did on `old` before any sleep. A wake
+    path that loses or garbles weights, or copies discarded with the pool and not re-derived, changes tokens."""
+    if vllm_on_cpu(engine_kind, detected_hardware):
+        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    run = run_sleeping(engine_kind, detected_hardware, wake_and_sync, level, engine_dtype, mla_spec,
+                       tuple(str(d) for d in mla_model_dirs))
+    needs_sleep(pytestconfig, run)
+    assert not run["failures"], f"{run['engine']}: " + "; ".join(run["failures"])

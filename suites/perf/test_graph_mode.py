@@ -26,12 +26,15 @@ ROUNDS = 5
 WARMUP_ROUNDS = 1
 
 
-def _engine(enforce_eager: bool):
+def _engine(enforce_eager: bool, choice):
+    import torch
+
     from harness.engines.vllm import VLLMEngine
 
     # dummy weights: decode speed does not depend on their values; eos disabled so every round decodes
     # exactly len(PROMPTS) x MAX_TOKENS tokens.
-    return VLLMEngine(TINY, None, load_format="dummy", enforce_eager=enforce_eager, max_model_len=128)
+    return VLLMEngine(TINY, None, load_format="dummy", enforce_eager=enforce_eager, max_model_len=128,
+                      backend=choice.backend, dtype=getattr(torch, choice.dtype))
 
 
 def _decode(engine) -> int:
@@ -73,13 +76,20 @@ def _interleaved(eager_engine, graph_engine, benchmark) -> tuple[DecodeSpeed, De
 @pytest.mark.tiny
 @requires(packages=["vllm"])
 def test_graph_mode_decode_not_slower_than_eager(benchmark, detected_hardware, record_property, expect):
+    from harness.engines.vllm import chosen_backend
+
+    # The path a vLLM user of this host gets by default (AMX_MLA in bf16 on AMX hosts, CPU_MLA elsewhere), named
+    # explicitly so the measurement says which it was.
+    choice = chosen_backend("default")
     # Both engines live in this process at once (vLLM V1 in-process engines coexist; tiny model).
-    with _engine(enforce_eager=True) as eager_engine, _engine(enforce_eager=False) as graph_engine:
+    with _engine(True, choice) as eager_engine, _engine(False, choice) as graph_engine:
         eager, graph = _interleaved(eager_engine, graph_engine, benchmark)
     assert graph.tokens_per_round == eager.tokens_per_round == len(PROMPTS) * MAX_TOKENS
     tolerance = GRAPH_MODE_TOLERANCE[detected_hardware.kind]
     verdict = check_graph_not_slower(eager, graph, tolerance)
-    record_property("throughput.graph_mode", {"platform": detected_hardware.kind, "eager": eager.to_dict(),
+    record_property("throughput.graph_mode", {"platform": detected_hardware.kind, "backend": choice.backend,
+                                              "dtype": choice.dtype, "backend_reason": choice.reason,
+                                              "eager": eager.to_dict(),
                                               "graph": graph.to_dict(), "speedup": verdict.measured,
                                               "speedup_interval": verdict.interval.to_dict(),
                                               "tolerance": tolerance})

@@ -84,6 +84,25 @@ def test_tiny_throughput_is_verls_own(dapo_run, scale, record_property):
             phase_coverage=statistics.median(coverage[s] for s in tp.window))
 
 
+@pytest.mark.tiny
+@pytest.mark.cpu
+def test_tiny_verl_startup_is_accounted_for(dapo_run, pytestconfig, record_property):
+    """Where the tiny verl run's time before and during its first step went (harness.launch.startup), phase by
+    phase from its job log, in the report every night: the main job's critical path is this run, and a phase that
+    grows (a slower import, a new actor) shows here first. Every milestone must be found in order."""
+    from pathlib import Path
+
+    from harness.launch.startup import startup_phases
+    from harness.metrics.keys import JOB_LOG_FILE
+
+    job_log = Path(dapo_run.meta.sources[0]).parent / JOB_LOG_FILE
+    if not job_log.is_file():
+        skip_or_fail(pytestconfig, f"a job log beside {dapo_run.meta.sources[0]} (a --run-dir without job.log)")
+    phases = startup_phases(job_log, first_step_s=dapo_run[STEP_TIME].values[0])
+    assert all(p.seconds >= 0 for p in phases), phases  # milestones in the order verl prints them
+    record_property("verl.startup", {p.name: p.seconds for p in phases})
+
+
 # Selected by scale, not by hardware marker: only scales with a TPS target (full-a3, seed 002) have one to meet;
 # an `a3` marker would select it on an A2 nightly too and fail there under --strict-hardware (issue 11).
 @pytest.mark.full

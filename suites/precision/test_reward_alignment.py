@@ -10,12 +10,17 @@ verl's real main_ppo on CPU; larger: --run-dir or --ray-address), the baseline f
 baselines/tiny/dapo_verl.json, five real verl runs), or --baseline naming verl's nightly baseline summary
 (`key: value`). Fewer than 3 reference runs give an UNCALIBRATED verdict (floors only): reported, not failed.
 tests/test_tiny_verl.py proves it fails on the real trainer with a seeded rollout fault.
+
+The same run's rollout/training mismatch metrics (rollout_corr/kl, k3_kl, chi2_token, log_ppl_abs_diff,
+training/rollout_probs_diff_*; rollout_is_* / rollout_rs_* when the recipe turns TIS / IcePop / rejection on) are
+judged against absolute bands per precision (harness.metrics.rollout_corr): no baseline needed, so a nightly with
+only a summary baseline still judges them.
 """
 from __future__ import annotations
 
 import pytest
 
-from harness.metrics import curves
+from harness.metrics import curves, rollout_corr
 
 TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tiny"),
          pytest.param("reduced", marks=pytest.mark.reduced, id="reduced"),
@@ -39,3 +44,13 @@ def test_reward_curve_aligns_with_baseline(tier, dapo_run, request, pytestconfig
     record_property("curves.state", alignment.state)
     record_property("curves.warnings", list(dapo_run.meta.warnings))
     expect(alignment, notes=[*alignment.notes, *(f"log warning: {w}" for w in dapo_run.meta.warnings[:5])])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_rollout_correction_within_bands(tier, dapo_run, record_property, expect):
+    """Every step's rollout/training mismatch within the run's precision band (MoE route flips, stale weights and
+    other rollout faults move these by orders of magnitude at once)."""
+    result = rollout_corr.check_rollout_correction(dapo_run)
+    record_property("rollout_corr.verdicts", result.to_json())
+    record_property("rollout_corr.precision", result.precision)
+    expect(result)

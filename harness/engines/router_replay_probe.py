@@ -1,0 +1,114 @@
+"""verl's router replay on the installed megatron-core, exercised for real: `python -m
+harness.engines.router_replay_probe` prints one JSON line; `router_replay_outcomes()` runs it in a subprocess
+(Megatron's parallel state is process-global, and verl's patch rewrites TopKRouter for the whole process).
+
+verl 0.9.1 `verl/utils/megatron/router_replay_patch.py` imports `apply_router_token_dropping`,
+`compute_routing_scores_for_aux_loss` and `group_limited_topk` from `megatron.core.transformer.moe.moe_utils` in
+ONE try block; megatron-core core_r0.12.1 has `group_limited_topk` but not the other two, so the import fails as a
+whole, the patch warns "NPU not support router replay for now." and leaves all three names unbound. Its patched
+`TopKRouter.routing` then computes top-k through `_compute_topk`, which calls `group_limited_topk` whenever the
+router is group-limited (DeepSeek-V3: n_group 8, topk_group 4). The probe builds megatron-core's own TopKRouter
+(world size 1, gloo, CPU) with DeepSeek-V3's routing (sigmoid scores, expert bias, grouped top-k, scaling factor)
+and without the group limit, applies verl's patch, and runs each replay action verl uses:
+  record         RouterReplayAction.RECORD (R2, and the rollout-free forward of R3's old-log-prob pass)
+  replay         REPLAY_FORWARD with targets only
+  replay_masked  REPLAY_FORWARD with a replay mask, as verl's R3 always passes one (megatron engine
+                 transformer_impl.py: `build_r3_replay_mask`; the final row keeps its native route)
+  native         no action set (a forward of a replay-enabled model outside replay)
+Each outcome is "ok" (replayed ids checked against the targets) or the exception's type and first line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+ACTIONS = ("record", "replay", "replay_masked", "native")
+
+
+def _router(grouped: bool, experts: int = 16, topk: int = 4):
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=32, num_attention_heads=2, num_moe_experts=experts, moe_router_topk=topk,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=4 if grouped else None, moe_router_group_topk=2 if grouped else None,
+        moe_router_topk_scaling_factor=2.5, moe_router_pre_softmax=False, moe_router_load_balancing_type="none",
+        use_cpu_initialization=True, add_bias_linear=False, enable_routing_replay=True)
+    return TopKRouter(config=config)
+
+
+def _run(router, action: str, rrp) -> str:
+    import torch
+
+    tokens, topk = 5, router.topk
+    hidden = torch.randn(tokens, 1, router.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    targets = torch.stack([torch.randperm(router.config.num_moe_experts)[:topk] for _ in range(tokens)])
+    mask = torch.tensor([1, 1, 1, 1, 0]) if action == "replay_masked" else None
+    rrp.RouterReplay.clear_global_indices()
+    rrp.RouterReplay.clear_global_router_replay_action()
+    if action == "record":
+        rrp.RouterReplay.set_global_router_replay_action(rrp.RouterReplayAction.RECORD)
+    elif action.startswith("replay"):
+        router.router_replay.set_target_indices(targets, replay_mask=mask)
+        rrp.RouterReplay.set_global_router_replay_action(rrp.RouterReplayAction.REPLAY_FORWARD)
+    try:
+        with torch.no_grad():
+            _, routing_map = router(hidden)
+    except Exception as exc:  # the outcome is the finding
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
+    if action.startswith("replay"):
+        rows = range(tokens - 1) if mask is not None else range(tokens)
+        got = [set(routing_map[i].nonzero().flatten().tolist()) for i in rows]
+        if got != [set(targets[i].tolist()) for i in rows]:
+            return "wrong: the replayed routing map is not the targets"
+    return "ok"
+
+
+def probe() -> dict:
+    import torch
+
+    from harness.engines.megatron_probe import _init_world, _versions
+
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"  # this subprocess only (see harness.engines.megatron_probe)
+    _init_world()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from verl.utils.megatron import router_replay_patch as rrp
+    rrp.apply_router_replay_patch()
+    out = {"warnings": sorted({str(w.message) for w in caught if "replay" in str(w.message).lower()}),
+           "unbound": [n for n in ("group_limited_topk", "apply_router_token_dropping",
+                                   "compute_routing_scores_for_aux_loss") if n not in vars(rrp)],
+           "versions": _versions("verl", "megatron-core", "torch")}
+    for grouped in (True, False):
+        router = _router(grouped)
+        out["grouped" if grouped else "ungrouped"] = {action: _run(router, action, rrp) for action in ACTIONS}
+    return out
+
+
+def router_replay_outcomes(timeout_s: float = 300.0) -> dict:
+    """The probe's answer (see module docstring), run in a subprocess; HarnessError in one line when it fails."""
+    import subprocess
+
+    from harness.errors import HarnessError
+
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise HarnessError(f"router replay probe: no answer in {timeout_s:.0f} s") from None
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"router replay probe exited {done.returncode}: {tail}")
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(probe()))
+    except Exception as exc:  # one line back to the caller
+        print(json.dumps({"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:500]}))
+        sys.exit(3)

@@ -1,0 +1,61 @@
+"""Batch invariance of the rollout engine, measured (harness.consistency.invariance): a greedy prompt alone, alone
+again, in a batch of 7 others of varied lengths, at another position, and with its prefill chunked; tokens and the
+float32 bits of its log-probs compared with the first run alone, first divergent position reported.
+
+Alone vs alone again must be bit-equal on every engine. The batched cases are judged only where the engine claims
+batch invariance (vLLM with VLLM_BATCH_INVARIANT=1 where the platform offers it: harness.config.platforms); vLLM
+CPU makes no such claim (its batch-invariant mode registers Triton overrides that break CPU ops), so there they are
+recorded for the report. tests/test_mla_seeded.py plugs in a reference engine that claims invariance, and one with
+a split-K linear whose split follows the batch size (the seeded bug), through `--engine`.
+"""
+import pytest
+
+from harness.config.platforms import platform_facts
+from harness.consistency.invariance import Generation, measure_batch_invariance
+from harness.markers import DETECTED_KEY, skip_or_fail
+
+pytestmark = pytest.mark.tiny
+
+TARGET = [(7 * i + 3) % 250 + 1 for i in range(24)]  # longer than the chunked engine's 16-token budget
+OTHERS = [[(11 * i + s) % 250 + 1 for i in range(n)] for s, n in zip(range(10, 80, 10), (3, 9, 1, 14, 6, 20, 2),
+                                                                      strict=True)]
+MAX_TOKENS = 12
+CHUNK_TOKENS = 16  # vLLM's per-step token budget for the chunked case: the 24-token prefill takes two steps
+
+
+@pytest.fixture(scope="session")
+def batch_invariance(engine_kind, moe_spec, routing_model_dir, engine_dtype, pytestconfig):
+    """Every case on this engine kind (the MoE model: batched expert GEMMs are a variance source of their own).
+    vLLM kinds also build an engine with a 16-token budget for the chunked-prefill case, after the first closes,
+    where the platform chunks prefill at all (vLLM CPU with MLA does not: harness.config.platforms)."""
+    chunked = None
+    if engine_kind.name.startswith("vllm") and platform_facts(pytestconfig.stash[DETECTED_KEY].kind).chunked_prefill:
+        with engine_kind.make(moe_spec, weights=routing_model_dir, load_format="real", dtype=engine_dtype, seed=0,
+                              max_num_batched_tokens=CHUNK_TOKENS) as engine:
+            out = engine.sample([TARGET], MAX_TOKENS)
+            chunked = Generation(tuple(out.token_ids[0]), tuple(out.logprobs[0]))
+    with engine_kind.make(moe_spec, weights=routing_model_dir, load_format="real", dtype=engine_dtype,
+                          seed=0) as engine:
+        return measure_batch_invariance(engine, TARGET, OTHERS, MAX_TOKENS, chunked=chunked)
+
+
+def test_same_prompt_alone_twice_is_bit_equal(batch_invariance, pytestconfig, record_property, expect):
+    """Determinism: the same greedy prompt alone twice gives the same tokens and log-prob bits (recorded: every
+    case, judged or not, and why a case was not measured)."""
+    facts = platform_facts(pytestconfig.stash[DETECTED_KEY].kind)
+    why = facts.chunked_prefill_source if not facts.chunked_prefill else "the engine chunks no prefill"
+    chunked = any(c.case == "prefill chunked" for c in batch_invariance.cases)
+    record_property("consistency.batch_invariance", {**batch_invariance.to_json(),
+                                                     "not_measured": [] if chunked else [f"prefill chunked: {why}"]})
+    expect(batch_invariance)
+
+
+def test_batched_prompt_matches_alone(batch_invariance, pytestconfig, expect):
+    """Where the engine claims batch invariance: every batched / moved / chunked case bit-equal to alone."""
+    if not batch_invariance.claimed:
+        facts = platform_facts(pytestconfig.stash[DETECTED_KEY].kind)
+        how = (f"set {', '.join(f'{k}={v}' for k, v in facts.batch_invariance_env.items())} before the engine is "
+               "built" if facts.batch_invariance_env else facts.batch_invariance_source)
+        skip_or_fail(pytestconfig, f"an engine that claims batch invariance ({batch_invariance.engine} does not; "
+                                   f"{how})")
+    expect(batch_invariance)
