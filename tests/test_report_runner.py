@@ -4,6 +4,7 @@ the failing test."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -181,6 +182,10 @@ SLOW = textwrap.dedent('''
     @pytest.mark.tiny
     def test_slow():
         time.sleep(0.6)
+
+    @pytest.mark.tiny
+    def test_quick():
+        pass
 ''')
 
 
@@ -194,8 +199,12 @@ def test_progress_lines_and_heartbeat_outside_a_terminal(tmp_path, monkeypatch, 
     monkeypatch.setattr(run_cmd, "HEARTBEAT_S", 0.2)
     assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
     out = capsys.readouterr().out
-    assert "[1/1] PASSED suites/test_progress_tree.py::test_slow" in out
-    assert "... " in out and "0/1 done; running suites/test_progress_tree.py::test_slow" in out
+    slow = re.search(r"\[1/2\] PASSED suites/test_progress_tree.py::test_slow \((\d+\.\d) s\)", out)
+    quick = re.search(r"\[2/2\] PASSED suites/test_progress_tree.py::test_quick \((\d+\.\d) s\)", out)
+    assert slow and quick, out
+    # each test's own duration: the quick one ran after 0.6 s of the slow one, which the old line counted in
+    assert float(slow.group(1)) >= 0.6 and float(quick.group(1)) < 0.5, out
+    assert "... " in out and "0/2 done; running suites/test_progress_tree.py::test_slow" in out
 
 
 def test_history_quarantines_a_corrupt_entry_and_goes_on(tmp_path, monkeypatch, capsys):
@@ -241,3 +250,42 @@ def test_a_terminal_run_keeps_pytest_output_in_the_log(tmp_path):
     assert proc.wait(timeout=300) == 1, seen[-2000:]
     log = (tmp_path / "out" / "pytest.log").read_text()
     assert "seeded failure" in log and "1 failed, 1 passed" in log
+
+
+def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch):
+    # `run -- --lf` exited 2 ("unrecognized arguments: --lf"): pytest's cache was switched off
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_lf_tree.py").write_text(PASSING + FAILING.replace("import pytest\n", ""))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 1
+    first = {t["nodeid"].split("::")[-1] for t in json.loads((tmp_path / "out" / "report.json").read_text())["tests"]}
+    assert first == {"test_ok", "test_broken", "test_param[a-1]"}
+    assert (tmp_path / "out" / ".pytest_cache").is_dir()  # the cache is the report directory's
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "--lf"]) == 1
+    rerun = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
+    assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in rerun] == [("test_broken", "failed")]
+    # --ff: the failure first, then the rest
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "--ff"]) == 1
+    order = [t["nodeid"].split("::")[-1] for t in json.loads((tmp_path / "out" / "report.json").read_text())["tests"]]
+    assert order[0] == "test_broken" and len(order) == 3
+
+
+def test_run_finds_the_checkout_from_a_subdirectory(tmp_path, monkeypatch):
+    (tmp_path / "suites" / "deep").mkdir(parents=True)
+    (tmp_path / "suites" / "test_subdir_tree.py").write_text(PASSING)
+    monkeypatch.chdir(tmp_path / "suites" / "deep")
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 0
+    doc = json.loads((tmp_path / "suites" / "deep" / "out" / "report.json").read_text())
+    assert [t["nodeid"] for t in doc["tests"]] == ["suites/test_subdir_tree.py::test_ok"]  # ids as from the root
+
+
+def test_outside_every_checkout_run_says_where_to_run(tmp_path, monkeypatch, capsys):
+    from harness.cli import run_cmd
+
+    assert run_cmd.project_root(tmp_path) == run_cmd.CHECKOUT  # the clone the harness is imported from
+    monkeypatch.setattr(run_cmd, "CHECKOUT", tmp_path / "no-clone")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no suites/ in {tmp_path.resolve()} or any directory above it" in err
+    assert "run inside a clone of ascend-rl-harness" in err and "pip install -e" in err

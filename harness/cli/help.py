@@ -24,9 +24,12 @@ class CommandHelp:
 HELP = {
     "run": CommandHelp(
         "The main job: run a scale's suites (pytest suites -m <tier> --scale <scale>) in this process and write "
-        "the report (report.json, .html, .md) to --report-dir; pytest's own output goes to <report-dir>/pytest.log. "
-        "Tests whose hardware or stack is absent skip with the reason.",
-        "ascend-rl-harness run --scale tiny --report-dir reports",
+        "the report (report.json, .html, .md, junit.xml) to --report-dir; pytest's own output goes to "
+        "<report-dir>/pytest.log. Tests whose hardware or stack is absent skip with the reason. Runs from any "
+        "directory inside a clone (the nearest one above holding suites/) or, outside every clone, the suites of "
+        "the clone the harness is installed from. pytest's cache is kept in the report directory, so "
+        "`run -- --lf` reruns what failed in its previous run (--ff, --sw likewise).",
+        "ascend-rl-harness run --scale tiny --report-dir reports -- --lf",
         ("0  every test that ran passed (and, with --history, no regression across the stored reports)",
          "1  a test failed, or a regression shows")),
     "scales": CommandHelp(

@@ -31,19 +31,26 @@ from rich.markup import escape
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
+CACHE_DIR = ".pytest_cache"  # pytest's cache (--lf, --ff, --sw), kept per report directory
+# The checkout this harness is imported from (an editable install, or PYTHONPATH at a clone): where `run` finds
+# suites/ when the working directory is outside every clone.
+CHECKOUT = Path(__file__).resolve().parents[2]
 MAX_WORKERS = 1024  # xdist starts one interpreter per worker: 10**30 of them is no request
 HEARTBEAT_S = 60.0  # a line at least this often when stdout is no terminal: CI kills jobs silent for long
 
 
 class _Lines:
-    """pytest plugin for a non-terminal stdout (CI logs): one line per finished test and, from a thread, a
-    heartbeat naming the running test, so a log shows progress without a progress bar's control codes."""
+    """pytest plugin for a non-terminal stdout (CI logs): one line per finished test with its own duration (setup,
+    call and teardown, as pytest's --durations counts it; the time since the start read as the test's), and, from
+    a thread, a heartbeat naming the running test, so a log shows progress without a progress bar's control
+    codes."""
 
     def __init__(self, out, heartbeat_s: float):
         self.out, self.heartbeat_s = out, heartbeat_s
         self.total, self.done, self.started, self.running = "?", 0, time.monotonic(), None
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.outcome: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
         self.thread = threading.Thread(target=self._beat, name="run-heartbeat", daemon=True)
 
     def _line(self, text: str) -> None:
@@ -75,6 +82,7 @@ class _Lines:
 
     def pytest_runtest_logreport(self, report) -> None:
         worst = self.outcome.get(report.nodeid)
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
         if report.failed:
             self.outcome[report.nodeid] = "FAILED" if report.when == "call" else "ERROR"
         elif report.skipped and worst is None:
@@ -84,7 +92,7 @@ class _Lines:
         if report.when == "teardown":
             self.done += 1
             self._line(f"[{self.done}/{self.total}] {self.outcome.pop(report.nodeid, 'PASSED')} {report.nodeid} "
-                       f"({time.monotonic() - self.started:.0f} s)")
+                       f"({self.seconds.pop(report.nodeid, 0.0):.1f} s)")
 
 
 class _Progress:
@@ -111,9 +119,30 @@ class _Progress:
             self.progress.update(self.task, advance=1, description=report.nodeid.rsplit("::", 1)[-1][:60])
 
 
-def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: list[str]) -> list[str]:
-    """The pytest command line the job runs (also printed, so a failure can be rerun by hand)."""
-    args = [SUITES_DIR, "-m", tier, "--scale", scale, "--report-dir", str(report_dir), "-p", "no:cacheprovider"]
+def project_root(start: Path | None = None) -> Path:
+    """The checkout whose suites `run` runs: the working directory or the nearest directory above it that holds
+    suites/ (as git finds .git), else the checkout the harness is imported from. BadInput saying where to run
+    otherwise (`run` from any other directory said only "no suites/ here")."""
+    start = (start or Path.cwd()).resolve()
+    for directory in (start, *start.parents, CHECKOUT):
+        if (directory / SUITES_DIR).is_dir():
+            return directory
+    raise BadInput(f"no {SUITES_DIR}/ in {start} or any directory above it, nor beside the harness ({CHECKOUT}); run "
+                   "inside a clone of ascend-rl-harness (its root holds suites/ and pyproject.toml), or install the "
+                   "harness from one (pip install -e CLONE)")
+
+
+def pytest_args(scale: str, tier: str, report_dir: Path, workers: int, extra: list[str],
+                root: Path | None = None) -> list[str]:
+    """The pytest command line the job runs (also printed, so a failure can be rerun by hand). pytest's cache lives
+    in the report directory: `run --report-dir D -- --lf` reruns what failed in D's previous run, `--ff` and
+    `--sw` work the same way. `root`: the checkout (its suites/, and --rootdir, so node ids read `suites/...`
+    from any working directory)."""
+    suites = str(root / SUITES_DIR) if root is not None else SUITES_DIR
+    args = [suites, "-m", tier, "--scale", scale, "--report-dir", str(report_dir),
+            "-o", f"cache_dir={Path(report_dir).absolute() / CACHE_DIR}"]
+    if root is not None:
+        args += ["--rootdir", str(root)]
     if workers > 1:
         args += ["-p", "xdist", "-n", str(workers)]
     return args + extra
@@ -194,18 +223,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.report.publish import check_store, staged
 
     scale = scale_arg(args.scale)
-    if not Path(SUITES_DIR).is_dir():
-        raise BadInput(f"no {SUITES_DIR}/ here ({Path.cwd()}); run from the ascend-rl-harness checkout")
+    root = project_root()
     report_dir = Path(args.report_dir)
     if report_dir.exists() and not report_dir.is_dir():
         raise BadInput(f"--report-dir {report_dir}: is a file; pass a directory")
     if args.history:
         check_store(args.history)
     with exclusive(report_dir, "this report directory"), staged(report_dir) as generation:
-        return _run_locked(args, scale, report_dir, generation)
+        return _run_locked(args, scale, root, report_dir, generation)
 
 
-def _run_locked(args: argparse.Namespace, scale, report_dir: Path, generation) -> int:
+def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -216,7 +244,7 @@ def _run_locked(args: argparse.Namespace, scale, report_dir: Path, generation) -
     from harness.report.schema import load_report
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra)
+    argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
     # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
     # while tests run, and its own terminal report goes to the log.
     try:
