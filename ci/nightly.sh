@@ -4,7 +4,9 @@
 # reduced -> moonlight -> full -- each with --strict-hardware (a nightly must never go green by
 # skipping), and stops at the first failing tier: no 256-card job is booked when one card already fails.
 # Every tier's report.json goes to the trend store; the HTML (tonight's reports and the trend across
-# nights) is written to the publish directory.
+# nights) is written to the publish directory; each tier's JUnit XML is collected for the CI's test view and
+# each tier's Markdown (then each trend's) is appended to the step summary. A trend that fails (a regression, a
+# night that lost tests, metrics or suites) fails the night too.
 #
 # Environment:
 #   HARDWARE      a2 | a3 (default a3): picks the scales below and is passed as --hardware
@@ -13,6 +15,7 @@
 #   BASELINE_DIR  golden baselines (default baselines/)
 #   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
 #   PUBLISH_DIR   where the HTML goes (default ./public)
+#   GITHUB_STEP_SUMMARY  the Markdown summary file (set by GitHub Actions; default reports/nightly-<night>/summary.md)
 #   NIGHTLY_DRY_RUN=1  print the commands instead of running them
 #   HARNESS_ABORT_ON_FAIL=0  run a launched job to its end even after its failure is certain (default: the
 #                 launcher stops it at the first verdict it can no longer pass; harness/metrics/early_stop.py)
@@ -34,6 +37,10 @@ NIGHT="$(date -u +%Y%m%dT%H%M%SZ)"
 REPORTS="reports/nightly-$NIGHT"
 HARNESS="${HARNESS:-ascend-rl-harness}"
 PYTHON="${PYTHON:-python3}"
+# JUnit XML per tier (<scale>.xml): Jenkins `junit 'reports/nightly-*/junit/*.xml'`, GitLab `artifacts:reports:junit`,
+# the GitHub workflow's JUnit step. The summary: GitHub shows $GITHUB_STEP_SUMMARY on the run's page.
+JUNIT_DIR="$REPORTS/junit"
+SUMMARY="${GITHUB_STEP_SUMMARY:-$REPORTS/summary.md}"
 
 run() {  # run a command, or print it under NIGHTLY_DRY_RUN=1
   if [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi
@@ -54,7 +61,10 @@ for scale in $SCALES; do
     # copy, then rename: a copy cut short (node lost, disk full) never sits in the store as a half-written night
     run cp "$out/report.json" "$TREND_STORE/$scale/.$NIGHT.json.tmp"
     run mv "$TREND_STORE/$scale/.$NIGHT.json.tmp" "$TREND_STORE/$scale/$NIGHT.json"
-    run "$PYTHON" -m harness.report.nightly "$out/report.json" || true  # FAIL <scale> <suite>::<test> metric .. step ..
+    # FAIL <scale> <suite>::<test> metric .. step .. lines, and the tier's Markdown into the summary (redacted)
+    run "$PYTHON" -m harness.report.nightly --summary "$SUMMARY" "$out/report.json" || true
+    run mkdir -p "$JUNIT_DIR"
+    run cp -L "$out/junit.xml" "$JUNIT_DIR/$scale.xml"  # -L: junit.xml is a link into the report's generation
   fi
   if [ "$tier_status" -ne 0 ]; then
     echo "ci/nightly.sh: tier of scale $scale failed (exit $tier_status); later tiers not run" >&2
@@ -71,9 +81,19 @@ for scale in $SCALES; do
     run cp -rL "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
   fi
   if compgen -G "$TREND_STORE/$scale/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
-    # the directory, not a glob: a corrupt entry is then quarantined and the trend goes on (issue 16)
-    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale"
+    # the directory, not a glob: a corrupt entry is then quarantined and the trend goes on. Its verdict counts:
+    # a regression, or a night that lost tests, metrics or suites against the night before, fails the night.
+    trend_status=0
+    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale" || trend_status=$?
+    if [ "$trend_status" -ne 0 ]; then
+      echo "ci/nightly.sh: trend of scale $scale: FAIL (exit $trend_status; $PUBLISH_DIR/trend/$scale/trend.html)" >&2
+      [ "$status" -eq 0 ] && status=$trend_status
+    fi
+    if [ -f "$PUBLISH_DIR/trend/$scale/trend.md" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+      run "$PYTHON" -m harness.report.nightly --summary "$SUMMARY" "$PUBLISH_DIR/trend/$scale/trend.md"
+    fi
   fi
 done
-echo "ci/nightly.sh: night $NIGHT on $HARDWARE: exit $status; HTML in $PUBLISH_DIR" >&2
+echo "ci/nightly.sh: night $NIGHT on $HARDWARE: exit $status; HTML in $PUBLISH_DIR, JUnit in $JUNIT_DIR, summary in" \
+     "$SUMMARY" >&2
 exit "$status"

@@ -116,7 +116,7 @@ def write_runs(root: Path, n: int = 3, steps: int = 20) -> list[str]:
 def report_set(out: Path) -> dict[str, str]:
     """The report set a report directory shows (name -> text), read through whatever links it uses."""
     return {p.name: p.read_text(errors="replace") for p in sorted(out.iterdir())
-            if p.name in ("report.json", "report.html", "report.md", "pytest.log") and p.exists()}
+            if p.name in ("report.json", "report.html", "report.md", "junit.xml", "pytest.log") and p.exists()}
 
 
 def assert_one_set(out: Path) -> dict:
@@ -125,6 +125,7 @@ def assert_one_set(out: Path) -> dict:
     files = report_set(out)
     doc = json.loads(files["report.json"])
     assert doc["name"] in files["report.html"] and doc["name"] in files["report.md"], doc["name"]
+    assert f'name="{doc["name"]}"' in files["junit.xml"], doc["name"]
     if "pytest.log" in files:
         assert f"{len(doc['tests'])} passed" in files["pytest.log"], files["pytest.log"][-500:]
     return doc

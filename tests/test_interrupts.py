@@ -182,7 +182,7 @@ KILL_DRIVER = textwrap.dedent('''
         _, status = os.waitpid(pid, 0)
         killed = os.WIFSIGNALED(status)
         files = {p.name: p.read_text(errors="replace") for p in sorted(out.iterdir())
-                 if p.name in ("report.json", "report.html", "report.md", "pytest.log") and p.exists()}
+                 if p.name in ("report.json", "report.html", "report.md", "junit.xml", "pytest.log") and p.exists()}
         seen.append({"n": n, "killed": killed, "files": files})
         if not killed:
             break
@@ -206,6 +206,7 @@ def test_a_kill_at_any_rename_leaves_the_old_set_or_the_new_one(tmp_path):
             continue  # the kill came before the swap: the previous set, whole
         doc = json.loads(files["report.json"])  # else the new set, whole: page, Markdown and log of this report
         assert doc["name"] in files["report.html"] and doc["name"] in files["report.md"], case["n"]
+        assert f'name="{doc["name"]}"' in files["junit.xml"], case["n"]
         assert len(doc["tests"]) == 2 and "2 passed" in files["pytest.log"], case["n"]
     assert json.loads(seen[-1]["files"]["report.json"])["name"] != json.loads(before["report.json"])["name"]
 

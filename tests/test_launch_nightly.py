@@ -30,8 +30,15 @@ def test_workflow_parses_and_runs_the_script_on_ascend_runners():
     assert {row["hardware"] for row in job["strategy"]["matrix"]["include"]} == {"a2", "a3"}
     runs = [step.get("run", "") for step in job["steps"]]
     assert any(r.strip() == "bash ci/nightly.sh" for r in runs)
-    assert any("npu-smi info" in r for r in runs) and any("--no-deps -e ." in r for r in runs)
+    # the install step is the README's (scripts/install-npu-stack, which installs the harness itself last)
+    assert any("npu-smi info" in r for r in runs) and any('scripts/install-npu-stack "$NPU_STACK"' in r for r in runs)
     assert job["env"]["TREND_STORE"].startswith("/data/") and "publish" in doc["jobs"]
+    # each tier's JUnit XML (collected by the script into reports/nightly-*/junit/) becomes a check run, whatever
+    # the night's verdict; the step summary is the script's (GITHUB_STEP_SUMMARY)
+    junit = [s for s in job["steps"] if "junit" in str(s.get("uses", ""))]
+    assert len(junit) == 1 and junit[0]["if"] == "always()", junit
+    assert junit[0]["with"]["report_paths"] == "reports/nightly-*/junit/*.xml"
+    assert doc["permissions"]["checks"] == "write"
 
 
 def test_script_is_valid_bash():
@@ -43,7 +50,8 @@ def test_script_is_valid_bash():
 @pytest.mark.parametrize("hardware", ["a2", "a3"])
 def test_tiers_in_order_strict_trend_and_publish(hardware, tmp_path):
     env = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": hardware, "RAY_ADDRESS": "http://head:8265",
-           "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public")}
+           "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public"),
+           "GITHUB_STEP_SUMMARY": str(tmp_path / "step-summary.md")}
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     commands = [shlex.split(line) for line in done.stdout.splitlines()]
@@ -64,6 +72,15 @@ def test_tiers_in_order_strict_trend_and_publish(hardware, tmp_path):
     assert [c[1] for c in stored] == [c[2] for c in copied] and all(c[2].endswith(".json") for c in stored)
     reports = [c for c in commands if c[:2] == ["ascend-rl-harness", "report"]]
     assert len(reports) == len(scales) and all(c[3].startswith(str(tmp_path / "public")) for c in reports)
+    # JUnit: every tier's junit.xml (a link into its generation: -L) collected as <scale>.xml for the CI test view
+    junit = [c for c in commands if c[:2] == ["cp", "-L"] and c[2].endswith("/junit.xml")]
+    assert [c[3].rsplit("/", 1)[-1] for c in junit] == [f"{s}.xml" for s in scales]
+    assert all(re.fullmatch(r"reports/nightly-[0-9TZ]+/junit/[\w-]+\.xml", c[3]) for c in junit), junit
+    # the step summary: each tier's report, then each trend, appended through harness.report.nightly (redacted)
+    summary = [c for c in commands if c[:4] == ["python3", "-m", "harness.report.nightly", "--summary"]]
+    assert all(c[4] == str(tmp_path / "step-summary.md") for c in summary) and len(summary) == 2 * len(scales)
+    assert [c[5].rsplit("/", 2)[-2:] for c in summary] == [[s, "report.json"] for s in scales] + [
+        [s, "trend.md"] for s in scales]
 
 
 def test_unknown_hardware_is_bad_input(tmp_path):
@@ -109,3 +126,17 @@ def test_passing_report_is_one_pass_line(tmp_path, capsys):
     path = _report(tmp_path, [("suites/functional/test_x.py::test_y", "passed", 1.0, "")], exit_status=0)
     assert main([str(path)]) == 0
     assert re.match(r"PASS reduced-a2: 1 passed, 0 skipped", capsys.readouterr().out)
+
+
+def test_step_summary_appends_the_markdown_redacted(tmp_path, capsys):
+    token = "s3cr3t-T0KEN-4711"
+    path = _report(tmp_path, [("suites/functional/test_x.py::test_y", "failed", 1.0,
+                               f"could not reach http://admin:{token}@head:8265")])
+    (tmp_path / "trend.md").write_text(f"## trend\n- newest night lost 43 tests; RAY_AUTH_TOKEN={token}\n")
+    summary = tmp_path / "summary.md"
+    assert main(["--summary", str(summary), str(path)]) == 1
+    assert main(["--summary", str(summary), str(tmp_path / "trend.md")]) == 0
+    text = summary.read_text()
+    assert text.startswith("## ascend-rl-harness nightly: ") and "test_y" in text and "newest night lost 43" in text
+    assert token not in text and "RAY_AUTH_TOKEN=***" in text
+    assert "FAIL reduced-a2 suites/functional/test_x.py::test_y" in capsys.readouterr().out

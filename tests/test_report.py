@@ -95,6 +95,45 @@ def test_collector_writes_every_verdict_with_reasons_and_measurements(collected)
     assert (out / "report.html").stat().st_size > 1000 and "FAIL" in (out / "report.md").read_text()
 
 
+def test_junit_xml_is_in_the_set_with_json_properties(collected):
+    # CI test views read JUnit; pytest's --junitxml writes properties as str(value), Python reprs such as
+    # {'tps_per_card': 123.2} that no tool parses
+    import xml.etree.ElementTree as ET
+
+    _, out = collected
+    path = out / "junit.xml"
+    assert path.is_symlink() and os.readlink(path) == ".current/junit.xml"  # one generation with the others
+    suite = ET.parse(path).getroot().find("testsuite")
+    counts = (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped"))
+    assert counts == ("6", "1", "1", "2")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["test_fails"].get("classname") == "test_suite" and cases["test_fails"].get("file") == "test_suite.py"
+    assert "61.6 TPS/card" in cases["test_fails"].find("failure").get("message")
+    assert cases["test_errors"].find("error") is not None
+    assert cases["test_known"].find("skipped").get("type") == "pytest.xfail"
+    props = {p.get("name"): json.loads(p.get("value")) for p in cases["test_measures"].iter("property")}
+    assert props["throughput"] == {"tps_per_card": 123.2, "tps_per_device": 61.6}
+    assert props["memory.phases"][0]["peak_gib"] == 1.5
+    suite_props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert suite_props["scale"] == "tiny" and "version verl" in suite_props
+
+
+def test_junit_names_and_control_characters():
+    import xml.etree.ElementTree as ET
+
+    from fixtures.report import make_report
+    from harness.report.junit import case_names, render_junit
+
+    assert case_names("suites/perf/test_x.py::TestA::test_b[p::q]") == ("suites.perf.test_x.TestA", "test_b[p::q]")
+    assert case_names("suites/a/test_y.py::test_c") == ("suites.a.test_y", "test_c")
+    report = make_report("n", "2026-11-01T02:00:00+00:00", failing=True)
+    report = dataclasses.replace(report, tests=(*report.tests, TestVerdict(
+        "suites/t.py::test_log", "failed", 1.0, "bad \x1b[31mred\x00", log="\x1b[0m captured \x07")))
+    root = ET.fromstring(render_junit(report))  # parses: no control character reaches the XML
+    case = [c for c in root.iter("testcase") if c.get("name") == "test_log"][0]
+    assert "#x1B[31mred#x00" in case.find("failure").get("message") and "captured" in case.find("system-out").text
+
+
 def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
     doc = json.loads((collected[1] / "report.json").read_text())
     future = tmp_path / "future.json"

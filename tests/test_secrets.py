@@ -37,7 +37,8 @@ def test_a_planted_token_reaches_no_output(tmp_path, runner):
     # seeded: --ray-address http://admin:TOKEN@host:8265 was written verbatim into report.json (`command`),
     # report.html and the console
     suites_tree(tmp_path, LEAKY)
-    extra = ["--ray-address", ADDRESS, "--junitxml", str(tmp_path / "out" / "junit.xml")]
+    # the set's own junit.xml, and pytest's --junitxml of a user beside it
+    extra = ["--ray-address", ADDRESS, "--junitxml", str(tmp_path / "out" / "pytest-junit.xml")]
     if runner == "run":
         proc = cli("run", "--scale", "tiny", "--report-dir", "out", "--", *extra, cwd=tmp_path)
     else:
@@ -46,7 +47,7 @@ def test_a_planted_token_reaches_no_output(tmp_path, runner):
                               capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     outputs = {"stdout": proc.stdout, "stderr": proc.stderr, **_everything(tmp_path / "out")}
-    assert {"report.json", "report.html", "report.md", "junit.xml"} <= set(outputs), sorted(outputs)
+    assert {"report.json", "report.html", "report.md", "junit.xml", "pytest-junit.xml"} <= set(outputs), sorted(outputs)
     assert (runner == "pytest") or "pytest.log" in outputs
     leaked = [name for name, text in outputs.items() if TOKEN in text]
     assert not leaked, leaked

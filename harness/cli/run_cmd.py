@@ -240,7 +240,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
 
     from harness.io import write_error
     from harness.redact import redact_argv
-    from harness.report.publish import LOG_NAME, load_store, publish, store, write_trend
+    from harness.report.publish import JUNIT_NAME, LOG_NAME, load_store, publish, store, write_trend
     from harness.report.schema import load_report
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -320,7 +320,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     if args.history:
         console.print(f"trend over {escape(str(args.history))}: {(report_dir / 'trend.html').absolute()}")
     console.print(f"report: {(report_dir / 'report.html').absolute()} (JSON: {(report_dir / written.name).absolute()}, "
-                  f"Markdown: {(report_dir / 'report.md').absolute()}, pytest log: {log.absolute()})")
+                  f"Markdown: {(report_dir / 'report.md').absolute()}, JUnit: {(report_dir / JUNIT_NAME).absolute()}, "
+                  f"pytest log: {log.absolute()})")
     return 0 if report.passed and not regressed else 1
 
 

@@ -3,8 +3,10 @@ and the place (step, layer, phase) its findings name (harness.findings, recorded
 the morning mail reads `FAIL reduced-a2 suites/precision/test_reward_alignment.py::test_reward_curve metric
 critic/rewards/mean step 12: ...`. A failing test with no finding (a crash, a plain assert) prints `-`.
 
-`python -m harness.report.nightly REPORT_JSON...` prints them (exit 1 when any test failed); used by
-ci/nightly.sh after each tier.
+`python -m harness.report.nightly [--summary FILE] REPORT...` prints them (exit 1 when any test failed); used by
+ci/nightly.sh after each tier. `--summary FILE` also appends each report's Markdown (a REPORT ending in `.md`, such
+as a trend.md, is appended as it is) to FILE through harness.redact: GitHub's `$GITHUB_STEP_SUMMARY`, or any file
+another CI shows.
 """
 from __future__ import annotations
 
@@ -44,18 +46,51 @@ def failures(report) -> list[Failure]:
     return out
 
 
+def append_summary(path: str, markdown: str) -> None:
+    """Append `markdown` to the summary file `path` (created if absent), every credential masked: a step summary is
+    shown to everyone who can read the workflow run."""
+    from harness.io import WRITE_ERRNOS, write_error
+    from harness.redact import redact
+
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(redact(markdown).rstrip() + "\n\n")
+    except OSError as exc:
+        if exc.errno in WRITE_ERRNOS:
+            raise write_error(path, exc) from None
+        raise
+
+
+USAGE = "usage: python -m harness.report.nightly [--summary FILE] REPORT_JSON|MARKDOWN..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    from harness.io import open_input
+    from harness.report.render import render_markdown
     from harness.report.schema import load_report
 
-    paths = sys.argv[1:] if argv is None else argv
+    paths = list(sys.argv[1:] if argv is None else argv)
+    summary = None
+    if paths[:1] == ["--summary"]:
+        if len(paths) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        summary, paths = paths[1], paths[2:]
     if not paths:
-        print("usage: python -m harness.report.nightly REPORT_JSON...", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     failed = False
     for path in paths:
         try:
+            if path.endswith(".md"):  # a page's Markdown (trend.md): only for the summary
+                if summary:
+                    with open_input(path, "r", encoding="utf-8", errors="replace") as f:
+                        append_summary(summary, f.read())
+                continue
             report = load_report(path)
-        except BadInput as exc:
+            if summary:
+                append_summary(summary, render_markdown(report))
+        except (BadInput, FileNotFoundError) as exc:
             print(f"python -m harness.report.nightly: error: {exc}", file=sys.stderr)
             return 2
         found = failures(report)

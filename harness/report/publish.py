@@ -1,5 +1,5 @@
-"""Publishing a run's report: the report set (report.json / .html / .md, pytest.log, the trend pages) swapped in
-as one, the nightly trend store (a directory of report JSONs) and the trend pages over it. The statistics are
+"""Publishing a run's report: the report set (report.json / .html / .md, junit.xml, pytest.log, the trend pages)
+swapped in as one, the nightly trend store (a directory of report JSONs) and the trend pages over it. The statistics are
 harness.report.trend's and the pages harness.report.render's; this module only reads and writes.
 
 The set is one generation: a new run writes every file into a fresh private directory `.gen-*` beside the
@@ -22,16 +22,18 @@ from pathlib import Path
 
 from harness.errors import BadInput, NewerVersion
 from harness.io import WRITE_ERRNOS, current_umask, file_kind, write_atomic, write_error
+from harness.report.junit import render_junit
 from harness.report.render import render_html, render_markdown, render_trend_html, render_trend_markdown
 from harness.report.schema import RunReport, load_report, write_report
 from harness.report.trend import DEFAULT_TOLERANCE, Step, find_steps, metrics
 
 LOG_NAME = "pytest.log"
+JUNIT_NAME = "junit.xml"  # harness.report.junit: what CI test views read, properties as JSON
 TREND_FILES = ("trend.html", "trend.md")
 LINKED_OPTIONS = ("--run-dir", "--baseline")  # directories a report page links to (issue 15)
 QUARANTINE_SUFFIX = ".corrupt"
 EVIDENCE_DIR = "evidence"  # copies of the run directories the verdicts were computed from (keep_evidence)
-REPORT_SET = ("report.json", "report.html", "report.md", LOG_NAME, *TREND_FILES, EVIDENCE_DIR)
+REPORT_SET = ("report.json", "report.html", "report.md", JUNIT_NAME, LOG_NAME, *TREND_FILES, EVIDENCE_DIR)
 CURRENT = ".current"  # the link to the generation directory whose files the public names show
 GENERATION_PREFIX = ".gen-"
 
@@ -194,14 +196,15 @@ def report_links(set_dir: Path, report: RunReport) -> dict[str, str]:
 
 def publish(report: RunReport, set_dir: str | Path, previous: RunReport | None = None,
             trend: bool = False) -> Path:
-    """Write report.html, report.md and report.json into `set_dir`, a Generation's directory (it starts empty: no
-    trend page of another report can sit beside them); return the JSON path. `trend`: the page links the
+    """Write report.html, report.md, junit.xml and report.json into `set_dir`, a Generation's directory (it starts
+    empty: no trend page of another report can sit beside them); return the JSON path. `trend`: the page links the
     trend.html its caller writes next."""
     set_dir = Path(set_dir)
     keep_evidence(set_dir, report.tests)
-    links = {**report_links(set_dir, report), **({"trend": TREND_FILES[0]} if trend else {})}
+    links = {**report_links(set_dir, report), JUNIT_NAME: JUNIT_NAME, **({"trend": TREND_FILES[0]} if trend else {})}
     write_atomic(set_dir / "report.html", render_html(report, previous, links))
     write_atomic(set_dir / "report.md", render_markdown(report))
+    write_atomic(set_dir / JUNIT_NAME, render_junit(report))
     return write_report(report, set_dir / "report.json")
 
 
