@@ -328,6 +328,70 @@ def test_trend_badge_is_the_newest_nights_verdict(report_factory):
     assert trend_verdict(nights[:3], [])[0] and 'id="verdict">PASS<' in render_trend_html(nights[:3], [], [])
 
 
+def _night(name: str, day: int, nodeids, *, tps: float | None = 120.0, command=("pytest", "suites", "-m", "full")):
+    from fixtures.report import make_report
+
+    base = make_report(name, f"2026-11-{day:02d}T02:00:00+00:00", tps=tps)
+    tests = [TestVerdict(n, "passed", 1.0, "") for n in nodeids]
+    return dataclasses.replace(base, tests=(*base.tests[:1 if tps is not None else 0], *tests), command=command,
+                               duration_s=265.0 if len(tests) > 10 else 7.5)
+
+
+FORTY_SIX = [f"suites/{area}/test_{area}.py::test_{k}" for area in ("functional", "precision", "memory")
+             for k in range(15)] + ["suites/perf/test_graph_mode.py::test_decode"]
+
+
+def test_a_night_that_lost_tests_metrics_or_suites_fails_the_trend():
+    # seeded: a night with 4 of the previous night's 47 tests passed as PASS, its wall time plotted as a fall from
+    # 265 s to 7.5 s and its missing TPS point silently left out
+    full = [_night(f"n{i}", i + 1, FORTY_SIX) for i in range(3)]
+    shrunk = _night("n3", 4, FORTY_SIX[:3], tps=None, command=("pytest", "suites", "-m", "full", "-k", "functional"))
+    assert all(r.passed for r in [*full, shrunk]) and trend_verdict(full, find_steps(full)) == (True, [])
+    nights = [*full, shrunk]
+    passed, reasons = trend_verdict(nights, find_steps(nights))
+    assert not passed, reasons
+    assert reasons[0].startswith("night n3 ran 3 tests, 47 the night before (n2): 44 missing: suites/functional/")
+    assert reasons[1].startswith("night n3 lost 4 whole suites: suites/memory/test_memory.py, suites/perf/")
+    assert "now `pytest suites -m full -k functional`" in reasons[1]  # the deselection that did it
+    assert reasons[2] == ("night n3 lacks 1 metric the night before had: "
+                          "tps_per_card[suites/perf/test_throughput_target.py::test_tps]")
+    page = render_trend_html(nights, metrics(nights), find_steps(nights))
+    assert 'id="verdict">FAIL<' in page and "44 tests, 1 metrics" in page
+    assert "44 missing" in render_markdown_trend(nights)
+    # a night that only gained tests, or the same set again, loses nothing
+    grown = [*full[:2], _night("n2", 3, [*FORTY_SIX, "suites/new/test_new.py::test_a"])]
+    assert trend_verdict(grown, find_steps(grown)) == (True, [])
+
+
+def render_markdown_trend(nights):
+    from harness.report.render import render_trend_markdown
+
+    return render_trend_markdown(nights, find_steps(nights))
+
+
+def test_report_last_and_since_keep_the_newest_nights(tmp_path, capsys):
+    nights = [_night(f"n{i}", i + 1, FORTY_SIX) for i in range(4)] + [_night("n4", 5, FORTY_SIX[:3])]
+    for r in nights:
+        write_report(r, tmp_path / "store" / f"{r.name}.json")
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "all")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL night n4 ran 4 tests, 47 the night before (n3): 43 missing" in out
+    assert "trend over 5 nights: FAIL" in out
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "old"), "--last", "3", "--since",
+                 "2026-11-01"]) == 1  # the newest 3 still end in the night that lost tests
+    assert len(list((tmp_path / "old").glob("n*.html"))) == 3
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "ok"), "--since", "2026-11-02"]) == 1
+    assert len(list((tmp_path / "ok").glob("n*.html"))) == 4
+    assert main(["report", *[str(tmp_path / "store" / f"n{i}.json") for i in range(4)], "-o", str(tmp_path / "p"),
+                 "--since", "2026-11-02T00:00"]) == 0
+    assert len(list((tmp_path / "p").glob("n*.html"))) == 3
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "none"), "--since", "2027-01-01"]) == 2
+    assert "none of the 5 reports was created then or later" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "x"), "--since", "yesterday"]) == 2
+    assert main(["report", str(tmp_path / "store"), "-o", str(tmp_path / "x"), "--last", "0"]) == 2
+
+
 def test_benchmark_noise_is_no_regression_but_a_shift_is(report_factory):
     # issue 15: nightly benchmark medians of 0.13 s and 9.05 s on a shared 2-core machine were flagged
     # (median, fastest round) per night: contention inflates medians, the code's speed shows in the fastest round

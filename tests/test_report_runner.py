@@ -289,3 +289,29 @@ def test_outside_every_checkout_run_says_where_to_run(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no suites/ in {tmp_path.resolve()} or any directory above it" in err
     assert "run inside a clone of ascend-rl-harness" in err and "pip install -e" in err
+
+
+TWO = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.tiny
+    def test_a():
+        pass
+
+    @pytest.mark.tiny
+    def test_b():
+        pass
+''')
+
+
+def test_history_fails_a_night_that_lost_tests(tmp_path, monkeypatch, capsys):
+    # a night with fewer tests than the one before was PASS: every test that ran passed
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_shrink_tree.py").write_text(TWO)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "n1", "--history", "store"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--scale", "tiny", "--report-dir", "n2", "--history", "store", "--", "-k", "test_a"]) == 1
+    out = capsys.readouterr().out
+    assert "ran 1 test, 2 the night before" in out and "suites/test_shrink_tree.py::test_b" in out, out
+    assert 'id="verdict">FAIL<' in (tmp_path / "n2" / "trend.html").read_text()

@@ -1,12 +1,39 @@
 """`ascend-rl-harness report`: report JSON(s) -> HTML + Markdown; several (or a trend store) -> the trend page
-with regression detection. Exit 1 when the newest report failed or a regression shows, 2 on bad input (one
-line naming the file and field: a report of the wrong shape never ends in a traceback)."""
+with regression detection. `--last N` / `--since DATE` keep the newest nights. Exit 1 when the trend fails (the
+newest report failed, lost tests, suites or metrics the one before had, or a regression shows), 2 on bad input
+(one line naming the file and field: a report of the wrong shape never ends in a traceback)."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from pathlib import Path
 
 from harness.errors import BadInput
+
+
+def since_arg(text: str) -> dt.datetime:
+    """`--since`: an ISO date (2026-11-01, midnight UTC) or date and time (2026-11-01T02:00, UTC unless given)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be an ISO date, e.g. 2026-11-01 or "
+                                         "2026-11-01T02:00:00+00:00") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+def created_at(report) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(report.created)
+    except ValueError:  # a hand-written `created`: kept by --since, never compared
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+def select(reports: list, last: int | None, since: dt.datetime | None) -> list:
+    """The nights --since and --last keep (oldest first): created at or after `since`, then the newest `last`."""
+    if since is not None:
+        reports = [r for r in reports if (created_at(r) or since) >= since]
+    return reports[-last:] if last else reports
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -25,7 +52,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         kind = file_kind(given)
         if kind not in (None, "regular file", "directory"):
             raise BadInput(f"{given}: a {kind}, not a report JSON or trend-store directory")
-    console = Console()
+    console = Console(soft_wrap=True)  # one line per verdict in CI logs: paths and names are never folded
     reports = []
     for given in args.results:
         # a trend-store directory quarantines a corrupt entry and goes on; a file named on purpose must load
@@ -34,7 +61,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise BadInput(f"{' '.join(args.results)}: no report JSON there; pass report.json files or a trend-store "
                        "directory")
     reports.sort(key=lambda r: r.created)
-    reports = distinct_names(reports)
+    kept = select(reports, args.last, args.since)
+    if not kept:
+        raise BadInput(f"--since {args.since.isoformat()}: none of the {len(reports)} reports was created then or "
+                       f"later (the newest: {reports[-1].created})")
+    reports = distinct_names(kept)
     pages: dict[str, str] = {}
     # one path component each, bounded, distinct: a name `../../x` stays inside -o (issue 16)
     for i, (report, stem) in enumerate(zip(reports, page_stems([r.name for r in reports]), strict=True)):
@@ -45,24 +76,33 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_atomic(out / f"{stem}.md", render_markdown(report))
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")
-    failed = not reports[-1].passed  # the newest run decides, with any regression across the trend
+    failed = not reports[-1].passed  # the newest run decides, with what the trend across the nights says
     if len(reports) > 1:
+        from harness.report.trend import verdict
+
         steps = write_trend(reports, out, args.tolerance, pages)
         for s in steps:
             color = "red" if s.regression else "green"
             console.print(f"[{color}]{'regression' if s.regression else 'improvement'}[/] {escape(s.metric)}: "
                           f"{s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) from {escape(s.report)}")
-        console.print(f"trend: {escape(str(out / 'trend.html'))}")
-        failed = failed or any(s.regression for s in steps)
+        passed, reasons = verdict(reports, steps)
+        for reason in reasons:
+            console.print(f"[red]FAIL[/] {escape(reason)}")
+        console.print(f"trend over {len(reports)} nights: {'[green]PASS' if passed else '[red]FAIL'}[/] "
+                      f"{escape(str(out / 'trend.html'))}")
+        failed = failed or not passed
     return 1 if failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import fraction
+    from harness.cli.args import fraction, whole
 
     p = sub.add_parser("report", help="render report JSON(s) to HTML + Markdown; several: trend + regressions")
     p.add_argument("results", nargs="+", metavar="RESULT_JSON",
                    help="report JSON files, or trend-store directories (their *.json)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--tolerance", type=fraction, default=0.05, help="relative change that counts as a step")
+    p.add_argument("--last", type=whole(1), metavar="N", help="only the newest N reports")
+    p.add_argument("--since", type=since_arg, metavar="DATE",
+                   help="only reports created at or after DATE (ISO: 2026-11-01, or 2026-11-01T02:00 UTC)")
     p.set_defaults(func=cmd_report)

@@ -242,6 +242,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     from harness.redact import redact_argv
     from harness.report.publish import JUNIT_NAME, LOG_NAME, load_store, publish, store, write_trend
     from harness.report.schema import load_report
+    from harness.report.trend import lost
 
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
@@ -296,7 +297,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         table.add_row(escape(t.nodeid), f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}",
                       escape(t.reason[:200]))
     console.print(table)
-    regressed = []
+    regressed, trend_failures = [], []
     if args.history:  # nightly: keep this report in the trend store and look for steps across it
         earlier = load_store(args.history, warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         store(report, args.history)
@@ -305,6 +306,9 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         publish(report, generation.path, earlier[-1] if earlier else None, trend=True)
         steps = write_trend(history, generation.path, pages={report.name: "report.html"})
         regressed = [s for s in steps if s.regression]
+        # what the night lost against the one before (tests, suites, metrics) fails it as a regression does
+        newest = lost(history[-2:])[-1] if len(history) > 1 else None
+        trend_failures = newest.reasons() if newest else []
     generation.commit()  # the whole set at once: the previous one stays until here
     c = report.counts
     if not report.tests:
@@ -317,12 +321,14 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")
+    for line in trend_failures:
+        console.print(f"[red]FAIL[/] {escape(line)}")
     if args.history:
         console.print(f"trend over {escape(str(args.history))}: {(report_dir / 'trend.html').absolute()}")
     console.print(f"report: {(report_dir / 'report.html').absolute()} (JSON: {(report_dir / written.name).absolute()}, "
                   f"Markdown: {(report_dir / 'report.md').absolute()}, JUnit: {(report_dir / JUNIT_NAME).absolute()}, "
                   f"pytest log: {log.absolute()})")
-    return 0 if report.passed and not regressed else 1
+    return 0 if report.passed and not regressed and not trend_failures else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:

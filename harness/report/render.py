@@ -490,15 +490,24 @@ def _tick(r: RunReport) -> str:
     return _tex(f"{r.created[5:16].replace('T', ' ')}\n{(r.commit or '?')[:7]}")
 
 
-def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step],
-               changes: list[tuple[str, ...]]) -> tuple[str, list[tuple[int, float, float]]]:
+def plot_trend(metric: Metric, reports: list[RunReport], steps: list[Step], changes: list[tuple[str, ...]],
+               shrank: tuple[int, ...] = ()) -> tuple[str, list[tuple[int, float, float]]]:
     """One metric across reports (x: creation time and commit), the detected step drawn as its two segment
-    medians, a dotted line where the versions changed. Returns the PNG and each point's (report index, x, y)
-    in image pixels, for the links."""
+    medians, a dotted line where the versions changed; a night without the metric is a red x on the axis (a
+    missing point was silently left out), a night that lost tests (`shrank`, report indices) a red band. Returns
+    the PNG and each point's (report index, x, y) in image pixels, for the links."""
     fig, ax = _figure()
     xs = [i for i, v in enumerate(metric.values) if v is not None]
     ys = [metric.values[i] for i in xs]
     ax.plot(xs, ys, "o-", ms=4)
+    missing = [i for i, v in enumerate(metric.values) if v is None]
+    if missing:
+        ax.plot(missing, [0.02] * len(missing), "x", color="tab:red", ms=8, transform=ax.get_xaxis_transform(),
+                label="night without this metric")
+    for k, i in enumerate(shrank):
+        ax.axvspan(i - 0.4, i + 0.4, color="tab:red", alpha=0.12, lw=0, label=None if k else "night that lost tests")
+    if missing or shrank:
+        ax.legend(loc="best", fontsize=7)
     for s in steps:
         if s.metric == metric.name:
             color = "tab:red" if s.regression else "tab:green"
@@ -528,7 +537,8 @@ TREND = """<h1>trend over {{ reports|length }} nights
 <p id="newest">Newest night: <b>{{ newest.name }}</b> ({{ newest.created }}, commit {{ (newest.commit or "?")[:12] }}):
 <span class="{{ 'ok' if newest.passed else 'FAIL' }}">{{ "PASS" if newest.passed else "FAIL" }}</span>.
 {% for reason in reasons %}<br><span class="FAIL">{{ reason }}</span>{% endfor %}</p>
-<p class="muted" id="method">What is compared: a night fails when any of its tests failed (one failing test is enough).
+<p class="muted" id="method">What is compared: a night fails when any of its tests failed (one failing test is enough),
+and when it lacks a test, a suite or a metric the night before had (a red band and red crosses in the plots).
 Per metric (TPS/card, wall time, each benchmark's fastest round) the best single step across the nights
 is found; it is a
 regression when the newer segment's median is worse than the older one's by more than {{ tolerance }} and by more
@@ -556,28 +566,35 @@ def render_trend_html(reports: list[RunReport], metrics: list[Metric], steps: li
     """Trend page across stored reports (oldest first): the newest night's verdict, what is compared and from
     which night on, the steps, one row per night with its versions (changes marked) and one plot per metric
     whose points link to the nights' pages (`pages`: report name -> address)."""
-    from harness.report.trend import MIN_HISTORY, NOISE_MADS, VERSION_COLUMNS
+    from harness.report.trend import MIN_HISTORY, NOISE_MADS, VERSION_COLUMNS, lost
     from harness.report.trend import verdict as trend_verdict
 
     pages = pages or {}
     passed, reasons = trend_verdict(reports, steps)
     verdict = "PASS" if passed else "FAIL"
     changes = version_changes(reports)
+    losses = lost(reports, metrics)
+    shrank = tuple(i for i, loss in enumerate(losses) if loss and loss.tests)
     step_rows = [[s.metric, s.report, fmt(s.before), fmt(s.after), f"{s.change:+.1%}", fmt(s.threshold),
                   Cell("regression" if s.regression else "improvement",
                        cls="regression" if s.regression else "improvement")] for s in steps]
     night_rows = []
-    for r, changed in zip(reports, changes, strict=True):
+    for r, changed, loss in zip(reports, changes, losses, strict=True):
         failing = sum(t.failing for t in r.tests)
         name = render('<a href="{{ h }}">{{ n }}</a>', h=pages[r.name], n=r.name) if r.name in pages else r.name
+        gone = Cell(f"{len(loss.tests)} tests, {len(loss.metrics)} metrics" if loss else "",
+                    v=len(loss.tests) + len(loss.metrics) if loss else 0, cls="FAIL" if loss else "")
+        if loss:
+            gone.text = render('<span title="{{ t }}">{{ s }}</span>', t="; ".join(loss.reasons(limit=20)), s=gone.text)
         cells = [name, r.created, (r.commit or "?")[:12], Cell("PASS" if r.passed else "FAIL",
-                                                               cls="ok" if r.passed else "FAIL"), failing]
+                                                               cls="ok" if r.passed else "FAIL"),
+                 Cell(len(r.tests), v=len(r.tests)), failing, gone]
         cells += [Cell(("\u25b2 " if k in changed else "") + (v or "-"), cls="changed" if k in changed else "")
                   for k, v in versions(r).items()]
         night_rows.append(Row(cells))
     plots = []
     for m in metrics:
-        png, points = plot_trend(m, reports, steps, changes)
+        png, points = plot_trend(m, reports, steps, changes, shrank)
         areas = [{"coords": f"{x:.0f},{y:.0f},7", "href": pages[reports[i].name],
                   "title": f"{reports[i].name}: {fmt(m.values[i])}"} for i, x, y in points if reports[i].name in pages]
         plots.append({"name": m.name, "png": png, "areas": areas})
@@ -586,8 +603,9 @@ def render_trend_html(reports: list[RunReport], metrics: list[Metric], steps: li
                   judged=first_judged(reports),
                   steps=table(["metric", "from night", "before", "after", "change", "counted beyond", "kind"],
                               step_rows, "steps") if steps else Markup('<p class="ok">no step beyond the noise</p>'),
-                  nights=table(["night", "created", "commit", "verdict", "failing tests",
-                                *(label for label, _ in VERSION_COLUMNS)], night_rows, "nights", sortable=True),
+                  nights=table(["night", "created", "commit", "verdict", "tests", "failing tests",
+                                "lost vs the night before", *(label for label, _ in VERSION_COLUMNS)], night_rows,
+                               "nights", sortable=True),
                   plots=plots)
     return page(f"trend: {verdict}", body)
 

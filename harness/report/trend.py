@@ -11,6 +11,11 @@ be a single report: the newest nightly being bad must be flagged the morning it 
 
 Test outcomes are no metric: one failing test fails its night (issue 15: a 3 % pass-rate dip hid under a 5 %
 tolerance), and the trend's verdict is the newest night's verdict plus any regression (`verdict`).
+
+What a night no longer has is no step either, and must not pass as one: a night with 4 of the previous night's 47
+tests was called PASS, its wall time plotted as a fall from 265 s to 7.5 s and its missing TPS point silently left
+out. `lost` names what the newest night lacks against the night before -- tests, whole suites (test files), metrics
+-- and the command-line change that deselected them, and the verdict fails on it.
 """
 from __future__ import annotations
 
@@ -132,13 +137,71 @@ def version_changes(reports: list[RunReport]) -> list[tuple[str, ...]]:
     return [()] + [tuple(k for k in now if now[k] != before[k]) for before, now in zip(seen, seen[1:], strict=False)]
 
 
+@dataclass(frozen=True)
+class Lost:
+    """What night `night` no longer has against `previous`, the night before it."""
+
+    night: str
+    previous: str
+    tests: tuple[str, ...]  # node ids the previous night reported (any outcome) and this one does not
+    suites: tuple[str, ...]  # test files of the previous night with no test left in this one
+    metrics: tuple[str, ...]  # trend metrics the previous night had and this one lacks
+    had: int  # tests of the previous night
+    has: int  # tests of this night
+    command: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # (before, now) when the command line changed
+
+    def __bool__(self) -> bool:
+        return bool(self.tests or self.metrics)
+
+    def reasons(self, limit: int = 5) -> list[str]:
+        """One line per kind of loss, naming the first `limit` of each."""
+        def names(items: tuple[str, ...]) -> str:
+            more = f" and {len(items) - limit} more" if len(items) > limit else ""
+            return ", ".join(items[:limit]) + more
+
+        out = []
+        if self.tests:
+            out.append(f"night {self.night} ran {self.has} test{'s' * (self.has != 1)}, {self.had} the night before "
+                       f"({self.previous}): "
+                       f"{len(self.tests)} missing: {names(self.tests)}")
+        if self.suites:
+            out.append(f"night {self.night} lost {len(self.suites)} whole suite{'s' * (len(self.suites) != 1)}: "
+                       f"{names(self.suites)}" + (f" (command line was `{' '.join(self.command[0])}`, now "
+                                                  f"`{' '.join(self.command[1])}`)" if self.command else ""))
+        if self.metrics:
+            out.append(f"night {self.night} lacks {len(self.metrics)} metric{'s' * (len(self.metrics) != 1)} the night "
+                       f"before had: {names(self.metrics)}")
+        return out
+
+
+def _suite(nodeid: str) -> str:
+    return nodeid.partition("::")[0]
+
+
+def lost(reports: list[RunReport], table: list[Metric] | None = None) -> list[Lost | None]:
+    """Per report (time order), what it lost against the report before it (None for the first)."""
+    table = metrics(reports) if table is None else table
+    out: list[Lost | None] = [None]
+    for i in range(1, len(reports)):
+        before, now = reports[i - 1], reports[i]
+        had, has = {t.nodeid for t in before.tests}, {t.nodeid for t in now.tests}
+        suites_now = {_suite(n) for n in has}
+        gone_suites = tuple(sorted({_suite(n) for n in had} - suites_now))
+        command = (before.command, now.command) if gone_suites and before.command != now.command else None
+        out.append(Lost(night=now.name, previous=before.name, tests=tuple(sorted(had - has)), suites=gone_suites,
+                        metrics=tuple(m.name for m in table if m.values[i - 1] is not None and m.values[i] is None),
+                        had=len(had), has=len(has), command=command))
+    return out
+
+
 def first_judged(reports: list[RunReport]) -> RunReport | None:
     """The first report a step can be called at (MIN_HISTORY reports before it), None when there is none yet."""
     return reports[MIN_HISTORY] if len(reports) > MIN_HISTORY else None
 
 
 def verdict(reports: list[RunReport], steps: list[Step]) -> tuple[bool, list[str]]:
-    """The trend's verdict: the newest night passed and no metric regressed; with the reasons when not."""
+    """The trend's verdict: the newest night passed, lost no test, suite or metric the night before had, and no
+    metric regressed; with the reasons when not."""
     if not reports:
         return False, ["no report"]
     newest = reports[-1]
@@ -148,6 +211,8 @@ def verdict(reports: list[RunReport], steps: list[Step]) -> tuple[bool, list[str
         reasons.append(f"newest night {newest.name} failed: " + (
             f"{len(failing)} failing test{'s' * (len(failing) != 1)}" if failing
             else f"{'no test ran' if not newest.tests else 'pytest'} (exit status {newest.exit_status})"))
+    newest_lost = lost(reports[-2:])[-1] if len(reports) > 1 else None
+    reasons += newest_lost.reasons() if newest_lost else []
     reasons += [f"regression of {s.metric} from {s.report}" for s in steps if s.regression]
     return not reasons, reasons
 
