@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from harness.config import hardware as hw
-from harness.config.scales import SCALES, TIERS, Scale, default_scale, get_scale
+from harness.config.scales import LOCAL_TIERS, SCALES, TIERS, Scale, default_scale, get_scale
 from harness.errors import BadInput, HardwareError, Terminated, exit_code, termination_raises
 from harness.findings import CheckResult
 from harness.launch.address import dashboard_url
@@ -92,7 +92,7 @@ class Need:
 
 def tier_need(scale: Scale) -> Need:
     """What running a scale for real needs. tiny and layer run anywhere (CPU, fake tensors)."""
-    if scale.tier in ("tiny", "layer"):
+    if scale.tier in LOCAL_TIERS:
         return Need()
     return Need(hardware={scale.hardware.name}, devices=scale.devices, cluster=scale.nodes > 1)
 

@@ -128,3 +128,48 @@ def test_scales_lists_every_scale(capsys):
     code, out, _ = _run(capsys, "scales")
     assert code == 0
     assert not [name for name in SCALES if name not in out]
+
+
+@pytest.mark.parametrize("name", sorted(SCALES))
+def test_plan_json_batch_says_what_the_overrides_say(name, capsys):
+    # seeded: `plan --json` printed overlong_buffer_len 0 and ppo_mini_batch_size null beside overrides that
+    # said 768 and 512 (the defaults were resolved only in the overrides)
+    code, out, _ = _run(capsys, "plan", "--scale", name, "--json")
+    doc = json.loads(out)
+    overrides = dict(o.split("=", 1) for o in doc["overrides"])
+    assert code == 0 and doc["passed"] is True and doc["state"] == "VALID"
+    assert doc["batch"]["ppo_mini_batch_size"] == int(overrides["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    assert doc["batch"]["overlong_buffer_len"] == int(overrides["+reward.reward_kwargs.overlong_buffer_cfg.len"])
+
+
+def test_scales_says_what_each_scale_runs_on(capsys, monkeypatch):
+    # seeded: `scales` showed the layer scale as 256 A2 cards (the plan it is sharded as) while it runs on one
+    # card or the CPU, and ignored COLUMNS (145 characters in an 80-column log)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = _run(capsys, "scales")
+    assert code == 0 and all(len(line) <= 80 for line in out.splitlines()), out
+    flat = " ".join(out.split())
+    assert "layer (layer): deepseek-v3 on CPU or 1 card; plan 256 a2 devices = 256 cards" in flat
+    assert "full-a3 (full): deepseek-v3 on 128 a3 cards on 16 nodes; plan 256 a3 dies = 128 cards" in flat
+    assert "1 cpu device = 1 card" in flat  # counts agree with their nouns
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = _run(capsys, "scales")
+    assert max(map(len, out.splitlines())) > 120 and "runs on" in out  # wide enough: the table
+
+
+def test_doctor_and_throughput_wording(capsys, tmp_path):
+    code = main(["doctor"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert code in (0, 1) and first.startswith("machine: cpu (profile cpu, "), first  # not "machine: cpu cpu"
+    # a count from the run's meta.json is named as that, never as a --devices nobody passed
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"schema": "ascend-rl-harness/run-meta", "schema_version": 1,
+                                               "name": "run", "hardware": "cpu", "devices": 1}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {
+        "timing_s/step": 1.0, "perf/total_num_tokens": 100.0, "perf/throughput": 100.0}}) + "\n" for s in range(1, 5)))
+    assert main(["throughput", str(run), "--hardware", "a3"]) == 2
+    err = capsys.readouterr().err
+    assert "--devices" not in err and "the run's meta.json devices 1" in err and "--hardware cpu" in err, err
+    assert main(["throughput", str(run), "--hardware", "cpu"]) == 0
+    assert "1 device = 1 cpu card, 4 steps" in " ".join(capsys.readouterr().out.split())

@@ -279,7 +279,7 @@ def test_doctor_names_the_scale_bug_of_v220(monkeypatch, tmp_path, capsys):
     _simulate(monkeypatch, tmp_path, "2.2.0", "10cb17f")
     assert main(["doctor", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["stack"]["name"] == "vllm-ascend-0.23.0" and not doc["supported"]
+    assert doc["stack"]["name"] == "vllm-ascend-0.23.0" and not doc["passed"] and doc["state"] == "UNSUPPORTED"
     (wrong,) = doc["stack"]["mismatches"]
     assert wrong.startswith("mindspeed 0.12.1: seed 001's MLA softmax scale") and "2.3.0_core_r0.12.1" in wrong
     found = doc["detected"]["mindspeed"]

@@ -158,10 +158,10 @@ def test_doctor_recipe_json_agrees_with_its_exit_code(capsys):
     code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--recipe", str(SEED002), "--json")
     doc = json.loads(out)
     assert doc["certain"] == ["vllm-ascend-camem-expandable-segments"], doc["certain"]  # the seed's alloc conf
-    assert doc["ok"] is False and code == 1
+    assert doc["passed"] is False and doc["state"] == "KNOWN BUG" and code == 1
     assert doc["table_size"] == len(KNOWN_BUGS)
     code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--json")
-    assert json.loads(out)["ok"] is True and code == 0
+    assert json.loads(out)["passed"] is True and code == 0
 
 
 def test_doctor_bad_stack_is_one_line(capsys):

@@ -17,7 +17,7 @@ def test_logits_oom_exits_1_and_json_marks_the_phase(capsys):
     doc = json.loads(capsys.readouterr().out)
     fits = {p["phase"]: p["fits"] for p in doc["phases"]}
     assert fits == {"rollout": True, "prefill": True, "old_log_prob": True, "ref_log_prob": True, "update": False}
-    assert doc["fits"] is False
+    assert doc["passed"] is False and doc["state"] == "DOES NOT FIT"
 
 
 def test_no_chunked_prefill_flags_the_prefill(capsys):

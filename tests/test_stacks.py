@@ -172,7 +172,7 @@ def test_doctor_on_this_cpu_machine(capsys):
     code = main(["doctor", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert doc["machine"]["kind"] == "cpu" and doc["tier"].startswith("CPU tier")
-    assert code == (0 if doc["supported"] else 1)
+    assert code == (0 if doc["passed"] else 1)
     assert doc["stack"]["name"] == "cpu"
 
 

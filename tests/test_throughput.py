@@ -100,7 +100,7 @@ def test_cli_target_verdict_and_roofline(seed_run, capsys):
     assert main(["throughput", str(seed_run), "--hardware", "a3", "--scale", "full-a3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["devices"] == A3_DIES  # taken from verl's own perf/throughput
-    assert doc["target"] == 120.0 and doc["verdict"]["passed"]
+    assert doc["target"] == 120.0 and doc["target_check"]["passed"] and doc["passed"] and doc["state"] == "ON TARGET"
     assert 1000 < doc["roofline"]["tps_per_card_limit"] < 2000  # ~1388 at 752 TFLOPS/card
     assert doc["roofline"]["fraction"] == pytest.approx(123.2 / doc["roofline"]["tps_per_card_limit"], rel=1e-3)
     assert main(["throughput", str(seed_run), "--hardware", "a3", "--target", "130"]) == 1

@@ -249,7 +249,7 @@ def test_memory_recipe_models_the_seed_as_written(capsys):
     doc = json.loads(out)
     assert doc["recipe"] == str(SEED002) and "stage-layers-expressible" in doc["plan_error"]
     assert any(m.startswith(f"{MG}.swap_optimizer=True") for m in doc["modelled"])
-    assert code == (0 if doc["fits"] else 1)
+    assert code == (0 if doc["passed"] else 1)
     update = next(p for p in doc["phases"] if p["phase"] == "update")
     assert "optimizer" not in update["components_gib"], "swap-optimizer keeps the optimizer off the device"
 

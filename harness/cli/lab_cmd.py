@@ -3,6 +3,8 @@ stated in --help). `python -m harness.lab` runs this same command; it is the Ray
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 
 from harness.cli.args import SEED, whole
 from harness.errors import BadInput
@@ -23,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rollout engine factory (default: the reference engine); imports and runs MODULE, so "
                         "name only code you trust")
     p.add_argument("--out", required=True, help="run directory (metrics.jsonl + meta.json)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: `passed`, `state` FINISHED, the run directory and the last step's metrics")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,19 +41,31 @@ def run(args: argparse.Namespace) -> int:
         make_engine = load_factory(args.engine)
     from rich.progress import Progress
 
+    from harness.cli.output import console, emit, verdict
     from harness.io import WRITE_ERRNOS, write_error
     from harness.lab import run_lab
 
-    with Progress() as bar:
+    last: dict = {}
+
+    def progress(step: int, metrics: dict) -> None:
+        last.update(step=step, metrics=metrics)
+        bar.update(task, completed=step, description=f"step {step} reward {metrics['critic/rewards/mean']:+.2f} "
+                                                     f"{metrics['perf/throughput']:.0f} TPS/device")
+
+    with Progress(console=console(stderr=args.json)) as bar:  # --json: stdout carries only the JSON
         task = bar.add_task(f"DAPO lab seed {args.seed} fault {args.fault}", total=config.steps)
         try:
-            run_lab(config, args.out, make_engine=make_engine, progress=lambda step, m: bar.update(
-                task, completed=step, description=f"step {step} reward {m['critic/rewards/mean']:+.2f} "
-                                                  f"{m['perf/throughput']:.0f} TPS/device"))
+            # verl's FileLogger prints "Creating file logger at ..." on stdout: with --json that goes to stderr
+            with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+                run_lab(config, args.out, make_engine=make_engine, progress=progress)
         except OSError as exc:  # verl's FileLogger writing into a full or read-only --out: the option, one line
             if exc.errno in WRITE_ERRNOS:
                 raise write_error(args.out, exc) from None
             raise
+    if args.json:  # a run that finished passed: the lab has no verdict of its own (compare judges its curves)
+        return emit(verdict(True, "FINISHED", {"out": str(args.out), "steps": config.steps, "seed": args.seed,
+                                               "fault": args.fault, "last_step": last.get("step"),
+                                               "metrics": last.get("metrics", {})}))
     print(f"lab run written to {args.out}")
     return 0
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
 
+from harness.cli.output import emit, verdict
 from harness.errors import BadInput
 
 
@@ -46,8 +47,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"job {args.stop}: {status}")
         return 0
     doc = job_status(address, args.status)
-    if args.json:
-        print(json.dumps(doc, indent=2))
+    if args.json:  # `passed`: the job has not failed or been stopped (a running job passes so far)
+        return emit(verdict(doc["status"] not in ("FAILED", "STOPPED"), doc["status"], doc))
     else:
         steps = f", {doc['steps_done']} step(s) logged in {doc['run_dir']}" if doc["steps_done"] is not None else ""
         verdict = f", launcher verdict {doc['verdict']}" if doc["verdict"] else ""
@@ -68,10 +69,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     check_steps(args.steps)
     job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
     if args.k8s:
-        from harness.launch.k8s import manifest_yaml
+        from harness.launch.k8s import manifest, manifest_yaml
 
-        print(manifest_yaml(scale, image=args.image, namespace=args.namespace, steps=args.steps, pvc=args.pvc,
-                            job=job), end="")
+        from harness.launch.k8s import manifest, manifest_yaml
+
+        options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
+        if args.json:  # the documents as a JSON list (`kubectl apply -f` takes YAML: print it without --json)
+            return emit(verdict(True, "MANIFEST", {"scale": scale.name, "manifest": manifest(scale, **options)}))
+        print(manifest_yaml(scale, **options), end="")
         return 0
     address = None if args.local else _cluster_address(args)
     if args.local and args.ray_address:
@@ -113,6 +118,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             result = launch(url, spec, **kw)
     else:
         result = launch(address, spec, **kw)
+    if args.json:  # the progress went to stderr: stdout carries only the JSON
+        return emit(verdict(result.ok or result.verdict == "submitted", result.verdict.upper(),
+                            dataclasses.asdict(result)))
     if result.verdict == "submitted":
         print(result.job_id)
         return 0
@@ -132,6 +140,7 @@ def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[
     argv += ["--recipe", str(Path(args.recipe).resolve())] if args.recipe else []
     argv += ["--model-path", args.model_path] if args.model_path else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []
+    argv += ["--json"] if args.json else []  # the namespace's launch prints the verdict JSON
     return argv + (["--", *args.overrides] if args.overrides else [])
 
 
@@ -175,8 +184,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--status", metavar="JOB_ID", help="status of a submitted job (exit 1 failed or stopped)")
     inspect.add_argument("--logs", metavar="JOB_ID", help="print a submitted job's driver log")
     inspect.add_argument("--stop", metavar="JOB_ID", help="stop a submitted job")
-    p.add_argument("--json", action="store_true", help="--status as JSON")
     p.add_argument("--k8s", action="store_true", help="print a Kubernetes job manifest (head + workers) and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: `passed` and `state` (the job's verdict: SUCCEEDED, FAILED, TIMEOUT, NODE-LOST, "
+                        "STOPPED, ABORTED, SUBMITTED with --no-wait; MANIFEST with --k8s; Ray's status with "
+                        "--status), then the launch result, the manifest documents or the status")
     p.add_argument("--image", default=DEFAULT_IMAGE,
                    help="container image for --k8s (an image reference: registry/name:tag, pulled Always, or "
                         "name@sha256:..., pulled IfNotPresent; default %(default)s, built by docker/npu.Dockerfile)")

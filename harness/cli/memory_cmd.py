@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 
 from harness.cli.args import add_job_arguments
+from harness.cli.output import emit, verdict
 from harness.errors import BadInput
 from harness.memory.phases import PHASES, MemoryOptions, PhaseMemory, plan_memory
-from harness.numeric import json_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,10 +30,11 @@ def run(args: argparse.Namespace) -> int:
     phases = (args.phase,) if args.phase else PHASES
     results = plan_memory(scale, memory.options, phases)
     ok = all(p.fits for p in results)
-    if args.json:
-        print(json_text({"scale": scale.name, "fits": ok, "phases": [p.to_json() for p in results],
-                          "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
-                          "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}))
+    if args.json:  # `passed`: every phase fits (each phase carries its own `fits`)
+        return emit(verdict(ok, "FITS" if ok else "DOES NOT FIT",
+                            {"scale": scale.name, "phases": [p.to_json() for p in results],
+                             "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
+                             "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}))
     else:
         _print(scale.name, results, ok, memory, job)
     return 0 if ok else 1
@@ -86,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=whole(1), help="override the micro batch per device (dynamic bsz packing)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="rollout chunked (MLA) prefill on/off (default: the scale's)")
-    p.add_argument("--json", action="store_true", help="print JSON; each phase carries a boolean `fits`")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: `passed` (every phase fits) and `state`; each phase carries a boolean `fits`")
     add_job_arguments(p)
     p.set_defaults(func=run)

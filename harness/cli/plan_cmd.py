@@ -2,29 +2,51 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from harness.cli.args import add_job_arguments
-from harness.config.scales import SCALES
-from harness.numeric import json_text
+from harness.cli.output import emit, verdict
+from harness.config.scales import SCALES, plural
+
+
+def scale_rows() -> list[dict]:
+    """One row per registered scale: what `scales` shows (and `scales --json` prints)."""
+    rows = []
+    for s in SCALES.values():
+        t, r = s.plan.train, s.plan.rollout
+        rows.append({"scale": s.name, "tier": s.tier, "model": s.model.name, "runs_on": s.runs_on,
+                     "sharded_as": s.sharded_as, "hardware": s.hardware.name, "devices": s.devices, "cards": s.cards,
+                     "nodes": s.nodes, "train": f"TP{t.tp} PP{t.pp} EP{t.ep}",
+                     "rollout": f"TP{r.tp} DP{r.dp} EP{r.ep}", "gbs": s.batch.gbs, "n": s.batch.n,
+                     "max_prompt_length": s.batch.max_prompt_length,
+                     "max_response_length": s.batch.max_response_length, "description": s.description})
+    return rows
 
 
 def cmd_scales(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="ascend-rl-harness scales")
-    for col in ("scale", "tier", "model", "hardware", "devices", "cards", "train TPxPPxEP", "rollout TPxDPxEP",
-                "GBS x n", "prompt/response"):
-        # the name is what users copy into --scale: never wrap or truncate it (CI logs are 80 columns)
-        table.add_column(col, no_wrap=col == "scale")
-    for s in SCALES.values():
-        t, r = s.plan.train, s.plan.rollout
-        table.add_row(s.name, s.tier, s.model.name, s.hardware.name, str(s.devices), str(s.cards),
-                      f"{t.tp}x{t.pp}x{t.ep}", f"{r.tp}x{r.dp}x{r.ep}", f"{s.batch.gbs}x{s.batch.n}",
-                      f"{s.batch.max_prompt_length}/{s.batch.max_response_length}")
-    # rich assumes 80 columns when stdout is not a terminal (CI logs, pipes) and would truncate every cell
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    from harness.cli.output import NARROW, console
+
+    rows = scale_rows()
+    if args.json:
+        return emit(verdict(True, "LISTED", {"scales": rows}))
+    out = console()
+    if out.width < NARROW:  # a table of 7 columns at 80 folds every cell over 5 lines: one line per scale instead
+        for row in rows:
+            out.print(f"[bold]{row['scale']}[/] ({row['tier']}): {row['model']} on {row['runs_on']}; plan "
+                      f"{row['sharded_as']}: train {row['train']}, rollout {row['rollout']}; GBS {row['gbs']} x "
+                      f"{row['n']}, {row['max_prompt_length']}/{row['max_response_length']} tokens")
+        return 0
+    table = Table(title="ascend-rl-harness scales", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("scale", "tier", "model", "runs on", "plan sharded as", "train / rollout", "GBS x n, tokens"):
+        # the name is what users copy into --scale: never wrap or truncate it
+        table.add_column(col, no_wrap=col in ("scale", "tier"), overflow="fold")
+    for row in rows:
+        table.add_row(row["scale"], row["tier"], row["model"], row["runs_on"], row["sharded_as"],
+                      f"{row['train']} / {row['rollout']}",
+                      f"{row['gbs']} x {row['n']}, {row['max_prompt_length']}/{row['max_response_length']}")
+    out.print(table)
     return 0
 
 
@@ -51,8 +73,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
-    if args.format == "json":
-        print(json_text(doc))
+    if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
+        valid = job.plan_error is None
+        return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:
@@ -101,8 +124,8 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
                   f"{scale.model.total_params() / 1e9:.1f}B params "
                   f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
-    console.print(f"hardware {scale.hardware.name}: {scale.devices} devices = {scale.cards} cards on "
-                  f"{scale.nodes} nodes")
+    console.print(f"hardware {scale.hardware.name}: {plural(scale.devices, 'device')} = "
+                  f"{plural(scale.cards, 'card')} on {plural(scale.nodes, 'node')}")
     recompute = (f"recompute {t.recompute.method} {t.recompute.num_layers}" if t.recompute else "no recompute")
     console.print(f"train TP{t.tp} PP{t.pp} EP{t.ep} ETP{t.etp} CP{t.cp} DP{t.dp(scale.devices)} "
                   f"stage layers {list(t.stage_layers) or 'uniform'}, {recompute}; rollout TP{r.tp} DP{r.dp} EP{r.ep}")
@@ -142,6 +165,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scales", help="list the registered scales")
+    p.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` and one object per scale")
     p.set_defaults(func=cmd_scales)
     p = sub.add_parser("plan", help="model, parallel plan, DAPO overrides and env for a scale")
     p.add_argument("--scale", required=True, help="scale name (see `scales`)")

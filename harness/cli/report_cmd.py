@@ -5,6 +5,7 @@ newest report failed, lost tests, suites or metrics the one before had, or a reg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         kind = file_kind(given)
         if kind not in (None, "regular file", "directory"):
             raise BadInput(f"{given}: a {kind}, not a report JSON or trend-store directory")
-    console = Console(soft_wrap=True)  # one line per verdict in CI logs: paths and names are never folded
+    # one line per verdict in CI logs: paths and names are never folded; --json: stdout carries only the JSON
+    console = Console(soft_wrap=True, stderr=args.json)
     reports = []
     for given in args.results:
         # a trend-store directory quarantines a corrupt entry and goes on; a file named on purpose must load
@@ -77,6 +79,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")
     failed = not reports[-1].passed  # the newest run decides, with what the trend across the nights says
+    trend = None
     if len(reports) > 1:
         from harness.report.trend import verdict
 
@@ -91,6 +94,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         console.print(f"trend over {len(reports)} nights: {'[green]PASS' if passed else '[red]FAIL'}[/] "
                       f"{escape(str(out / 'trend.html'))}")
         failed = failed or not passed
+        trend = {"passed": passed, "reasons": reasons, "page": str(out / "trend.html"),
+                 "steps": [dataclasses.asdict(s) for s in steps]}
+    if args.json:
+        from harness.cli.output import emit, verdict
+
+        return emit(verdict(not failed, "FAIL" if failed else "PASS", {
+            "newest": reports[-1].name, "trend": trend,
+            "reports": [{"name": r.name, "created": r.created, "passed": r.passed, "counts": r.counts,
+                         "page": str(out / pages[r.name])} for r in reports]}))
     return 1 if failed else 0
 
 
@@ -103,6 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--tolerance", type=fraction, default=0.05, help="relative change that counts as a step")
     p.add_argument("--last", type=whole(1), metavar="N", help="only the newest N reports")
+    p.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` (PASS / FAIL: the newest "
+                                                       "report and the trend), each report's page and the trend")
     p.add_argument("--since", type=since_arg, metavar="DATE",
                    help="only reports created at or after DATE (ISO: 2026-11-01, or 2026-11-01T02:00 UTC)")
     p.set_defaults(func=cmd_report)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import os
 import sys
@@ -247,11 +248,13 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
     # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
-    # while tests run, and its own terminal report goes to the log.
+    # while tests run, and its own terminal report goes to the log. With --json it is stderr's: stdout carries only
+    # the JSON.
+    shown_on = sys.stderr if args.json else sys.stdout
     try:
-        terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+        terminal = os.fdopen(os.dup(shown_on.fileno()), "w", buffering=1)
     except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is no file (captured, in a test)
-        terminal = sys.stdout
+        terminal = shown_on
     # CI logs are no terminal: keep node ids and reasons on one line instead of folding them at 80 columns.
     console = Console(file=terminal, width=None if terminal.isatty() else 200)
     log, new_log = report_dir / LOG_NAME, generation.path / LOG_NAME
@@ -311,6 +314,21 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         trend_failures = newest.reasons() if newest else []
     generation.commit()  # the whole set at once: the previous one stays until here
     c = report.counts
+    passed = bool(report.tests) and report.passed and not regressed and not trend_failures
+    if args.json:
+        from harness.cli.output import emit, verdict
+
+        state = ("NO TESTS" if not report.tests else "FAIL" if not report.passed else
+                 "REGRESSED" if regressed else "LOST TESTS" if trend_failures else "PASS")
+        return emit(verdict(passed, state, {
+            "scale": scale.name, "report": report.name, "counts": c, "duration_s": report.duration_s,
+            "exit_status": report.exit_status,
+            "failing": [{"nodeid": t.nodeid, "outcome": t.outcome, "reason": t.reason} for t in report.tests
+                        if t.failing],
+            "regressions": [dataclasses.asdict(s) for s in regressed], "lost": trend_failures,
+            "files": {name: str((report_dir / name).absolute()) for name in
+                      ("report.html", written.name, "report.md", JUNIT_NAME, LOG_NAME,
+                       *(("trend.html",) if args.history else ()))}}))
     if not report.tests:
         console.print(f"[red]FAIL[/]: no {scale.tier} test ran (pytest exit status {report.exit_status}); a run "
                       "without tests is a failure")
@@ -328,7 +346,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     console.print(f"report: {(report_dir / 'report.html').absolute()} (JSON: {(report_dir / written.name).absolute()}, "
                   f"Markdown: {(report_dir / 'report.md').absolute()}, JUnit: {(report_dir / JUNIT_NAME).absolute()}, "
                   f"pytest log: {log.absolute()})")
-    return 0 if report.passed and not regressed and not trend_failures else 1
+    return 0 if passed else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -341,5 +359,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"pytest-xdist workers, 1-{MAX_WORKERS} (default 1)")
     p.add_argument("--history", metavar="DIR", help="trend store: add this report to DIR and write trend.html "
                                                     "(exit 1 on a regression across the stored reports)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON on stdout (progress goes to stderr): `passed`, `state` (PASS, FAIL, NO TESTS, "
+                        "REGRESSED, LOST TESTS), the counts, failing tests and the report's files")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
     p.set_defaults(func=cmd_run)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from harness.cli.output import emit, verdict
 from harness.config.hardware import PROFILES
 from harness.errors import BadInput
-from harness.numeric import json_text
 
 
 def _validate(devices, sequences, warmup, target, tolerance) -> None:
@@ -28,7 +28,9 @@ def _validate(devices, sequences, warmup, target, tolerance) -> None:
 def throughput_document(paths: list[str], hardware: str | None, devices: int | None, sequences: int | None,
                         warmup: int, scale_name: str | None, target: float | None, *, statistic: str = "median",
                         baseline: str | None = None, tolerance: float | None = None, per_step: bool = True) -> dict:
-    """What `throughput --json` prints: Throughput.to_dict() + target, roofline, baseline and verdicts."""
+    """What `throughput --json` prints: `passed` and `state` (ON TARGET, BELOW TARGET, REGRESSED, BELOW TARGET AND
+    REGRESSED, or NOT JUDGED: neither a target nor a baseline to check), then Throughput.to_dict() + target,
+    roofline, and the two checks, `target_check` and `baseline` (null when not made)."""
     from harness.config.roofline import roofline
     from harness.config.scales import get_scale
     from harness.metrics.ingest import is_summary_file, load_run, load_summary
@@ -48,7 +50,7 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
         if is_summary_file(baseline):
             statistic = "nightly"  # the summary holds verl's mean of steps 5-14: measure the run the same way
     tp = throughput(run, profile, devices=devices or run.meta.devices, sequences=sequences, warmup=warmup,
-                    statistic=statistic)
+                    statistic=statistic, devices_from="--devices" if devices else "the run's meta.json devices")
     doc = tp.to_dict(per_step=per_step)
     target = target if target is not None else (scale.targets.tps_per_card if scale else None)
     doc["target"] = target
@@ -63,10 +65,10 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
             mean_tokens = tp.tokens_per_step / scale.batch.sequences
         roof = roofline(scale, mean_tokens)
         doc["roofline"] = roof.to_dict() | {"fraction": roof.fraction(tp.tps_per_card)}
-    doc["verdict"] = None
+    doc["target_check"] = None
     if target is not None:
         v = check_target(tp, target)
-        doc["verdict"] = {"passed": v.ok, "message": v.message()}
+        doc["target_check"] = {"passed": v.ok, "message": v.message()}
     doc["baseline"] = None
     if reference is not None:
         value, kind = baseline_tps_per_card(reference, profile, sequences=sequences, warmup=warmup)
@@ -74,7 +76,11 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
         v = check_regression(tp, value, tol, baseline_statistic=kind)
         doc["baseline"] = {"source": baseline, "tps_per_card": value, "statistic": kind, "passed": v.ok,
                            "message": v.message()}
-    return doc
+    below = doc["target_check"] is not None and not doc["target_check"]["passed"]
+    regressed = doc["baseline"] is not None and not doc["baseline"]["passed"]
+    state = " AND ".join(s for s, bad in (("BELOW TARGET", below), ("REGRESSED", regressed)) if bad) or (
+        "ON TARGET" if doc["target_check"] or doc["baseline"] else "NOT JUDGED")
+    return verdict(not (below or regressed), state, doc)
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
@@ -84,16 +90,19 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                               args.target, statistic=args.statistic, baseline=args.baseline,
                               tolerance=args.tolerance, per_step=args.per_step or not args.json)
     if args.json:
-        print(json_text(doc))
+        return emit(doc)
     else:
         from rich.console import Console
         from rich.markup import escape
         from rich.table import Table
 
+        from harness.config.scales import plural
+
         console = Console()
+        # "1 devices = 1 cpu cards" read as written: counts agree with their nouns
+        devices = f"{plural(doc['devices'], 'device')} = {plural(doc['cards'], doc['hardware'] + ' card')}"
         if args.per_step:
-            table = Table(title=escape(f"throughput of {doc['run']} ({doc['devices']} devices = {doc['cards']} "
-                                       f"{doc['hardware']} cards)"))
+            table = Table(title=escape(f"throughput of {doc['run']} ({devices})"))
             for col in ("step", "tokens", "step s", "TPS/device (verl)", "TPS/card"):
                 table.add_column(col, justify="right")
             window = set(doc["window"])
@@ -102,8 +111,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                 table.add_row(f"{p['step']}{mark}", f"{p['tokens']:.0f}", f"{p['step_time_s']:.2f}",
                               f"{p['tps_per_device']:.1f}", f"{p['tps_per_card']:.1f}")
             console.print(table)
-        console.print(escape(f"throughput of {doc['run']}: {doc['devices']} devices = {doc['cards']} "
-                             f"{doc['hardware']} cards, {len(doc['per_step'])} steps (--per-step lists them)"))
+        console.print(escape(f"throughput of {doc['run']}: {devices}, {plural(len(doc['per_step']), 'step')} "
+                             "(--per-step lists them)"))
         console.print(f"[bold]TPS/card {doc['tps_per_card']:.1f}[/] ({escape(doc['statistic_text'])}), "
                       f"TPS/device {doc['tps_per_device']:.1f}")
         for ph in doc["phases"]:
@@ -116,13 +125,13 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                           if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
         for w in doc["warnings"]:
             console.print(f"[yellow]warning[/] {escape(w)}")
-        for key in ("verdict", "baseline"):
+        for key in ("target_check", "baseline"):
             if doc[key]:
-                ok = doc[key]["passed"]
-                verdict = "[green]PASS[/]" if ok else "[red]FAIL[/]"
-                console.print(f"{verdict}: {escape(doc[key]['message'])}")
-    failed = [k for k in ("verdict", "baseline") if doc[k] and not doc[k]["passed"]]
-    return 1 if failed else 0
+                shown = "[green]PASS[/]" if doc[key]["passed"] else "[red]FAIL[/]"
+                console.print(f"{shown}: {escape(doc[key]['message'])}")
+        why = ": neither a target (--target, --scale) nor a --baseline to check" if doc["state"] == "NOT JUDGED" else ""
+        console.print(f"[{'green' if doc['passed'] else 'red'}]{doc['state']}[/]{why}")
+    return 0 if doc["passed"] else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:

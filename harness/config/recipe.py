@@ -200,7 +200,7 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
     t, r, b = scale.plan.train, scale.plan.rollout, scale.batch
     model_path = model_path or f"models/{scale.model.name}"
     data_dir = (data_dir or "data/dapo").rstrip("/")
-    overlong = b.overlong_buffer_len or b.max_response_length // 4
+    overlong = b.overlong_buffer
     device = {"npu": "npu", "gpu": "cuda"}.get(scale.hardware.kind, "cpu")
     a, ro, mg = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.megatron"
     overrides = [
@@ -232,7 +232,7 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         f"data.train_batch_size={b.gbs}",
         f"data.max_prompt_length={b.max_prompt_length}",
         f"data.max_response_length={b.max_response_length}",
-        f"{a}.ppo_mini_batch_size={b.ppo_mini_batch_size or b.gbs}",
+        f"{a}.ppo_mini_batch_size={b.mini_batch}",
         f"{a}.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         f"{ro}.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_device}",
         # The reference policy (on when a recipe sets use_kl_loss or use_kl_in_reward) has its own micro batch;
@@ -305,7 +305,7 @@ def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str 
         "cards": scale.cards,
         "nodes": scale.nodes,
         "plan": dataclasses.asdict(scale.plan),
-        "batch": dataclasses.asdict(scale.batch),
+        "batch": scale.batch.resolved(),
         "targets": dataclasses.asdict(scale.targets),
         "verl_version": VERL_VERSION,
         "entrypoint": recipe.entrypoint,

@@ -14,6 +14,9 @@ from harness.config.plans import ParallelPlan, Recompute, RolloutParallel, Train
 from harness.errors import BadInput
 
 TIERS = ("tiny", "layer", "reduced", "moonlight", "full")
+# Tiers that run anywhere -- CPU, or one card: tiny is small, layer traces one full-size layer with fake tensors
+# (its plan is the cluster's it is sharded as, not what it runs on).
+LOCAL_TIERS = ("tiny", "layer")
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,31 @@ class DapoBatch:
         return self.gbs * self.n
 
     @property
+    def mini_batch(self) -> int:
+        """Prompts per optimizer step, the default resolved (what the overrides and the memory model use)."""
+        return self.ppo_mini_batch_size or self.gbs
+
+    @property
+    def overlong_buffer(self) -> int:
+        """The DAPO overlong buffer in tokens, the default resolved (max response // 4)."""
+        return self.overlong_buffer_len or self.max_response_length // 4
+
+    def resolved(self) -> dict:
+        """The batch as JSON with every default resolved: `plan --json` printed `ppo_mini_batch_size: null` and
+        `overlong_buffer_len: 0` beside overrides that say 512 and 768."""
+        import dataclasses
+
+        return {**dataclasses.asdict(self), "ppo_mini_batch_size": self.mini_batch,
+                "overlong_buffer_len": self.overlong_buffer}
+
+    @property
     def max_sequence_length(self) -> int:
         return self.max_prompt_length + self.max_response_length
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 card`, `2 cards`: counts in messages read as written ("1 devices = 1 cpu cards" did not)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,19 @@ class Scale:
     @property
     def devices_per_node(self) -> int:
         return self.devices // self.nodes
+
+    @property
+    def runs_on(self) -> str:
+        """What running the scale needs, in words (`layer`'s 256 devices are the plan it is sharded as)."""
+        if self.tier in LOCAL_TIERS:
+            return "CPU or 1 card"
+        return f"{plural(self.cards, f'{self.hardware.name} card')} on {plural(self.nodes, 'node')}"
+
+    @property
+    def sharded_as(self) -> str:
+        """The devices the plan is laid out for: `256 a2 devices = 256 cards`, `256 a3 dies = 128 cards`."""
+        unit = "die" if self.hardware.dies_per_card > 1 else "device"
+        return f"{plural(self.devices, f'{self.hardware.name} {unit}')} = {plural(self.cards, 'card')}"
 
     def validate(self) -> None:
         validate_plan(self.plan, self.model, self.devices)

@@ -376,7 +376,7 @@ def train_phase(scale: Scale, phase: str, o: MemoryOptions) -> PhaseMemory:
     tokens = micro * seq
     dp = t.dp(w)
     vocab = vocab_padded(spec, t.tp)
-    mini = scale.batch.ppo_mini_batch_size or scale.batch.gbs
+    mini = scale.batch.mini_batch
     microbatches = max(1, mini * scale.batch.n // (dp * o.micro_batch))
     hccl = hccl_bytes(scale, o.hccl_buffsize_mb)
     best = None

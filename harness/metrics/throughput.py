@@ -130,7 +130,7 @@ def _tokens_per_step(run: Run, sequences: int | None) -> dict[int, float]:
 
 
 def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], devices: int | None,
-             profile: HardwareProfile) -> int:
+             profile: HardwareProfile, devices_from: str = "--devices") -> int:
     """The device count: given, else verl's own (from perf/throughput); a given count must agree with verl."""
     if THROUGHPUT not in run:
         if devices is None:
@@ -152,7 +152,7 @@ def _devices(run: Run, tokens: dict[int, float], times: dict[int, float], device
     if devices is None:
         return verl_devices
     if abs(devices - verl_devices) > DEVICE_COUNT_RTOL * verl_devices:
-        raise BadInput(f"--devices {devices} disagrees with the run's {THROUGHPUT}, which verl computed with "
+        raise BadInput(f"{devices_from} {devices} disagrees with the run's {THROUGHPUT}, which verl computed with "
                        f"{verl_devices} devices; pass the torch device count ({unit} on {profile.name}: "
                        f"{profile.dies_per_card} per card)")
     return devices
@@ -204,12 +204,14 @@ def _steady(run: Run, steps: list[int], warmup: int, statistic: str) -> list[int
 
 
 def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None, sequences: int | None = None,
-               warmup: int = 1, statistic: str = "median") -> Throughput:
+               warmup: int = 1, statistic: str = "median", devices_from: str = "--devices") -> Throughput:
     """TPS per device and per card of `run` on `profile` hardware, by `statistic` over the steady window:
     "median" of the steps after `warmup`, or "nightly" (verl's mean of the 5th-14th logged steps).
 
     devices: torch devices of the run (dies on A3); None takes verl's own count from `perf/throughput`.
     sequences: GBS x n, needed only when the run lacks `perf/total_num_tokens`.
+    devices_from: where `devices` came from, for the messages (`throughput --hardware a3` blamed a `--devices 1`
+    nobody passed: the count was the run's meta.json's).
     """
     if STEP_TIME not in run:
         raise BadInput(f"run {run.name!r} has no {STEP_TIME}; is it a verl run log?")
@@ -233,10 +235,13 @@ def throughput(run: Run, profile: HardwareProfile, *, devices: int | None = None
     steps = sorted(s for s in times if s in tokens)
     if not steps:
         raise BadInput(f"run {run.name!r}: {STEP_TIME} and the token counts share no step")
-    n = _devices(run, tokens, times, devices, profile)
+    n = _devices(run, tokens, times, devices, profile, devices_from)
     if n <= 0 or n % profile.dies_per_card:
-        raise BadInput(f"--devices {n}: must be a positive multiple of {profile.dies_per_card} "
-                       f"(dies per card on {profile.name})")
+        origin = f"{devices_from} {n}" if devices is not None else f"verl's {THROUGHPUT}, which counts {n} devices,"
+        hint = f"; is it a {run.meta.hardware} run? (--hardware {run.meta.hardware})" if run.meta.hardware in PROFILES \
+            and run.meta.hardware != profile.name else ""
+        raise BadInput(f"{origin}: on {profile.name} the device count must be a positive multiple of "
+                       f"{profile.dies_per_card} (dies per card){hint}")
     per_step = tuple(
         StepThroughput(step=s, tokens=tokens[s], step_time_s=times[s],
                        tps_per_device=verl_throughput(tokens[s], times[s], n),
