@@ -159,6 +159,27 @@ def test_markdown_names_failures_and_figures(report_factory):
     assert "✅ PASS" in render_markdown(report_factory("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))
 
 
+def test_page_and_markdown_count_alike_bytes_read_as_gib_and_delta_only_with_a_previous(report_factory):
+    # seeded: the page said 3 xfailed where report.md left them out (39 + 1 + 4 of 47), the sleep test's bytes
+    # showed raw (1200185344), and the delta column was a column of blanks without a previous report
+    base = report_factory("n1", "2026-11-01T02:00:00+00:00", failing=True)
+    tests = (*base.tests, TestVerdict("suites/a.py::test_known", "xfailed", 0.1, "xfail: known"),
+             TestVerdict("suites/memory/test_sleep_release.py::test_sleep", "passed", 1.0, "", properties={
+                 "memory.sleep": {"engine": "vllm", "baseline_bytes": 1200185344, "asleep_bytes": 0,
+                                  "peak_bytes": {"vanilla": 3 * 2**30, "chunked": 2**30}}}))
+    report = dataclasses.replace(base, tests=tests)
+    counts = "2 passed, 1 failed, 0 errors, 0 skipped, 1 xfailed, 0 xpassed of 4"
+    page, md = render_html(report), render_markdown(report)
+    assert counts in page and counts in md
+    assert "1.118 GiB" in page and "vanilla 3.000 GiB, chunked 1.000 GiB" in page and "<td>1200185344</td>" not in page
+    assert "\u0394" not in page.split('id="verdicts"')[1].split("</thead>")[0]  # no delta column to fill
+    previous = dataclasses.replace(report, name="n0", tests=tuple(dataclasses.replace(t, duration_s=t.duration_s + 1)
+                                                                   for t in report.tests[:2]))
+    header = render_html(report, previous).split('id="verdicts"')[1]
+    assert "\u0394 vs n0" in header.split("</thead>")[0]
+    assert "-1.00 s" in header and "new" in header  # filled: a time change, and a test the previous lacked
+
+
 def test_html_is_self_contained_and_degrades_without_sections(report_factory):
     page = render_html(report_factory("bare", "2026-11-01T02:00:00+00:00"))
     assert 'id="verdicts"' in page and "<h2>Throughput" not in page and "<img" not in page

@@ -242,6 +242,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     from harness.io import write_error
     from harness.redact import redact_argv
     from harness.report.publish import JUNIT_NAME, LOG_NAME, load_store, publish, store, write_trend
+    from harness.report.render import counts_text
     from harness.report.schema import load_report
     from harness.report.trend import lost
 
@@ -334,8 +335,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
                       "without tests is a failure")
         return 1
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
-    console.print(f"{verdict}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped "
-                  f"in {report.duration_s:.1f} s")
+    console.print(f"{verdict}: {counts_text(report)}")
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")

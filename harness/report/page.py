@@ -23,7 +23,7 @@ img.plot{max-width:100%;cursor:zoom-in}img.plot.full{position:fixed;inset:0;marg
 max-height:98vh;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out;z-index:9}
 details{margin:.4em 0}summary{cursor:pointer}.changed{background:#fff3c4}.muted{color:#666}
 th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999}input.filter{margin:.4em 0;width:20em}
-.grid{display:flex;flex-wrap:wrap;gap:0 2em}"""
+.grid{display:flex;flex-wrap:wrap;gap:0 2em}.nowrap,#verdicts th{white-space:nowrap;overflow-wrap:normal}"""
 
 # Sorting (click a header; numbers by value via data-v), filtering (a box the script adds, so a page read
 # without scripts shows no dead control) and full-size plots (click toggles).

@@ -21,7 +21,9 @@ def test_msprobe_names_first_divergent_op(tmp_path, record_property, pytestconfi
                                   [("golden", None), ("target", "scale_v_head")])
     verdict = localize.first_not_pass(localize.compare_steps(target, golden, tmp_path / "compare"))
     assert verdict is not None, "msprobe found no difference between the right and the wrong softmax scale"
-    record_property("mla.msprobe", {"first_not_pass": verdict.name, "result": verdict.result,
-                                    "max_diff": verdict.max_diff, "where": verdict.stack})
+    # labelled as what they are: a passing test showed `result: error` (msprobe's verdict on the seeded op)
+    record_property("mla.msprobe", {"seeded_fault": "scale_v_head", "first_divergent_op": verdict.name,
+                                    "msprobe_result_of_that_op": verdict.result, "max_diff": verdict.max_diff,
+                                    "where": verdict.stack})
     # The first divergence is the scale multiply of the first attention prefill, nothing upstream of it.
     assert verdict.name.startswith("Tensor.__mul__") and "_attn_prefill" in verdict.stack, verdict.describe()
