@@ -168,13 +168,13 @@ def _tolerance_value(kind: type, text: str) -> int | float:
 
 
 def cmd_baseline_record(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
 
+    from harness.cli.output import console as output_console
     from harness.metrics import curves, stats
     from harness.metrics.baseline import ALIGN_METRICS, Baseline
 
-    console = Console(stderr=args.json)  # --json: stdout carries only the JSON
+    console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = output_file(args.out, "--out")
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")

@@ -51,9 +51,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return emit(verdict(doc["status"] not in ("FAILED", "STOPPED"), doc["status"], doc))
     else:
         steps = f", {doc['steps_done']} step(s) logged in {doc['run_dir']}" if doc["steps_done"] is not None else ""
-        verdict = f", launcher verdict {doc['verdict']}" if doc["verdict"] else ""
+        launcher = f", launcher verdict {doc['verdict']}" if doc["verdict"] else ""
         message = f": {doc['message'].strip().splitlines()[-1][:200]}" if doc["message"].strip() else ""
-        print(f"job {doc['job_id']} on {doc['address']}: {doc['status']}{steps}{verdict}{message}")
+        print(f"job {doc['job_id']} on {doc['address']}: {doc['status']}{steps}{launcher}{message}")
     return 1 if doc["status"] in ("FAILED", "STOPPED") else 0
 
 
@@ -71,7 +71,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.k8s:
         from harness.launch.k8s import manifest, manifest_yaml
 
-        from harness.launch.k8s import manifest, manifest_yaml
 
         options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
         if args.json:  # the documents as a JSON list (`kubectl apply -f` takes YAML: print it without --json)
@@ -99,11 +98,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         with one_at_a_time() if scale.tier == "tiny" else contextlib.nullcontext():
             return local.run_isolated(_isolated_argv(args, scale.name, run_dir),
                                       timeout_s=args.timeout + 120).returncode
-    from rich.console import Console
-
+    from harness.cli.output import console as output_console
     from harness.launch.ray_job import job_for_scale, launch, stop_rules_for
 
-    console = Console(stderr=True)
+    console = output_console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
                          user=job.user, model_path=args.model_path, data_dir=args.data_dir)
     rules = stop_rules_for(job) if args.abort_on_fail else ()

@@ -41,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from harness.cli.output import console as output_console
+
+    console = output_console()
     # One column per phase, one row per component: stays narrow with ten components.
     table = Table(title=f"memory per device, GiB: {scale}")
     table.add_column("component", no_wrap=True)  # names never fold at 80 columns (issue 15.5)

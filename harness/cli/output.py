@@ -26,7 +26,7 @@ NARROW = 120  # below this many columns a command prints one line per row instea
 def console(*, stderr: bool = False, **kwargs):
     """A rich Console for a command's output, as wide as what it writes to says: the terminal, or $COLUMNS when set
     (`scales` ignored COLUMNS=80 and printed 145 characters), else 160 columns for a log or a pipe (rich's 80
-    there folded every cell)."""
+    there folded every cell); a log or a pipe without $COLUMNS gets its lines unfolded too."""
     import os
     import sys
 
@@ -38,4 +38,5 @@ def console(*, stderr: bool = False, **kwargs):
     except (AttributeError, ValueError):
         tty = False
     wide = tty or os.environ.get("COLUMNS", "").strip().isdigit()
+    kwargs.setdefault("soft_wrap", not wide)
     return Console(stderr=stderr, width=None if wide else 160, **kwargs)

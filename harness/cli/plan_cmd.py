@@ -51,9 +51,8 @@ def cmd_scales(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from harness.cli.args import job_from_args
+    from harness.cli.output import console as output_console
     from harness.config import recipe as recipes
     from harness.config.recipe import VERL_VERSION, validate_recipe
     from harness.errors import PlanError
@@ -69,7 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     validate = args.format == "verl-cli" if args.validate is None else args.validate
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.
-        with Console(stderr=True).status(f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
+        with output_console(stderr=True).status(
+                f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
@@ -107,13 +107,13 @@ def _recipe_section(job) -> dict:
 
 
 def _print_plan(job, doc: dict, validate: bool) -> None:
-    from rich.console import Console
     from rich.markup import escape
 
+    from harness.cli.output import console as output_console
     from harness.config.recipe import VERL_VERSION
 
     scale = job.scale
-    console = Console()
+    console = output_console()
     t, r = scale.plan.train, scale.plan.rollout
     console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
     if job.user is not None:

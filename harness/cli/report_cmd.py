@@ -38,9 +38,9 @@ def select(reports: list, last: int | None, since: dt.datetime | None) -> list:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
 
+    from harness.cli.output import console as output_console
     from harness.io import file_kind, write_atomic
     from harness.report.publish import distinct_names, load_store, page_stems, write_trend
     from harness.report.render import render_html, render_markdown
@@ -54,7 +54,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if kind not in (None, "regular file", "directory"):
             raise BadInput(f"{given}: a {kind}, not a report JSON or trend-store directory")
     # one line per verdict in CI logs: paths and names are never folded; --json: stdout carries only the JSON
-    console = Console(soft_wrap=True, stderr=args.json)
+    console = output_console(stderr=args.json, soft_wrap=True)  # even at COLUMNS=80
     reports = []
     for given in args.results:
         # a trend-store directory quarantines a corrupt entry and goes on; a file named on purpose must load

@@ -92,13 +92,13 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if args.json:
         return emit(doc)
     else:
-        from rich.console import Console
         from rich.markup import escape
         from rich.table import Table
 
+        from harness.cli.output import console as output_console
         from harness.config.scales import plural
 
-        console = Console()
+        console = output_console()
         # "1 devices = 1 cpu cards" read as written: counts agree with their nouns
         devices = f"{plural(doc['devices'], 'device')} = {plural(doc['cards'], doc['hardware'] + ' card')}"
         if args.per_step:
