@@ -46,6 +46,11 @@ TRAINER_FAULTS: dict[str, tuple[str, ...]] = {
     "seq-mean-loss": ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",),  # not DAPO's token-mean
     "cold-rollout": ("actor_rollout_ref.rollout.temperature=0.6",),  # sampling temperature 1.0 -> 0.6
 }
+# The algorithm changes a short tiny run's curves need not show (no-clip-higher's 12-step run passed every curve
+# statistic, measured) but verl's resolved config does: seeded together, one verl start-up for all three, each named
+# by the alignment's config verdict (harness.metrics.curves.algorithm).
+CONFIG_FAULTS = ("no-clip-higher", "seq-mean-loss", "cold-rollout")
+TRAINER_FAULTS["algorithm-drift"] = tuple(o for f in CONFIG_FAULTS for o in TRAINER_FAULTS[f])
 
 ENV: dict[str, str] = {
     "VERL_USE_EXTERNAL_MODULES": PLATFORM_MODULE,
