@@ -150,9 +150,12 @@ def _prelude(scale) -> list[str]:
     """What every container runs before Ray: the NPU environment, and the Ray version token auth needs."""
     steps = [f"source {script}" for script in NPU_ENV_SCRIPTS] if scale.hardware.kind == "npu" else []
     need = ".".join(map(str, MIN_RAY_FOR_AUTH))
-    check = ('import ray, sys; v = tuple(int(x) for x in ray.__version__.split(".")[:2]); '
-             f'sys.exit(0 if v >= {MIN_RAY_FOR_AUTH!r} else "ray " + ray.__version__ + " in this image ignores '
-             f'RAY_AUTH_MODE=token (needs >= {need}): build it with docker/npu.Dockerfile (ray 2.60.0)")')
+    # packaging (a dependency of Ray itself) parses any PEP 440 version: int() of each part crashed on a local
+    # build's "2.60+abc"; the release tuple counts a 2.52 release candidate as 2.52
+    check = ('import ray, sys; from packaging.version import Version; '
+             f'sys.exit(0 if Version(ray.__version__).release[:2] >= {MIN_RAY_FOR_AUTH!r} else "ray " + '
+             f'ray.__version__ + " in this image ignores RAY_AUTH_MODE=token (needs >= {need}): build it with '
+             'docker/npu.Dockerfile (ray 2.60.0)")')
     return [*steps, f"python3 -c {shlex.quote(check)}"]
 
 

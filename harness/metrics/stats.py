@@ -51,6 +51,9 @@ MAX_AUTOCORRELATION = 0.8
 # Residuals beyond this many robust standard deviations are clipped (Huber's winsorizing; 2.5 keeps ~98 % of a
 # Gaussian residual's variance, WINSOR_VARIANCE below, and bounds what one bad run adds).
 CLIP_MADS = 2.5
+# The robust helpers below stay on `statistics` (the t quantile is scipy's): scipy.stats.median_abs_deviation would
+# replace one median, while the winsorizing, the odd group's zero residual and the clip's variance correction are
+# this model's own and have no scipy counterpart.
 MAD_TO_SD = 1.4826  # 1 / Phi^-1(3/4): the MAD of Gaussian noise x this is its standard deviation
 
 

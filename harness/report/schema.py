@@ -182,6 +182,9 @@ def report_name(prefix: str, created: str) -> str:
     return f"{prefix}-{created[:19].replace(':', '')}-{secrets.token_hex(2)}"
 
 
+# The field table is the schema. Not jsonschema (in the stack through Ray and vLLM): its "number" takes the 1e308 s
+# and 10**400 values the numeric policy refuses, so the range checks stay code either way, and its messages
+# ("'x' is not of type 'number'") would need translating into the one line naming the report and the field.
 _STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
 _MACHINE = {"hostname": _STR, "platform": _STR, "python": _STR, "cpu_count": _INT, "device_kind": _STR,
             "device_name": _STR, "device_count": _INT, "hardware_profile": _STR, "driver": _OPT_STR, "cann": _OPT_STR,
