@@ -135,7 +135,7 @@ def versioned(schema: str, version: int, doc: dict) -> dict:
     return {"schema": schema, "schema_version": version, **doc}
 
 
-# A temporary file this old is left over from a killed writer (issue 16: 56 MB of hidden .tmp files were seen);
+# A temporary file this old is left over from a killed writer (56 MB of hidden .tmp files were once seen);
 # a live writer finishes long before.
 STALE_TMP_S = 3600
 
@@ -186,7 +186,7 @@ def write_error(path: str | os.PathLike, exc: OSError) -> BadInput:
 def atomic_target(path: str | os.PathLike, *, overwrite: bool = True, exists: str = "choose another name"):
     """Yields a temporary path beside `path` for a writer that takes a file name (safetensors, DataProto); on a
     clean exit it is renamed onto `path`, otherwise removed. The file gets the mode a plain open() would give
-    (0666 less the umask; issue 16: mkstemp's 0600 made shared reports unreadable), and temporaries of earlier
+    (0666 less the umask; mkstemp's 0600 made shared reports unreadable), and temporaries of earlier
     killed writers in the directory are cleaned. `overwrite=False`: the temporary is hard-linked to `path`, which
     fails if it exists -- atomic against another writer (checking first, then writing, let two `baseline record`s
     both succeed and the first golden be lost); BadInput "already exists; `exists`". An OSError of the file system
@@ -228,7 +228,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, overwrite: bool 
     mode = "wb" if isinstance(data, bytes) else "w"
     with atomic_target(path, overwrite=overwrite, exists=exists) as tmp:
         # backslashreplace: a JSON string may hold a lone surrogate ("\ud800" is valid JSON, not valid UTF-8); a
-        # page shows it escaped instead of the write failing with a traceback (issue 16)
+        # page shows it escaped instead of the write failing with a traceback
         with open(tmp, mode, **({} if mode == "wb" else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
             f.write(data)
             f.flush()
@@ -263,7 +263,7 @@ _HELD: dict[Path, int] = {}  # directories this process holds, with how many nes
 @contextlib.contextmanager
 def exclusive(directory: str | os.PathLike, what: str):
     """Hold DIR/.lock (fcntl) for the block, or refuse with one line: two writers of one directory would
-    overwrite each other's files silently (issue 16). The lock dies with the process, so a killed run never
+    overwrite each other's files silently. The lock dies with the process, so a killed run never
     leaves it stuck. Re-entrant within one process: `run` holds it, and the report collector of the pytest
     session `run` starts in-process takes it again (a plain `pytest --report-dir` takes it alone).
 

@@ -173,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_input_paths(config: pytest.Config) -> None:
     """--run-dir and --baseline name what the suites assert on: one that is missing, or a directory without verl
     logs, is a usage error up front (pytest exit 4, `run` exit 2), not a FAIL report from every test that reads
-    it (issue 16). The logs themselves are read, and judged, by the tests."""
+    it. The logs themselves are read, and judged, by the tests."""
     from harness.metrics.ingest import run_sources
 
     for option in ("run_dir", "baseline"):
@@ -191,7 +191,7 @@ def _check_input_paths(config: pytest.Config) -> None:
 
 def _engine_factory(target: str | None):
     """--engine resolved once, up front: a bad one (`os:getcwd`, a typo) is one usage error (exit 4), not an
-    error inside every MLA test (issue 16)."""
+    error inside every MLA test."""
     if not target:
         return None
     from harness.engines.base import load_factory  # imports torch: only when --engine is given
@@ -226,7 +226,7 @@ def item_tier(item: pytest.Item) -> str | None:
 
 def applies(item: pytest.Item) -> bool:
     """Does the item apply to this session's scale? Its tier must be --scale's, and a `scales(...)` marker must name
-    the scale it runs at (issue 11: the A3-only 120 TPS/card target must not run -- and fail under
+    the scale it runs at (the A3-only 120 TPS/card target must not run -- and fail under
     --strict-hardware -- on an A2 nightly, whose `full` tier is full-a2-gbs128)."""
     chosen = item.config.stash[SCALE_KEY]
     tier = item_tier(item)

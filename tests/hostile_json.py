@@ -1,4 +1,4 @@
-"""Hypothesis building blocks shared by the property tests (issue 16): arbitrary JSON values (numbers too big for
+"""Hypothesis building blocks shared by the property tests: arbitrary JSON values (numbers too big for
 a float, NaN, inf included) and a real document with some of its fields replaced by them."""
 from __future__ import annotations
 

@@ -21,14 +21,14 @@ dtype_copy = _seeded(EngineFault.DTYPE_COPY)  # absorbed weights cast (copied) a
 rebind = _seeded(EngineFault.REBIND)  # load_weights rebinds param.data
 scale_v_head = _seeded(EngineFault.SCALE_V_HEAD)  # MindSpeed 1/sqrt(kv_channels)
 scale_no_mscale = _seeded(EngineFault.SCALE_NO_MSCALE)  # yarn scale without mscale^2
-# issue 13: realistic bugs the single-sync, list-input, token-only suites let through
-rederive_once = _seeded(EngineFault.REDERIVE_ONCE)  # copies re-derived on the first sync only (pt 1)
-two_pass = _seeded(EngineFault.TWO_PASS)  # iterates the sync input twice: empty 2nd pass on a generator (pt 2)
-hidden_copy = _seeded(EngineFault.HIDDEN_COPY)  # decode uses packed copies mla_layers() does not show (pt 3)
-drop_kv_a = _seeded(EngineFault.DROP_KV_A)  # sync drops kv_a_proj_with_mqa (pt 4)
-precision = _seeded(EngineFault.PRECISION)  # re-derived copies rounded through bf16 (pt 5)
-layout = _seeded(EngineFault.LAYOUT)  # fresh views split [v | nope] (pt 5)
-decode_scale = _seeded(EngineFault.DECODE_SCALE)  # softmax_scale() right, decode kernel 1/sqrt(v_head) (pt 7)
+# realistic bugs that single-sync, list-input, token-only suites let through
+rederive_once = _seeded(EngineFault.REDERIVE_ONCE)  # copies re-derived on the first sync only
+two_pass = _seeded(EngineFault.TWO_PASS)  # iterates the sync input twice: empty 2nd pass on a generator
+hidden_copy = _seeded(EngineFault.HIDDEN_COPY)  # decode uses packed copies mla_layers() does not show
+drop_kv_a = _seeded(EngineFault.DROP_KV_A)  # sync drops kv_a_proj_with_mqa
+precision = _seeded(EngineFault.PRECISION)  # re-derived copies rounded through bf16
+layout = _seeded(EngineFault.LAYOUT)  # fresh views split [v | nope]
+decode_scale = _seeded(EngineFault.DECODE_SCALE)  # softmax_scale() right, decode kernel 1/sqrt(v_head)
 # MoE weight sync: the experts' kernel copy packed at build; the router bias never sent by the sync
 packed_experts = _seeded(EngineFault.PACKED_EXPERTS)
 stale_router_bias = _seeded(EngineFault.STALE_ROUTER_BIAS)

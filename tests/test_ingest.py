@@ -258,7 +258,7 @@ def test_device_named_in_a_console_log_is_remembered(tmp_path):
     assert load_run(path).meta.hardware_in_logs == {"a2": f"{path}:1"}
 
 
-# ---------------------------------------------------------------- bad input: one line naming file:line (issue 16)
+# ---------------------------------------------------------------- bad input: one line naming file:line
 @pytest.mark.parametrize("line, match", [
     ('{"step": 1, "data": {"a": 1' + "0" * 400 + "}}", r"m\.jsonl:1: a is 1000.*too big for a float"),
     ('{"step": Infinity, "data": {"a": 1.0}}', r"m\.jsonl:1: corrupt line"),
@@ -327,7 +327,7 @@ def test_bad_meta_json(tmp_path, monkeypatch, meta, match):
 
 def test_ingest_streams_in_bounded_memory(tmp_path):
     """A FileLogger log is read line by line into 8-byte columns: the peak stays within 2x the series it
-    returns (the whole-file read took 3.5 GiB for a 373 MiB log; issue 16). The timing is a benchmark."""
+    returns (the whole-file read took 3.5 GiB for a 373 MiB log). The timing is a benchmark."""
     import gc
     import json
     import tracemalloc

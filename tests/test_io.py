@@ -1,4 +1,4 @@
-"""Self-tests of harness.io's writers (issue 16, nothing lost): atomic writes keep the umask's mode, clean the
+"""Self-tests of harness.io's writers (nothing lost): atomic writes keep the umask's mode, clean the
 temporaries of killed writers, and a directory lock refuses a second writer with one line."""
 from __future__ import annotations
 

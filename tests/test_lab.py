@@ -4,8 +4,8 @@ and it writes verl's FileLogger format with verl's metric keys.
 
 Cost: fault and false-positive runs are short (FAULT_STEPS / FP_STEPS steps, ~0.5-1.5 s per step here);
 `compare(...)` then evaluates the per-step band over the steps they have and skips
-(never passes) the window/trend statistics they have not reached. The full 30-step numbers are in the
-issue report (measured with `python -m harness.lab` + `ascend-rl-harness compare`).
+(never passes) the window/trend statistics they have not reached. The full 30-step numbers come from
+`python -m harness.lab` + `ascend-rl-harness compare`, run by hand.
 """
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def test_k8s_manifest(name):
 @pytest.mark.parametrize("name", ["full-a3", "full-a2-gbs128"])
 def test_k8s_manifest_mindcluster_and_auth(name):
     """What MindCluster reads (ring-controller label, ASCEND_VISIBLE_DEVICES from the device annotation, the
-    accelerator-type selector, sp-block on A3) and no unauthenticated Jobs API on the host network (issue 11)."""
+    accelerator-type selector, sp-block on A3) and no unauthenticated Jobs API on the host network."""
     scale = get_scale(name)
     (service, job), text = _docs(name)
     assert job["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
@@ -245,7 +245,7 @@ def test_cli_prints_the_manifest(capsys):
 
 
 def test_k8s_defaults_are_overridable(capsys):
-    # issue 15.6: image, namespace and the shared PVC each have a stated default and an option
+    # image, namespace and the shared PVC each have a stated default and an option
     assert main(["launch", "--scale", "full-a3", "--k8s", "--image", "reg.example:5000/verl-ascend:v1",
                  "--namespace", "rl", "--pvc", "rl-shared"]) == 0
     rings, service, job = yaml.safe_load_all(capsys.readouterr().out)

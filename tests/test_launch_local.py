@@ -1,4 +1,4 @@
-"""CI proof of the launcher (issue 7): a real Ray cluster, a real Ray Jobs submission of the tiny DAPO
+"""CI proof of the launcher: a real Ray cluster, a real Ray Jobs submission of the tiny DAPO
 lab, a real collected run -- with no traffic able to leave the machine (the cluster lives in a network
 namespace whose only interface is `lo`). Seeded bad jobs show the verdicts are not always "succeeded"."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_lab_job_succeeds_and_its_run_is_collected(isolated_ray_proof, record_pr
 
 def test_user_ray_state_does_not_reach_the_local_cluster(isolated_ray_proof):
     """The proof ran with a foreign ~/.ray/auth_token and RAY_ADDRESS (fixtures/launch.py) and still succeeded:
-    the throwaway cluster runs with authentication off, explicitly (issue 16)."""
+    the throwaway cluster runs with authentication off, explicitly."""
     assert isolated_ray_proof["user_ray_state"] == {"home_token": True, "auth_mode": "disabled"}
     assert isolated_ray_proof["results"]["lab"]["verdict"] == "succeeded"
 

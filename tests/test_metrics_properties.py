@@ -1,6 +1,6 @@
 """Property tests (hypothesis; the plugin's `ci` profile keeps the budget small): whatever a log, a golden or a
 command line holds, ingest / load_baseline / the compare, baseline and throughput commands end in a result or a
-one-line BadInput (exit 2) -- never a traceback, never another exception (issue 16: 37 of 200 bad inputs crashed).
+one-line BadInput (exit 2) -- never a traceback, never another exception (37 of 200 bad inputs once crashed).
 The drawn numbers include the numeric policy's edges (tests/hostile_json.py EXTREMES: 10**300 steps, 1e308
 values, subnormal times; harness.numeric), and what loads must compute finitely."""
 from __future__ import annotations

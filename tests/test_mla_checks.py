@@ -111,7 +111,7 @@ def test_compare_logprobs_locates_worst():
 
 
 def test_comparators_follow_assert_close():
-    """Issue 13 pt 6: a finite value against a -inf reference is a mismatch (it used to pass: the threshold became
+    """A finite value against a -inf reference is a mismatch (it used to pass: the threshold became
     inf); -inf matches -inf, NaN matches nothing; worst/where are over the mismatches only."""
     want = torch.tensor([[0.0, float("-inf"), -1.0, -2.0]])
     got = torch.tensor([[0.0, -30.0, -1.0, -2.0]])
@@ -206,7 +206,7 @@ def _rollout(engine):
 
 @pytest.mark.parametrize("rel", [1e-2, 1e-3, 1e-4])
 def test_small_updates_need_logprobs(weights, rel):
-    """Issue 13 pt 3: a kernel copy the engine does not show in mla_layers() stays at the pre-sync weights. After
+    """A kernel copy the engine does not show in mla_layers() stays at the pre-sync weights. After
     an RL-sized update greedy tokens match an engine built fresh on the new weights; only log-probs tell."""
     from harness.mla.sync import rl_update, sync
 
@@ -232,7 +232,7 @@ def test_small_updates_need_logprobs(weights, rel):
 
 @pytest.mark.parametrize("fault", [EngineFault.REDERIVE_ONCE, EngineFault.TWO_PASS])
 def test_one_sync_from_a_list_hides_what_verl_style_syncs_show(weights, fault):
-    """Issue 13 pts 1-2: one sync from a reusable list passes these engines; repeated syncs from one-shot
+    """One sync from a reusable list passes these engines; repeated syncs from one-shot
     generators in buckets (harness.mla.sync) catch them, diagnosed stale."""
     from harness.mla.sync import sync
 
@@ -255,7 +255,7 @@ def test_one_sync_from_a_list_hides_what_verl_style_syncs_show(weights, fault):
 @pytest.mark.parametrize("fault, cause", [(EngineFault.PRECISION, "precision loss"), (EngineFault.LAYOUT, "layout"),
                                           (EngineFault.STALE_COPY, "stale")])
 def test_freshness_diagnosis_from_evidence(weights, fault, cause):
-    """Issue 13 pt 5: the cause is what the evidence matches, not a fixed blame."""
+    """The cause is what the evidence matches, not a fixed blame."""
     old, new = weights
     engine = ReferenceEngine(SPEC, old, fault=fault)
     engine.load_weights(new.items())

@@ -41,22 +41,22 @@ CASES = [
     ("stale_copy", SYNC_SUITE, "reaches_absorbed", 2, ["layer 0 W_UK_T", "layer 1 W_UV", "decode", "-> stale"]),
     ("dtype_copy", SYNC_SUITE, "reaches_absorbed", 2, ["layer 0 W_UV", "not re-derived"]),
     ("rebind", SYNC_SUITE, "reaches_absorbed", 2, ["layer 1 W_UK_T", "decode", "-> stale"]),
-    # issue 13: each slipped through one sync from a list with token-only behaviour
-    ("rederive_once", SYNC_SUITE, "reaches_absorbed", 2, ["after sync 2/3 (old)", "-> stale"]),  # pt 1
-    ("two_pass", SYNC_SUITE, "reaches_absorbed", 2, ["after sync 1/3 (new)", "-> stale"]),  # pt 2
-    ("hidden_copy", SYNC_SUITE, "reaches_absorbed", 2, ["decode differently"]),  # pt 3 (tokens on big syncs)
+    # each slipped through one sync from a list with token-only behaviour
+    ("rederive_once", SYNC_SUITE, "reaches_absorbed", 2, ["after sync 2/3 (old)", "-> stale"]),  # caught: many syncs
+    ("two_pass", SYNC_SUITE, "reaches_absorbed", 2, ["after sync 1/3 (new)", "-> stale"]),  # caught: generator input
+    ("hidden_copy", SYNC_SUITE, "reaches_absorbed", 2, ["decode differently"]),  # caught: tokens on big syncs
     ("drop_kv_a", SYNC_SUITE, "reaches_absorbed", 2, ["model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-                                                      "dropped or mis-mapped"]),  # pt 4
-    ("precision", SYNC_SUITE, "reaches_absorbed", 2, ["-> precision loss"]),  # pt 5
-    ("layout", SYNC_SUITE, "reaches_absorbed", 2, ["-> layout", "[nope | v] split"]),  # pt 5
+                                                      "dropped or mis-mapped"]),  # caught: every weight checked
+    ("precision", SYNC_SUITE, "reaches_absorbed", 2, ["-> precision loss"]),  # caught: diagnosis from evidence
+    ("layout", SYNC_SUITE, "reaches_absorbed", 2, ["-> layout", "[nope | v] split"]),  # caught: diagnosis from evidence
     ("scale_v_head", SCALE_SUITE, "closed_form or right_scale", 4, ["softmax scale 0.1250000", "v_head_dim bug",
                                                                     "0.1656269"]),
     ("scale_no_mscale", SCALE_SUITE, "closed_form or right_scale", 3,
      ["no_mscale bug", "softmax scale 0.0883883", "tiny-dsv3-dense"]),
-    # sleep level 2 discards the copies; syncs after wake_up must re-derive them every time (pt 1, pt 2)
+    # sleep level 2 discards the copies; syncs after wake_up must re-derive them every time
     ("rederive_once", SLEEP_SUITE, "wake", 1, ["sleep(level=2) -> wake_up -> sync", "generate differently"]),
     ("two_pass", SLEEP_SUITE, "wake", 1, ["step 1 (sleep(level=2)"]),
-    ("decode_scale", SCALE_SUITE, "closed_form or right_scale", 1,  # pt 7: softmax_scale() is right, decode not
+    ("decode_scale", SCALE_SUITE, "closed_form or right_scale", 1,  # softmax_scale() is right, decode not
      ["behavioural scale check failed", "reports 0.1656269: the closed form", "decode steps",
       "not identified as a scale bug"]),
     ("scale_v_head", ALIGN_SUITE, "match_training", 1, ["log-probs outside", "decode steps"]),

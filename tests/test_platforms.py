@@ -1,4 +1,4 @@
-"""The per-platform fact table (harness.config.platforms) and the decisions made from it, on CPU (issue 11)."""
+"""The per-platform fact table (harness.config.platforms) and the decisions made from it, on CPU."""
 from __future__ import annotations
 
 import importlib.util
@@ -78,7 +78,7 @@ def test_absorbed_copies_read_the_decode_kernels_first_and_all():
 
 
 def test_freshness_sees_stale_impl_copies_behind_fresh_views():
-    """Issue 11 pt 2: on vllm-ascend an in-place sync refreshes the layer's views but not impl's copies, which
+    """On vllm-ascend an in-place sync refreshes the layer's views but not impl's copies, which
     decode uses; reading the layer first reported "fresh". Both are checked, the stale one named."""
     pytest.importorskip("vllm")
     from harness.engines.base import MLALayer

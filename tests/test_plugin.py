@@ -135,7 +135,7 @@ def test_a3_target(scale):
 
 def test_scales_marker_selects_by_scale(pytester: pytest.Pytester):
     """The A3 TPS target applies to full-a3 only: on an A2 nightly (--scale full-a2-gbs128 --strict-hardware) it is
-    deselected, so the night can pass; at full-a3 it is selected and needs its hardware (issue 11)."""
+    deselected, so the night can pass; at full-a3 it is selected and needs its hardware."""
     pytester.makepyfile(test_only=SCALE_ONLY)
     result = pytester.runpytest("--scale", "full-a2-gbs128", "--strict-hardware")
     result.assert_outcomes(deselected=1)
@@ -174,7 +174,7 @@ def test_unknown_scale_is_a_usage_error(pytester: pytest.Pytester):
 @pytest.mark.parametrize("target, words", [("os:getcwd", "not an engine factory"), ("os", "MODULE:FACTORY"),
                                            ("no_such_mod_xyz:f", "cannot import")])
 def test_bad_engine_is_one_usage_error_up_front(pytester: pytest.Pytester, target, words):
-    """Issue 16: a bad --engine stops the session at configure time (exit 4), not inside every MLA test."""
+    """A bad --engine stops the session at configure time (exit 4), not inside every MLA test."""
     pytester.makepyfile("def test_a():\n    pass\n")
     result = pytester.runpytest("--engine", target)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -196,7 +196,7 @@ def test_requires_rejects_unknown_hardware():
 
 
 def test_mla_suites_skip_only_through_skip_or_fail():
-    """Issue 16: a bare pytest.skip / importorskip in a suite bypasses --strict-hardware."""
+    """A bare pytest.skip / importorskip in a suite would bypass --strict-hardware."""
     import ast
     from pathlib import Path
 

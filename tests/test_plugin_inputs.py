@@ -1,4 +1,4 @@
-"""--run-dir and --baseline are checked when pytest starts (issue 16): a missing path or a directory without verl
+"""--run-dir and --baseline are checked when pytest starts: a missing path or a directory without verl
 logs is a usage error (exit 4, one line naming the option), not a FAIL in every test that reads it."""
 from __future__ import annotations
 

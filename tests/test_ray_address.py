@@ -1,6 +1,6 @@
 """`--ray-address` has one meaning (the dashboard URL), a bounded connect, one-line errors; the plugin counts
-devices through the dashboard (never `ray.init` on a GCS address, which hung pytest for minutes: issue 11 pt 10);
-credentials in URLs are redacted wherever the harness records them (issue 16)."""
+devices through the dashboard (never `ray.init` on a GCS address, which once hung pytest for minutes);
+credentials in URLs are redacted wherever the harness records them."""
 from __future__ import annotations
 
 import http.server

@@ -105,7 +105,7 @@ def test_stage_layers_reach_megatron(composed):
 
 
 def test_recompute_is_explicit_and_is_the_plans(composed):
-    """The job runs the recompute the memory model assumes: both read plan.train.recompute (issue 11)."""
+    """The job runs the recompute the memory model assumes: both read plan.train.recompute."""
     scale, _, cfg = composed
     if scale.hardware.kind == "cpu":  # FSDP2 trains the CPU tier: no Megatron recompute, and the plan has none
         assert cfg.actor_rollout_ref.actor.strategy.startswith("fsdp") and scale.plan.train.recompute is None

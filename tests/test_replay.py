@@ -96,7 +96,7 @@ def test_bad_action_and_group_are_bad_input(tmp_path):
     assert verl_skip_overrides(tmp_path, [1, 2], "repeat")[2] == "skip.rollout.steps=[1,2]"
 
 
-# ---- security: no unpickling from places others can write (issue 16) ---------------------------------------
+# ---- security: no unpickling from places others can write -------------------------------------------------
 
 class _Boom:
     """Unpickling this writes a marker file: a stand-in for the code an attacker's pickle would run."""

@@ -283,7 +283,7 @@ def test_wrong_shaped_sections_exit_2_with_report_and_degrade_in_a_run(tmp_path,
 
 
 def test_dollar_signs_in_names_are_not_mathtext(report_factory):
-    # issue 16: a metric name matplotlib's mathtext cannot parse crashed the page
+    # a metric name matplotlib's mathtext cannot parse once crashed the page
     name = r"$\undefinedcmd$ reward"
     series = {name: {"steps": [1, 2], "center": [0.1, 0.2], "lo": [0.0, 0.1], "hi": [0.2, 0.3],
                      "candidate_steps": [1, 2], "candidate": [0.1, 0.5], "candidate_name": "$run$",
@@ -321,7 +321,7 @@ def test_hostile_names_are_escaped_in_html_and_markdown(report_factory):
 
 
 def test_report_output_names_stay_inside_o(tmp_path, report_factory):
-    # issue 16: `report` named its page from report.name, so "../../x" wrote outside -o
+    # `report` once named its page from report.name, so "../../x" wrote outside -o
     report = dataclasses.replace(report_factory("x", "2026-11-01T02:00:00+00:00"), name="../../escaped")
     path = write_report(report, tmp_path / "in" / "r.json")
     out = tmp_path / "deep" / "out"
@@ -338,7 +338,7 @@ def test_report_onto_a_file_is_exit_2(tmp_path, capsys, report_factory):
 
 
 def test_trend_badge_is_the_newest_nights_verdict(report_factory):
-    # issue 15: the trend page showed a green PASS over a failed newest run. Seeded: steady metrics, newest fails.
+    # the trend page once showed a green PASS over a failed newest run. Seeded: steady metrics, newest fails.
     nights = [report_factory(f"n{i}", f"2026-11-0{i + 1}T02:00:00+00:00", tps=120.0) for i in range(3)]
     nights.append(report_factory("n3", "2026-11-04T02:00:00+00:00", tps=120.0, failing=True))
     assert find_steps(nights) == []  # no metric moved: only the verdict can tell
@@ -414,7 +414,7 @@ def test_report_last_and_since_keep_the_newest_nights(tmp_path, capsys):
 
 
 def test_benchmark_noise_is_no_regression_but_a_shift_is(report_factory):
-    # issue 15: nightly benchmark medians of 0.13 s and 9.05 s on a shared 2-core machine were flagged
+    # nightly benchmark medians of 0.13 s and 9.05 s on a shared 2-core machine were once flagged
     # (median, fastest round) per night: contention inflates medians, the code's speed shows in the fastest round
     def nights(pairs):
         return [report_factory(f"night-{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", bench_median=m, bench_min=low)
@@ -502,7 +502,7 @@ def test_nightly_lines_stay_one_line_per_failure(report_factory):
 
 
 def test_graph_mode_section_shows_the_paired_interval(report_factory):
-    # issue 15.3: the verdict comes from the paired rounds' interval, so the page states it beside the speedup
+    # the verdict comes from the paired rounds' interval, so the page states it beside the speedup
     rounds = {"tokens_per_round": 64, "seconds": [1.0, 2.0, 1.5]}
     doc = {"platform": "cpu", "eager": {**rounds, "mode": "eager", "median_tps": 42.7, "best_tps": 64.0},
            "graph": {**rounds, "mode": "graph", "median_tps": 85.3, "best_tps": 128.0}, "speedup": 2.0,

@@ -1,7 +1,7 @@
 """Property tests of report JSON loading (hypothesis; the plugin's `ci` profile keeps the budget small): whatever
 a report.json holds -- any bytes, or a real report with fields replaced by arbitrary JSON -- load_report, the
 renderers and the `report` command end in a result or one line of BadInput (exit 2), never a traceback
-(issue 16: report JSONs with wrong field types or wrong-shaped sections crashed the renderer)."""
+(report JSONs with wrong field types or wrong-shaped sections once crashed the renderer)."""
 from __future__ import annotations
 
 import contextlib

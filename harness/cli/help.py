@@ -1,6 +1,6 @@
-"""What `--help` says for each subcommand beyond its options: a description, an example and the exit codes
-(issue 15, point 5). One table, so every command states them the same way and a self-test can hold each
-registered subcommand to it (tests/test_cli_help.py)."""
+"""What `--help` says for each subcommand beyond its options: a description, an example and the exit codes.
+One table, so every command states them the same way and a self-test can hold each registered
+subcommand to it (tests/test_cli_help.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

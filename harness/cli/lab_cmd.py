@@ -1,4 +1,4 @@
-"""`ascend-rl-harness lab`: one run of the tiny DAPO lab (issue 15, point 5: the lab is a subcommand, its defaults
+"""`ascend-rl-harness lab`: one run of the tiny DAPO lab (a subcommand, its defaults
 stated in --help). `python -m harness.lab` runs this same command; it is the Ray job entry point."""
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=No
     console = output_console()
     # One column per phase, one row per component: stays narrow with ten components.
     table = Table(title=f"memory per device, GiB: {scale}")
-    table.add_column("component", no_wrap=True)  # names never fold at 80 columns (issue 15.5)
+    table.add_column("component", no_wrap=True)  # names never fold at 80 columns (a CI log's width)
     for p in results:
         table.add_column(p.phase if p.stage is None else f"{p.phase} (stage {p.stage})", justify="right")
     for name in dict.fromkeys(k for p in results for k in p.components):

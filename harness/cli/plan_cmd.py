@@ -64,7 +64,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
     doc = recipes.plan_document(scale, recipe=recipe)
     # Only a command line someone will run depends on verl accepting it; composing in verl's schema imports verl
-    # (~20 s on this CPU), so the plan itself answers at once unless asked (issue 15: plan took ~20 s).
+    # (~20 s on this CPU), so the plan itself answers at once unless asked (plan used to take ~20 s).
     validate = args.format == "verl-cli" if args.validate is None else args.validate
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.

@@ -69,7 +69,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                        f"later (the newest: {reports[-1].created})")
     reports = distinct_names(kept)
     pages: dict[str, str] = {}
-    # one path component each, bounded, distinct: a name `../../x` stays inside -o (issue 16)
+    # one path component each, bounded, distinct: a name `../../x` stays inside -o
     for i, (report, stem) in enumerate(zip(reports, page_stems([r.name for r in reports]), strict=True)):
         pages[report.name] = f"{stem}.html"
         write_atomic(out / f"{stem}.html", render_html(report, reports[i - 1] if i else None,

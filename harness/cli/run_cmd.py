@@ -2,7 +2,7 @@
 
 Runs the scale's suites (`pytest suites -m <tier> --scale <scale> --report-dir DIR`) in this process
 with a rich progress bar on a terminal, or one line per finished test and a heartbeat when stdout is no
-terminal (CI logs; issue 15), then reads the report the collector wrote (JSON + HTML + Markdown), prints a
+terminal (CI logs), then reads the report the collector wrote (JSON + HTML + Markdown), prints a
 verdict table and the report's path. Exit 0 only if every test that ran passed (skips with their reason are
 allowed: a CPU machine has no NPU; zero tests is a failure) and, with --history, no regression shows across the
 stored reports; 1 otherwise, 2 on bad input.
@@ -294,7 +294,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     table.add_column("test", overflow="fold", min_width=min(60, max((len(t.nodeid) for t in report.tests), default=4)))
     table.add_column("outcome", no_wrap=True)
     table.add_column("s", no_wrap=True, justify="right")
-    table.add_column("reason", overflow="fold", ratio=1)  # the reason wraps, test names stay readable (issue 15.5)
+    table.add_column("reason", overflow="fold", ratio=1)  # the reason wraps, test names stay readable
     color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
     for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
         # escape: parametrized node ids ("test[vllm-dummy]") would otherwise be read as rich markup and vanish

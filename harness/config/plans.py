@@ -26,7 +26,7 @@ class Recompute:
       re-runs alone), the rest keep their activations.
 
     The recipe composes these three keys and the memory model reads the same object, so the job and its
-    memory verdict can never disagree (issue 11: the model assumed full recompute while the job ran none)."""
+    memory verdict can never disagree (the model once assumed full recompute while the job ran none)."""
 
     method: str = "block"
     num_layers: int = 1

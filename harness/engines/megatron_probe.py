@@ -5,7 +5,7 @@ Why a subprocess: `import mindspeed.megatron_adaptor` patches the whole process 
 re-routes torch.cuda, and MindSpeed replaces Megatron classes), so it must never happen in the pytest process; and
 Megatron-core's parallel state is process-global.
 
-- `megatron` (the GPU baseline; issue 11 pt 7): builds megatron-core's `MLASelfAttention` for the model (world size
+- `megatron` (the GPU baseline): builds megatron-core's `MLASelfAttention` for the model (world size
   1, gloo, `parallel_state.initialize_model_parallel()`), with the config fields the installed release has
   (`original_max_position_embeddings` exists only from core_r0.14.0; before, yarn reads `max_position_embeddings`),
   `use_cpu_initialization=True` (core_r0.12.1 ColumnParallelLinear otherwise allocates on
@@ -15,7 +15,7 @@ Megatron-core's parallel state is process-global.
   without use_cpu_initialization, so its tables go to torch.cuda.current_device() (the role torch_npu's
   transfer_to_npu plays on Ascend). core_r0.12.1's local DotProductAttention does not accept the `k_channels` /
   `v_channels` MLA passes it (only TE's does), so the core attention is a recorder that keeps that argument.
-- `mindspeed` (the NPU training stack; issue 11 pt 6): seed 001's wrong scale is not in the MLA module -- MindSpeed
+- `mindspeed` (the NPU training stack): seed 001's wrong scale is not in the MLA module -- MindSpeed
   v2.2.0_core_r0.12.1 sets `softmax_scale` right -- but in `mindspeed/core/transformer/flash_attention/
   flash_attention/adaptor.py` `dot_product_attention_forward_impl`, registered only with `--use-flash-attn`
   (features_manager/transformer/flash_attention/fusion_attention_v1_feature.py), which passes

@@ -41,7 +41,7 @@ class EngineFault(str, enum.Enum):
     SCALE_V_HEAD    MindSpeed MLA: softmax scale 1/sqrt(v_head_dim) (kv_channels 128) instead of
                     1/sqrt(qk_nope + qk_rope) * mscale^2 (seed 001 精度问题2).
     SCALE_NO_MSCALE softmax scale 1/sqrt(qk_head_dim) without the yarn mscale^2 factor.
-    Issue 13's realistic variants (each slipped through single-sync, list-input, token-only suites):
+    Realistic variants that slipped through single-sync, list-input, token-only suites:
     REDERIVE_ONCE   copies re-derived after the FIRST `load_weights` only (verl #4130's fix half done).
     TWO_PASS        copies; `load_weights` iterates its input twice (load, then find the layers to re-derive):
                     a one-shot generator, as verl passes, is empty the second time, so nothing is re-derived.
@@ -465,7 +465,7 @@ class ReferenceEngine(Engine):
         last, prefilled = [], {}
         for row, prompt in enumerate(prompt_token_ids):
             # GRPO samples n responses per prompt: prefill each distinct prompt once (prefill_logits is a pure
-            # function of the tokens, so the rows get the very same values; the tiny lab ran ~3x faster, issue 15)
+            # function of the tokens, so the rows get the very same values; the tiny lab ran ~3x faster)
             key = tuple(prompt)
             if key not in prefilled:
                 prefilled[key] = self.prefill_logits(prompt)

@@ -1,5 +1,5 @@
 """The lab's run options (LabConfig) and faults (FAULTS): importable without torch, so `ascend-rl-harness --help`
-lists the lab's defaults without loading the stack (issue 15, points 4-5)."""
+lists the lab's defaults without loading the stack (--help answers at once)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

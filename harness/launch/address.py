@@ -3,7 +3,7 @@
 The launcher submits through the dashboard's Jobs API, and the pytest plugin counts the cluster's NPU/GPU devices
 through the dashboard's state API (`ray.util.state.list_nodes(address=URL)`), so neither ever connects to the GCS
 (`ray.init(HEAD:6379)`): a wrong or unreachable address is one line after a bounded wait, not minutes of gRPC
-retries (issue 11 pt 10: the plugin passed the http form to `ray.init`, the launcher needed it, ci/nightly.sh passed
+retries (the plugin once passed the http form to `ray.init`, the launcher needed it, ci/nightly.sh passed
 it, and every cluster-tier test errored in setup). A GCS (`:6379`) or client (`ray://`, `:10001`) address is refused
 with the form to use instead.
 """

@@ -84,7 +84,7 @@ _IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9-]+)*(:[0-9]{1,5})?"
 
 def check_namespace(namespace: str) -> str:
     """A Kubernetes namespace name (RFC 1123 label) or BadInput naming --namespace: it is written into the
-    manifest and into the workers' shell command, so nothing else may pass (issue 16)."""
+    manifest and into the workers' shell command, so nothing else may pass (an unquoted name could inject shell)."""
     if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
         raise BadInput(f"--namespace {namespace!r}: not a Kubernetes namespace name (lowercase letters, digits and "
                        "'-', at most 63, starting and ending alphanumeric)")
@@ -202,7 +202,7 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
              steps: int | None = None, pvc: str = SHARED_CLAIM, job=None) -> list[dict]:
     """The manifest documents (on NPU the rings-config ConfigMap, then the Service and the Volcano Job) for a
     scale, as plain dicts. BadInput for a namespace, image or PVC name that is not one, or steps < 1. `pvc`: the
-    claim mounted at SHARED_MOUNT in every pod, holding models/<name>, data/dapo and runs/ (issue 15, point 6: the
+    claim mounted at SHARED_MOUNT in every pod, holding models/<name>, data/dapo and runs/ (the
     default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale -- its
     overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
     from harness.launch.ray_job import DEFAULT_STEPS_VERL, check_steps, verl_job

@@ -28,7 +28,7 @@ DASHBOARD_PORT = 8265
 LAST_TEMP_DIR: list[str] = []
 LAST_ENV: list[dict] = []
 _INIT_SCRIPT = 'ip link set lo up && "$@"'  # PID 1 of the namespace: brings lo up, runs argv, reaps orphans
-# The user's Ray state must not reach a throwaway cluster (issue 16: a ~/.ray/auth_token from another cluster made
+# The user's Ray state must not reach a throwaway cluster (a ~/.ray/auth_token from another cluster made
 # `launch --local` fail after 60 s with a 3-line token message). Ray 2.60 turns token auth on for `ray start` when
 # RAY_AUTH_MODE is unset and a token exists (ray/_private/authentication/authentication_token_setup.py
 # maybe_enable_token_auth_if_token_available; the token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or

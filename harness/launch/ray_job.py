@@ -126,7 +126,7 @@ DEFAULT_STEPS_VERL = 20  # every scale but tiny (tiny: harness.launch.tiny_verl.
 
 
 def check_steps(steps: int | None) -> int | None:
-    """`--steps`: None (the scale's default) or a positive count; BadInput otherwise (issue 16: -3 went into the
+    """`--steps`: None (the scale's default) or a positive count; BadInput otherwise (-3 once went into the
     manifest and 0 silently became 20)."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise BadInput(f"--steps {steps}: must be a positive number of training steps (omit it for the default)")

@@ -14,7 +14,7 @@ harness.engines.vllm.VLLMEngine syncs on CPU: vLLM's layerwise reload (`initiali
 Faults (`HARNESS_ROLLOUT_FAULT`, read in the vLLM worker process; the proof that the alignment suite fails on the
 real trainer):
   stale-absorbed  the decode path's W_UK_T / W_UV stay the copies made before the first sync (vllm-ascend's
-                  `.contiguous()` copies never re-derived: seed 001 precision issue 1, verl PR #4130); prefill
+                  `.contiguous()` copies never re-derived: seed 001 精度问题1, verl PR #4130); prefill
                   keeps using the fresh kv_b_proj, exactly as on the NPU.
   frozen-rollout  every sync after the first is received and dropped: the rollout keeps the actor's initial
                   weights (a weight sync that no longer reaches the rollout) while the actor trains.

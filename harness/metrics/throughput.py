@@ -13,7 +13,7 @@ The figure of a run is a stated statistic over a steady window: by default the m
 ~13 steps -- are skipped); "nightly" is verl's Ascend nightly statistic, the mean of the 5th-14th logged steps
 (steps 5-14 of a fresh run, 105-114 of a run resumed at step 101). A comparison with a baseline uses the
 baseline's statistic: on a real log with a checkpoint every 10th step the two differ by 7 %, more than the
-5 % regression budget (issue 14).
+5 % regression budget.
 """
 from __future__ import annotations
 
@@ -390,7 +390,7 @@ class DecodeSpeed:
         return tuple(self.tokens_per_round / s for s in self.seconds)
 
     @property
-    def best_tps(self) -> float:  # reported beside the median; no verdict reads one round (issue 15, point 3)
+    def best_tps(self) -> float:  # reported beside the median; no verdict reads one round (see check_graph_not_slower)
         return self.tokens_per_round / min(self.seconds)
 
     @property
@@ -406,7 +406,7 @@ def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: fl
     """Graph-mode decode must not be slower than eager beyond `tolerance` (relative). Decided on the paired
     rounds' speedups (graph tok/s / eager tok/s of round i): FAIL only when even the upper confidence bound of
     their geometric mean is below 1 - tolerance. The best round decided before, and one eager round at 234 tok/s
-    (the medians 40.1 vs 39.0) failed graph mode at 0.54x on a shared 2-core machine (issue 15, point 3)."""
+    (the medians 40.1 vs 39.0) failed graph mode at 0.54x on a shared 2-core machine."""
     if len(eager.seconds) != len(graph.seconds):
         raise BadInput(f"graph vs eager: {len(graph.seconds)} graph rounds but {len(eager.seconds)} eager ones; "
                        "the verdict needs paired rounds")

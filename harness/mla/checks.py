@@ -112,7 +112,8 @@ class Deviation:
                 f"{self.worst:.4g} at {list(self.where)} -> {self.cause}")
 
 
-# What a freshness mismatch is, by the evidence that matches it (issue 13 pt 5); `diagnose` tries them in order.
+# What a freshness mismatch is, by the evidence that matches it, not a fixed blame (bf16 rounding of a re-derived
+# copy and a wrong [nope | v] split were once blamed on stale copies); `diagnose` tries them in order.
 CAUSES = {
     "stale": "equals the derivation from an EARLIER kv_b_proj (a previous sync or the initial load): a copy not "
              "re-derived after the sync (vllm-ascend .contiguous(); verl PR #4130/#5235) or kv_b_proj rebound to "
@@ -237,7 +238,7 @@ def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: 
                            problems=tuple(problems))
 
 
-# ---------------------------------------------------------------- every weight (issue 13 pt 4)
+# -------------------------------------- every weight, not only MLA's (a dropped one read as "prefill diverged")
 @dataclass(frozen=True)
 class WeightIntegrity:
     """After a sync, each weight the engine computes with (`Engine.synced_weights()`, in checkpoint layout) equals
@@ -338,7 +339,7 @@ class SyncBehaviour:
     """Greedy tokens before the sync, after it, and from an engine built fresh with the new weights; with
     `logprobs` (post-sync per-step log-probs vs the fresh engine's, `compare_logprobs`) also the distributions:
     RL-sized updates (0.01-1 %) leave greedy tokens equal while a stale kernel copy moves log-probs by more than
-    the tolerance (issue 13 pt 3). `changed` is then judged on the fresh log-probs vs the pre-sync ones."""
+    the tolerance. `changed` is then judged on the fresh log-probs vs the pre-sync ones."""
 
     engine: str
     pre: list[list[int]]

@@ -1,4 +1,4 @@
-"""Weight syncs as verl does them (issue 13 pts 1-3): repeatedly, from one-shot generators, in buckets that split
+"""Weight syncs as verl does them: repeatedly, from one-shot generators, in buckets that split
 layers, and with RL-sized updates.
 
 verl 0.9.1's rollout worker receives the actor's weights as a generator of (name, tensor) in size-bounded buckets

@@ -4,7 +4,7 @@ Speaks the DevTools protocol over `--remote-debugging-pipe` (fds 3/4, NUL-separa
 is opened and nothing beyond the Python standard library is needed. Collects console errors, uncaught
 exceptions, failed loads and Content-Security-Policy violations while the page loads in a 1400 px wide
 window, then inspects the DOM: the verdict table's rows, whether every image decoded, the CSP the page
-declares, whether it scrolls sideways (issue 15), how many elements match given selectors, and optionally
+declares, whether it scrolls sideways, how many elements match given selectors, and optionally
 the value of a script run in the page (e.g. clicking a table header).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "headles
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
                   "--disable-dev-shm-usage", "--remote-debugging-pipe")
-WIDTH = 1400  # issue 15: the report must not scroll sideways at this width
+WIDTH = 1400  # the report must not scroll sideways at this width
 INSPECT = """JSON.stringify({
   title: document.title,
   verdict: (document.getElementById('verdict') || {}).textContent || null,

@@ -114,7 +114,7 @@ class ReportCollector:
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
             entry["outcome"], entry["reason"] = outcome, redact(_reason(report))
-        if report.failed:  # issue 15: the report page shows each failure's traceback and captured log
+        if report.failed:  # the report page shows each failure's traceback and captured log
             entry["traceback"] = redact(report.longreprtext[-TAIL_CHARS:])
             entry["log"] = redact("\n".join(f"----- {name} -----\n{text}"
                                              for name, text in report.sections)[-TAIL_CHARS:])

@@ -1,8 +1,8 @@
-"""The HTML frame every report page shares: jinja2 with autoescape (issue 16: `created`, a test's outcome,
+"""The HTML frame every report page shares: jinja2 with autoescape (once `created`, a test's outcome,
 machine.python, a benchmark's fullname and throughput fields reached the page unescaped and a script ran in
 Chromium), a Content-Security-Policy that allows only this module's own style and script (by hash: an injected
 <script> would not run even if escaping ever failed), and the small dependency-free script that sorts and
-filters tables and opens plots full size (issue 15). Without the script the page reads the same, minus those.
+filters tables and opens plots full size. Without the script the page reads the same, minus those.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from harness.report.trend import DEFAULT_TOLERANCE, Step, find_steps, metrics
 LOG_NAME = "pytest.log"
 JUNIT_NAME = "junit.xml"  # harness.report.junit: what CI test views read, properties as JSON
 TREND_FILES = ("trend.html", "trend.md")
-LINKED_OPTIONS = ("--run-dir", "--baseline")  # directories a report page links to (issue 15)
+LINKED_OPTIONS = ("--run-dir", "--baseline")  # directories a report page links to
 QUARANTINE_SUFFIX = ".corrupt"
 EVIDENCE_DIR = "evidence"  # copies of the run directories the verdicts were computed from (keep_evidence)
 REPORT_SET = ("report.json", "report.html", "report.md", JUNIT_NAME, LOG_NAME, *TREND_FILES, EVIDENCE_DIR)
@@ -39,8 +39,8 @@ GENERATION_PREFIX = ".gen-"
 
 
 def safe_name(name: str) -> str:
-    """`name` as one harmless path component of at most 120 characters (issue 16: a report named `../../x` was
-    written outside -o)."""
+    """`name` as one harmless path component of at most 120 characters (a report named `../../x` was
+    once written outside -o)."""
     cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._") or "report"
     return cleaned[:120]
 
@@ -252,7 +252,7 @@ def expand(paths) -> list[Path]:
 def store(report: RunReport, history_dir: str | Path) -> Path:
     """Add a report to the trend store (a directory of report JSONs, one per nightly), atomically and never over
     another entry (linked into place). The key has a random suffix: names carry the time to the second, and two
-    reports in one second overwrote each other (issue 16)."""
+    reports in one second overwrote each other."""
     path = Path(history_dir) / f"{safe_name(report.name)}-{secrets.token_hex(4)}.json"
     return write_report(report, path, overwrite=False)
 
@@ -269,7 +269,7 @@ def check_store(history_dir: str | Path, option: str = "--history") -> Path:
 
 def load_store(history_dir: str | Path, warn=None) -> list[RunReport]:
     """Every report in a trend-store directory, oldest first. An entry that does not load is renamed aside
-    (`.corrupt`) with a warning naming it, and the trend goes on without it (issue 16: one corrupt entry made
+    (`.corrupt`) with a warning naming it, and the trend goes on without it (one corrupt entry once made
     every later nightly exit 2 with no trend). Never renamed: an entry of a newer schema (the newer harness reads
     it), one that is no regular file (a FIFO, a link to /dev/zero: not opened at all), and any entry of a store this
     process cannot write (a read-only store renders; the entry is skipped with the reason)."""

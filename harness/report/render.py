@@ -2,11 +2,11 @@
 URL, so it opens offline and in CI artifacts) and to a Markdown summary for CI comments. Never computes a
 verdict: those are the report's and harness.report.trend's.
 
-The page reads top-down as an upgrade gate needs it (issue 15): verdict, versions and environment, then each
+The page reads top-down as an upgrade gate needs it: verdict, versions and environment, then each
 failure with its traceback and captured log, then the sortable/filterable test table with a delta column
 against the previous report, then the measurements as tables and plots (raw JSON behind a disclosure).
 Everything goes through jinja2 autoescape (harness.report.page); matplotlib labels escape `$` so a metric name
-is never parsed as mathtext (issue 16: `$\\undefinedcmd$` crashed the renderer).
+is never parsed as mathtext (`$\\undefinedcmd$` once crashed the renderer).
 
 Sections appear when their measurements are present (see harness.report.schema for the property names). A
 measurement of the wrong shape is shown as raw JSON with a one-line note; `strict=True` (the `report`
@@ -31,12 +31,12 @@ from harness.report.trend import Metric, Step, first_judged, version_changes, ve
 DPI = 90
 KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases",
          "rollout_corr.verdicts", "routing.agreement", "routing.replay", "consistency.batch_invariance")
-# what a drawing of a malformed measurement raises: caught per section, never a traceback (issue 16)
+# what a drawing of a malformed measurement raises: caught per section, never a traceback
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
 
 
 def _tex(text) -> str:
-    """A label matplotlib will not parse as mathtext (issue 16: a metric name `$\\undefinedcmd$` crashed)."""
+    """A label matplotlib will not parse as mathtext (a metric name `$\\undefinedcmd$` once crashed the page)."""
     return str(text).replace("$", r"\$")
 
 
@@ -61,7 +61,7 @@ def _png(fig, tight: bool = True) -> str:
 
 
 def span(steps) -> str:
-    """A list of steps as a range (issue 15: `[2, 3]` printed as a Python list): 2-9, or 1, 3, 5 when gapped."""
+    """A list of steps as a range, not a Python list like `[2, 3]`: 2-9, or 1, 3, 5 when gapped."""
     if not isinstance(steps, (list, tuple)):
         return str(steps)
     if not steps:
@@ -249,7 +249,7 @@ def _throughput(nodeid: str, doc: dict) -> list[Markup]:
 def _graph_mode(nodeid: str, doc: dict) -> list[Markup]:
     rows = [[mode, fmt(doc[mode].get("median_tps")), fmt(doc[mode].get("best_tps")), len(doc[mode]["seconds"])]
             for mode in ("eager", "graph")]
-    interval = doc.get("speedup_interval")  # paired rounds' interval (issue 15.3); absent in older reports
+    interval = doc.get("speedup_interval")  # paired rounds' interval (the verdict's statistic); absent in older reports
     bound = (f"{interval['confidence']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f}x over "
              f"{interval['n']} pairs") if isinstance(interval, dict) and all(
         finite(interval.get(k)) for k in ("low", "high", "confidence", "n")) else ""
@@ -469,7 +469,7 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
 
 def _md(text) -> str:
     """A Markdown table cell or code span that cannot break out: pipes, newlines, backticks and HTML escaped
-    (issue 16: names reach CI comments, which render inline HTML)."""
+    (names reach CI comments, which render inline HTML)."""
     return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
             .replace("`", "'").replace("\n", " "))
 

@@ -5,7 +5,7 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
 (`TestVerdict.properties`) and the renderer draws the ones it knows by name:
   "throughput"            Throughput.to_dict() (+ "target", "roofline": Roofline.to_dict())
   "throughput.graph_mode" {"platform", "eager", "graph": DecodeSpeed.to_dict(), "speedup", "tolerance",
-                           "speedup_interval": RatioInterval.to_dict() (paired rounds, issue 15.3)}
+                           "speedup_interval": RatioInterval.to_dict() (paired rounds)}
   "memory.phases"         [harness.memory PhaseMemory.to_json(): scale, phase, components_gib, peak_gib,
                            budget_gib, fits, ...]
   "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
@@ -20,9 +20,9 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
   "findings"              [harness.findings Finding.to_json(): check, metric, where, message] (the `expect` fixture)
 and lists every other property as JSON.
 
-Schema version 2 (issue 15: each failure with its traceback and captured log) adds `traceback` and `log` to
+Schema version 2 (each failure with its traceback and captured log) adds `traceback` and `log` to
 every test; version 1 reports still load (both empty). Loading checks every field's type, so a hand-edited or
-foreign JSON ends in one line naming the field, never a traceback in a renderer (issue 16).
+foreign JSON ends in one line naming the field, never a traceback in a renderer.
 """
 from __future__ import annotations
 

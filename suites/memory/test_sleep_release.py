@@ -60,8 +60,8 @@ def run_sleeping(engine_kind, detected_hardware, fn, *args):
 
 def measure_sleep(make, level: int, dtype, devices: list[str]) -> dict:
     """Build an engine (dummy weights), sleep it at `level`, wake it: the device's memory at each point. The
-    baseline is taken on every device type before the engine exists (issue 11: the CPU reference engine on an NPU
-    machine is measured on the CPU), the engine's device kept."""
+    baseline is taken on every device type before the engine exists (the CPU reference engine on an NPU
+    machine is measured on the CPU, not on the NPU), the engine's device kept."""
     baselines = {device: used_bytes(device) for device in devices}
     with make(SLEEP_SPEC, weights=None, load_format="dummy", dtype=dtype, seed=0) as engine:
         out = {"engine": engine.name, "device": engine.device, "supports_sleep": engine.supports_sleep}
@@ -128,7 +128,7 @@ def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, det
                                            mla_spec, mla_model_dirs):
     """verl's rollout loop, two steps of it: sleep after rollout, wake_up, sync (from one-shot generators in
     buckets, as verl does; after level 2 the weights come back only through it), roll out. Step 1 syncs `old`
-    again, step 2 `new` then `old` (issue 13 pt 1: an engine that re-derives its absorbed copies on the first sync
+    again, step 2 `new` then `old` (an engine that re-derives its absorbed copies on the first sync
     only passes one step). After each step the engine must generate as it did on `old` before any sleep. A wake
     path that loses or garbles weights, or copies discarded with the pool and not re-derived, changes tokens."""
     if vllm_on_cpu(engine_kind, detected_hardware):

@@ -104,7 +104,7 @@ def test_tiny_verl_startup_is_accounted_for(dapo_run, pytestconfig, record_prope
 
 
 # Selected by scale, not by hardware marker: only scales with a TPS target (full-a3, seed 002) have one to meet;
-# an `a3` marker would select it on an A2 nightly too and fail there under --strict-hardware (issue 11).
+# an `a3` marker would select it on an A2 nightly too and fail there under --strict-hardware.
 @pytest.mark.full
 @pytest.mark.nightly
 @pytest.mark.scales(*sorted(name for name, s in SCALES.items() if s.targets.tps_per_card is not None))

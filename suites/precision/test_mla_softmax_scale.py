@@ -37,10 +37,10 @@ def test_tiny_engine_scale_is_closed_form(engine_kind, mla_dtype, fresh_run, rec
 
 @pytest.mark.tiny
 def test_outputs_follow_right_scale(engine_kind, mla_dtype, mla_spec, fresh_run, hf_training, record_property):
-    """Behavioural, for every engine whatever its softmax_scale() says (issue 13 pt 7: it caught a decode kernel
-    using its own scale): the engine's per-step log-probs (step 0 prefill, later steps decode) match
+    """Behavioural, for every engine whatever its softmax_scale() says (it caught a decode kernel using
+    its own scale): the engine's per-step log-probs (step 0 prefill, later steps decode) match
     transformers' forward at the right scale. On a mismatch the scale is blamed only when the outputs match
-    transformers at one of the known wrong scales (pt 5); the sensitivity guard makes sure the tolerance tells
+    transformers at one of the known wrong scales; the sensitivity guard makes sure the tolerance tells
     the right scale from MindSpeed's 1/sqrt(v_head_dim)."""
     right = softmax_scale(mla_spec)
     wrong = wrong_scales(mla_spec)

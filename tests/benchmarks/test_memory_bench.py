@@ -1,4 +1,4 @@
-"""Memory verdict speed (issue 4: a full 61-layer plan verdict in <= 10 s on CPU): the analytic plan of
+"""Memory verdict speed (target: a full 61-layer plan verdict in <= 10 s on CPU): the analytic plan of
 the A2 GBS-128 job, the fake-tensor trace of its rollout prefill at real shapes, and one full MoE layer."""
 from __future__ import annotations
 

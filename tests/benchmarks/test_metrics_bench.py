@@ -1,6 +1,6 @@
-"""pytest-benchmark (issue 5 targets): ingest of a verl FileLogger log of 2,000 steps x 300 metrics
+"""pytest-benchmark with targets: ingest of a verl FileLogger log of 2,000 steps x 300 metrics
 (target <= 1 s) and a compare of the 5 alignment metrics over 2,000 steps against a 5-run baseline
-(target <= 0.5 s); the streaming ingest of long, narrow logs (issue 16: a 2M-line, 373 MiB log took 179 s and
+(target <= 0.5 s); the streaming ingest of long, narrow logs (a 2M-line, 373 MiB log once took 179 s and
 3.5 GiB read whole) as FileLogger jsonl and as a Ray-prefixed console log, lines/s and MiB/s in extra_info.
 The targets are recorded in extra_info; the numbers are in the benchmark report (--benchmark-json)."""
 from __future__ import annotations
@@ -49,7 +49,7 @@ LONG_LINES = 100_000
 
 @pytest.fixture(scope="module")
 def long_logs(tmp_path_factory):
-    """100k steps x 5 metrics, ~240 bytes a line like the 2M-line log of issue 16: FileLogger and console."""
+    """100k steps x 5 metrics, ~240 bytes a line like the 2M-line log that took 179 s: FileLogger and console."""
     import sys
     from pathlib import Path
 

@@ -1,5 +1,5 @@
 """MLA engine speed on CPU: the reference engine's rollout (the tiny DAPO lab rolls out with it every step) and
-the freshness check over every layer after a weight sync. No targets in the issue; the numbers go in the report."""
+the freshness check over every layer after a weight sync. No target is set; the numbers go in the report."""
 from __future__ import annotations
 
 import torch
