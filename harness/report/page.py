@@ -20,7 +20,8 @@ text-align:left;vertical-align:top;overflow-wrap:anywhere}th{background:#f3f3f3}
 span.badge.PASS{background:#1a7f37}span.badge.FAIL{background:#cf222e;color:#fff}
 pre{background:#f6f8fa;padding:8px;white-space:pre-wrap;overflow-wrap:anywhere;max-height:40em;overflow-y:auto}
 img.plot{max-width:100%;cursor:zoom-in}img.plot.full{position:fixed;inset:0;margin:auto;max-width:98vw;
-max-height:98vh;width:auto;height:auto;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out;z-index:9}
+max-height:98vh;width:auto;height:auto;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out;
+z-index:9}
 details{margin:.4em 0}summary{cursor:pointer}.changed{background:#fff3c4}.muted{color:#666}
 th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999}input.filter{margin:.4em 0;width:20em}
 .grid{display:flex;flex-wrap:wrap;gap:0 2em}.nowrap,#verdicts th{white-space:nowrap;overflow-wrap:normal}"""
@@ -48,15 +49,15 @@ document.querySelectorAll('table.sortable').forEach(function(t){
   Array.prototype.forEach.call(body.rows,function(r){r.hidden=!!q&&r.textContent.toLowerCase().indexOf(q)<0;});});
  t.parentNode.insertBefore(f,t);
 });
-function fit(i){var m=i.useMap&&i.getAttribute('width')&&document.querySelector('map[name="'+i.useMap.slice(1)+'"]');if(!m)return;
- var k=i.getBoundingClientRect().width/i.getAttribute('width');
+function map(i){return i.useMap&&i.getAttribute('width')&&document.querySelector('map[name="'+i.useMap.slice(1)+'"]');}
+function fit(i){var m=map(i);if(!m)return;var k=i.getBoundingClientRect().width/i.getAttribute('width');
  Array.prototype.forEach.call(m.areas,function(a){if(!a.hasAttribute('data-c'))a.setAttribute('data-c',a.coords);
   a.coords=a.getAttribute('data-c').split(',').map(function(x){return Math.round(x*k);}).join(',');});}
 var plots=document.querySelectorAll('img.plot');
 plots.forEach(function(i){
  function zoom(e){e.preventDefault();i.classList.toggle('full');fit(i);}
  i.addEventListener('click',zoom);fit(i);
- var m=i.useMap&&document.querySelector('map[name="'+i.useMap.slice(1)+'"]');
+ var m=map(i);
  if(m)Array.prototype.forEach.call(m.areas,function(a){a.addEventListener('click',zoom);});});
 window.addEventListener('resize',function(){plots.forEach(fit);});
 })();"""
