@@ -140,5 +140,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--export", choices=("tb", "csv"),
                    help="also write each report's curves (the candidate run and the golden's reference runs, as the "
                         "report recorded them) under -o: tb = TensorBoard event files in tensorboard/, csv = wandb's "
-                        "CSV export layout in wandb-csv/; one run per directory / file, read back by ingest/compare")
+                        "CSV export layout in wandb-csv/; one run per directory / file, as compare and baseline "
+                        "record read runs")
     p.set_defaults(func=cmd_report)
