@@ -109,3 +109,38 @@ def test_browser_check_fails_on_a_broken_page(tmp_path):
     seen = check_page(page)
     assert not seen.ok and seen.broken_images == ("tps",) and seen.scroll_width > WIDTH
     assert any("boom" in e for e in seen.errors) and any("undefinedFunction" in e for e in seen.errors)
+
+
+# Hover values and zoom on the curve plots: every finite point of this run is an image-map area titled with its step
+# and value; Chromium finds that area under the drawn point, and after the click that opens the plot full size it
+# finds it under the point's new position (the script scales the map with the image; browsers never do).
+CURVES = """(function () {
+  var areas = Array.from(document.querySelectorAll('map area'));
+  function plot(a) { return document.getElementById(a.parentNode.name); }
+  function hit(a, c, k) { var r = plot(a).getBoundingClientRect();
+    return document.elementFromPoint(r.left + c[0] * k, r.top + c[1] * k) === a; }
+  var at = areas.map(function (a) { plot(a).scrollIntoView(); return a.coords.split(',').map(Number); });
+  var before = areas.map(function (a, n) { plot(a).scrollIntoView(); return hit(a, at[n], 1); });
+  var first = plot(areas[0]); areas[0].click();
+  var k = first.getBoundingClientRect().width / first.getAttribute('width');
+  var zoomed = areas.map(function (a, n) { return plot(a) === first ? hit(a, at[n], k) : null; });
+  return {titles: areas.map(function (a) { return a.title; }), before: before, full: first.classList.contains('full'),
+          k: k, zoomed: zoomed, pwned: window.__pwned === 1, hash: location.hash};
+})()"""
+
+
+def test_curve_plots_overlay_the_golden_runs_and_give_each_point_on_hover(tmp_path, full_report):
+    tests = [dataclasses.replace(t, properties={**t.properties, "curves.series": {
+        m: {**d, "candidate_name": PAYLOADS[1]} for m, d in t.properties["curves.series"].items()}})
+        if "curves.series" in t.properties else t for t in full_report.tests]
+    path = tmp_path / "report.html"
+    path.write_text(render_html(dataclasses.replace(full_report, tests=tuple(tests))))
+    seen = check_page(path, selectors=("map area", "img.plot[usemap]"), script=CURVES)
+    assert seen.errors == () and seen.broken_images == (), seen.errors
+    assert seen.counts == {"map area": 4, "img.plot[usemap]": 2}, seen.counts  # steps 1 and 3 (2 is null) x 2
+    assert [t.split(" (band")[0] for t in seen.extra["titles"]] == [f"{PAYLOADS[1]} step {s}: {v}" for s, v in (
+        (1, 0.1), (3, 0.3))] * 2 and "band 0.05\u20130.15, center 0.1" in seen.extra["titles"][0]
+    assert all(seen.extra["before"]), seen.extra
+    assert seen.extra["full"] and seen.extra["k"] > 1.5 and seen.extra["hash"] == ""  # zoomed, not navigated
+    assert [z for z in seen.extra["zoomed"] if z is not None] == [True, True], seen.extra
+    assert not seen.extra["pwned"]

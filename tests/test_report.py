@@ -292,6 +292,29 @@ def test_dollar_signs_in_names_are_not_mathtext(report_factory):
     assert page.count('class="plot"') == 1
 
 
+def test_curve_plot_maps_each_point_of_this_run_onto_its_drawn_marker(full_report):
+    """The image map's circles sit on the candidate's markers, drawn on top of the reference runs, band and centre
+    (a tight bounding box or a transform taken before layout would shift them off the points)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from harness.report.render import FIGSIZE, ZOOM, plot_curve
+
+    series = full_report.tests[0].properties["curves.series"]["critic/rewards/mean"]
+    png, points = plot_curve("critic/rewards/mean", series)
+    image = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+    assert image.size == (90 * FIGSIZE[0] * ZOOM, round(90 * FIGSIZE[1] * ZOOM))
+    assert [(s, v) for s, v, _, _ in points] == [(1, 0.1), (3, 0.3)]
+    for _, _, x, y in points:
+        r, g, b = image.getpixel((round(x * ZOOM), round(y * ZOOM)))
+        assert r > 200 and 90 < g < 160 and b < 60, (x, y, (r, g, b))  # tab:orange, the candidate's marker
+    page = render_html(full_report)
+    assert page.count("<area ") == 4 and page.count('usemap="#curve-') == 2 and 'width="720" height="324"' in page
+    assert 'title="this run step 3: 0.3 (band 0.25\u20130.35, center 0.3)"' in page
+
+
 def test_uncalibrated_curves_say_so(report_factory):
     verdicts = [{"metric": "critic/rewards/mean", "statistic": "band", "passed": None, "calibrated": False,
                  "where": "steps 1-3", "detail": "uncalibrated: floors only (2 reference runs)"}]

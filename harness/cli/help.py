@@ -76,7 +76,8 @@ HELP = {
         ("0  on target and no regression (or nothing to check)", "1  below the target or regressed")),
     "report": CommandHelp(
         "Render report JSON(s) to HTML + Markdown; several (or a trend-store directory): the trend page and "
-        "regressions across them.",
+        "regressions across them. --export tb|csv also writes the reports' curves (this run and the golden's "
+        "runs) for TensorBoard or as wandb CSV.",
         "ascend-rl-harness report reports/report.json -o site/",
         ("0  rendered, no regression", "1  a regression or a failed run")),
     "launch": CommandHelp(

@@ -1,7 +1,8 @@
 """`ascend-rl-harness report`: report JSON(s) -> HTML + Markdown; several (or a trend store) -> the trend page
 with regression detection. `--last N` / `--since DATE` keep the newest nights. Exit 1 when the trend fails (the
 newest report failed, lost tests, suites or metrics the one before had, or a regression shows), 2 on bad input
-(one line naming the file and field: a report of the wrong shape never ends in a traceback)."""
+(one line naming the file and field: a report of the wrong shape never ends in a traceback). `--export tb|csv`
+also writes the reports' curves for TensorBoard or as wandb CSV (harness.report.export)."""
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise BadInput(f"--since {args.since.isoformat()}: none of the {len(reports)} reports was created then or "
                        f"later (the newest: {reports[-1].created})")
     reports = distinct_names(kept)
+    curves = None
+    if args.export:  # checked before anything is written: a report without curves is bad input, not an empty export
+        from harness.report import export
+
+        curves = export.collect(reports)
+        if not curves:
+            raise BadInput(f"--export {args.export}: no curves in {' '.join(args.results)} (no test recorded "
+                           "curves.series: the reward-alignment suite records them against a per-step golden)")
     pages: dict[str, str] = {}
     # one path component each, bounded, distinct: a name `../../x` stays inside -o
     for i, (report, stem) in enumerate(zip(reports, page_stems([r.name for r in reports]), strict=True)):
@@ -78,6 +87,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_atomic(out / f"{stem}.md", render_markdown(report))
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")
+    exported = None
+    if curves:
+        exported = export.export(curves, out, args.export)
+        where = out / export.FORMATS[args.export]
+        console.print(f"exported {len(exported)} runs' curves ({sum(c.role == 'candidate' for c in curves)} "
+                      f"candidate, {sum(c.role == 'reference' for c in curves)} reference) to {escape(str(where))}"
+                      + (f" (tensorboard --logdir {escape(str(where))})" if args.export == "tb" else ""))
     failed = not reports[-1].passed  # the newest run decides, with what the trend across the nights says
     trend = None
     if len(reports) > 1:
@@ -101,6 +117,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         return emit(verdict(not failed, "FAIL" if failed else "PASS", {
             "newest": reports[-1].name, "trend": trend,
+            "export": {"format": args.export, "directory": str(out / export.FORMATS[args.export]),
+                       "runs": exported} if exported else None,
             "reports": [{"name": r.name, "created": r.created, "passed": r.passed, "counts": r.counts,
                          "page": str(out / pages[r.name])} for r in reports]}))
     return 1 if failed else 0
@@ -119,4 +137,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                        "report and the trend), each report's page and the trend")
     p.add_argument("--since", type=since_arg, metavar="DATE",
                    help="only reports created at or after DATE (ISO: 2026-11-01, or 2026-11-01T02:00 UTC)")
+    p.add_argument("--export", choices=("tb", "csv"),
+                   help="also write each report's curves (the candidate run and the golden's reference runs, as the "
+                        "report recorded them) under -o: tb = TensorBoard event files in tensorboard/, csv = wandb's "
+                        "CSV export layout in wandb-csv/; one run per directory / file, as compare and baseline "
+                        "record read runs")
     p.set_defaults(func=cmd_report)

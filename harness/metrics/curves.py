@@ -453,13 +453,36 @@ def self_check(baseline: Baseline, runs: list[Run]) -> SelfCheck | None:
     return SelfCheck(runs=tuple(r.name for r in runs), flagged=tuple(flagged))
 
 
+# What a report keeps of the golden's own runs per metric (drawn as thin lines, exported to TensorBoard / CSV): a
+# golden of 5 runs x 15 steps is kept whole; one of 64 runs x 10k steps would make every nightly report ~50 MB.
+MAX_REFERENCE_RUNS = 16
+MAX_REFERENCE_POINTS = 1000
+
+
+def _thinned(series: Series, limit: int = MAX_REFERENCE_POINTS) -> Series:
+    """At most `limit` points of `series`, evenly strided, the last step always kept (a plot 720 px wide shows no
+    more; the band's statistics are computed from the whole curve, never from this)."""
+    if len(series) <= limit:
+        return series
+    keep = sorted({round(i * (len(series) - 1) / (limit - 1)) for i in range(limit)})
+    return Series(tuple(series.steps[i] for i in keep), tuple(series.values[i] for i in keep))
+
+
+def reference_runs(ref: MetricBaseline) -> list[dict]:
+    """The golden's runs of one metric as the report keeps them: {name, seed, steps, values}, the first
+    MAX_REFERENCE_RUNS runs, each thinned to MAX_REFERENCE_POINTS points."""
+    return [{"name": r.name, "seed": r.seed, "steps": list(t.steps), "values": list(t.values)}
+            for r in ref.runs[:MAX_REFERENCE_RUNS] for t in (_thinned(r.series),)]
+
+
 def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
                 alignment: CurveAlignment | None = None) -> dict:
     """JSON-ready candidate vs band per metric (for `record_property("curves.series", ...)` and plots):
     {metric: {steps, center, lo, hi, candidate_steps, candidate, candidate_name, baseline_name, outside_steps,
-    verdict}}. `candidate_name` / `baseline_name` are what plots label the curves with (CLI plot and report alike);
-    `outside_steps` are the candidate's steps outside the band; `verdict` is "ok", "FAIL: band, trend",
-    or "not judged" (from `alignment` when given)."""
+    verdict, reference_runs, n_reference_runs}}. `candidate_name` / `baseline_name` are what plots label the curves
+    with (CLI plot and report alike); `outside_steps` are the candidate's steps outside the band; `verdict` is "ok",
+    "FAIL: band, trend", or "not judged" (from `alignment` when given); `reference_runs` the golden's own curves
+    (at most MAX_REFERENCE_RUNS, each thinned), `n_reference_runs` how many the golden has."""
     out = {}
     for metric in metrics:
         ref = baseline.metrics[metric]
@@ -475,7 +498,8 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
                        "candidate": [v if math.isfinite(v) else None for v in cand.values],
                        "candidate_name": candidate.name, "baseline_name": f"{baseline.name} ({ref.n_runs} runs)",
                        "outside_steps": outside,
-                       "verdict": _panel_verdict(alignment, metric) if alignment else None}
+                       "verdict": _panel_verdict(alignment, metric) if alignment else None,
+                       "reference_runs": reference_runs(ref), "n_reference_runs": ref.n_runs}
     return out
 
 

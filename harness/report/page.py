@@ -20,13 +20,15 @@ text-align:left;vertical-align:top;overflow-wrap:anywhere}th{background:#f3f3f3}
 span.badge.PASS{background:#1a7f37}span.badge.FAIL{background:#cf222e;color:#fff}
 pre{background:#f6f8fa;padding:8px;white-space:pre-wrap;overflow-wrap:anywhere;max-height:40em;overflow-y:auto}
 img.plot{max-width:100%;cursor:zoom-in}img.plot.full{position:fixed;inset:0;margin:auto;max-width:98vw;
-max-height:98vh;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out;z-index:9}
+max-height:98vh;width:auto;height:auto;background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.6);cursor:zoom-out;
+z-index:9}
 details{margin:.4em 0}summary{cursor:pointer}.changed{background:#fff3c4}.muted{color:#666}
 th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999}input.filter{margin:.4em 0;width:20em}
 .grid{display:flex;flex-wrap:wrap;gap:0 2em}.nowrap,#verdicts th{white-space:nowrap;overflow-wrap:normal}"""
 
 # Sorting (click a header; numbers by value via data-v), filtering (a box the script adds, so a page read
-# without scripts shows no dead control) and full-size plots (click toggles).
+# without scripts shows no dead control) and full-size plots (click toggles; a plot's image map is scaled with it:
+# the browser never scales an image map's coordinates with the image).
 SCRIPT = """(function(){
 function key(c){var v=c.getAttribute('data-v');return v===null?c.textContent.trim():v;}
 document.querySelectorAll('table.sortable').forEach(function(t){
@@ -47,8 +49,17 @@ document.querySelectorAll('table.sortable').forEach(function(t){
   Array.prototype.forEach.call(body.rows,function(r){r.hidden=!!q&&r.textContent.toLowerCase().indexOf(q)<0;});});
  t.parentNode.insertBefore(f,t);
 });
-document.querySelectorAll('img.plot').forEach(function(i){
- i.addEventListener('click',function(){i.classList.toggle('full');});});
+function map(i){return i.useMap&&i.getAttribute('width')&&document.querySelector('map[name="'+i.useMap.slice(1)+'"]');}
+function fit(i){var m=map(i);if(!m)return;var k=i.getBoundingClientRect().width/i.getAttribute('width');
+ Array.prototype.forEach.call(m.areas,function(a){if(!a.hasAttribute('data-c'))a.setAttribute('data-c',a.coords);
+  a.coords=a.getAttribute('data-c').split(',').map(function(x){return Math.round(x*k);}).join(',');});}
+var plots=document.querySelectorAll('img.plot');
+plots.forEach(function(i){
+ function zoom(e){e.preventDefault();i.classList.toggle('full');fit(i);}
+ i.addEventListener('click',zoom);fit(i);
+ var m=map(i);
+ if(m)Array.prototype.forEach.call(m.areas,function(a){a.addEventListener('click',zoom);});});
+window.addEventListener('resize',function(){plots.forEach(fit);});
 })();"""
 
 
@@ -85,9 +96,19 @@ def page(title: str, body: Markup) -> str:
     return ENV.from_string(FRAME).render(csp=CSP, title=title, css=Markup(CSS), script=Markup(SCRIPT), body=body)
 
 
-def img(b64: str, alt: str) -> Markup:
-    return render('<img class="plot" alt="{{ alt }}" title="click: full size" src="data:image/png;base64,{{ b64 }}">',
-                  alt=alt, b64=b64)
+IMG = """{% if areas %}<map name="{{ name }}">{% for coords, title in areas %}
+<area shape="circle" coords="{{ coords }}" href="#{{ name }}" alt="{{ title }}" title="{{ title }}">
+{% endfor %}</map>{% endif %}
+<img class="plot"{% if name %} id="{{ name }}"{% endif %} alt="{{ alt }}" title="click: full size"
+{% if size %} width="{{ size[0] }}" height="{{ size[1] }}"{% endif %}{% if areas %} usemap="#{{ name }}"{% endif %}
+ src="data:image/png;base64,{{ b64 }}">"""
+
+
+def img(b64: str, alt: str, *, size: tuple[int, int] | None = None, areas=(), name: str = "") -> Markup:
+    """A plot. `size`: the CSS pixels it is shown at (a PNG drawn at more pixels is sharp at full size); `areas`:
+    (coords "x,y,r" in those pixels, title) of points whose value shows on hover, as an image map named `name`
+    (its links lead back to the plot: the page works without script)."""
+    return render(IMG, alt=alt, b64=b64, size=size, areas=list(areas), name=name)
 
 
 TABLE = """<table{% if id %} id="{{ id }}"{% endif %} class="{{ cls }}"><thead><tr>

@@ -15,6 +15,7 @@ command) raises BadInput naming the test and property instead.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import math
@@ -29,6 +30,7 @@ from harness.report.schema import RunReport, TestVerdict, finite
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
+FIGSIZE = (8, 3.6)  # inches: 720 x 324 px at DPI
 KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases",
          "rollout_corr.verdicts", "routing.agreement", "routing.replay", "consistency.batch_invariance")
 # what a drawing of a malformed measurement raises: caught per section, never a traceback
@@ -46,15 +48,15 @@ def _figure():
     matplotlib.use("Agg", force=True)  # headless: no display on CI or the cluster head node
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(8, 3.6), dpi=DPI)
+    return plt.subplots(figsize=FIGSIZE, dpi=DPI)
 
 
-def _png(fig, tight: bool = True) -> str:
+def _png(fig, tight: bool = True, zoom: int = 1) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", dpi=DPI, **({"bbox_inches": "tight"} if tight else {}))
+        fig.savefig(buf, format="png", dpi=DPI * zoom, **({"bbox_inches": "tight"} if tight else {}))
     finally:
         plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -119,31 +121,51 @@ def plot_graph_mode(doc: dict) -> str:
     return _png(fig)
 
 
-def plot_curve(metric: str, series: dict) -> str:
-    """One metric per step: the baseline band (lo..hi) and center, this run, and its steps outside the band
-    (harness.metrics.curves.band_series)."""
+ZOOM = 2  # curve plots are drawn at twice the pixels they are shown at, so the full-size view (click) is sharp
+
+
+def _nan(values) -> list[float]:
+    return [math.nan if v is None else v for v in values]
+
+
+def plot_curve(metric: str, series: dict) -> tuple[str, list[tuple[int, float, float, float]]]:
+    """One metric per step, drawn as people compare curves in TensorBoard or wandb: the golden's reference runs as
+    thin lines, its band (lo..hi) and centre, this run on top and its steps outside the band
+    (harness.metrics.curves.band_series). Returns the PNG (ZOOM x the shown size) and each finite candidate
+    point's (step, value, x, y) in shown pixels, for the image map that gives its value on hover."""
     fig, ax = _figure()
     baseline = _tex(series.get("baseline_name") or "baseline")
+    runs = series.get("reference_runs") or []
+    total = series.get("n_reference_runs") or len(runs)
+    for k, run in enumerate(runs):
+        ax.plot(run["steps"], _nan(run["values"]), color="0.45", lw=0.6, alpha=0.6, zorder=1,
+                label=f"reference runs ({len(runs)}{f' of {total}' if total > len(runs) else ''})" if not k else None)
     if series.get("steps") and series.get("lo") and series.get("hi"):
-        ax.fill_between(series["steps"], [math.nan if v is None else v for v in series["lo"]],
-                        [math.nan if v is None else v for v in series["hi"]], color="tab:blue", alpha=0.2,
-                        label=f"{baseline} band")
+        ax.fill_between(series["steps"], _nan(series["lo"]), _nan(series["hi"]), color="tab:blue", alpha=0.2,
+                        lw=0, zorder=2, label=f"{baseline} band")
     if series.get("steps") and series.get("center"):
-        ax.plot(series["steps"], [math.nan if v is None else v for v in series["center"]], color="tab:blue", lw=1,
+        ax.plot(series["steps"], _nan(series["center"]), color="tab:blue", lw=1.2, zorder=3,
                 label=f"{baseline} center")
     steps = series.get("candidate_steps", [])
-    values = [math.nan if v is None else v for v in series.get("candidate", [])]
-    ax.plot(steps, values, "o-", color="tab:orange", ms=3, label=_tex(series.get("candidate_name") or "this run"))
+    values = _nan(series.get("candidate", []))
+    ax.plot(steps, values, "o-", color="tab:orange", ms=3, zorder=5,
+            label=_tex(series.get("candidate_name") or "this run"))
     outside = set(series.get("outside_steps") or ())
     if outside:
         ax.plot([s for s in steps if s in outside], [v for s, v in zip(steps, values, strict=True) if s in outside],
-                "x", color="tab:red", ms=8, label="outside the band")
+                "x", color="tab:red", ms=8, zorder=6, label="outside the band")
     ax.set_xlabel("step")
     ax.set_ylabel(_tex(metric))
     if series.get("verdict"):
         ax.set_title(_tex(series["verdict"]), fontsize=9)
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    fig.tight_layout()
+    fig.canvas.draw()
+    shown = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
+    height = fig.bbox.height
+    points = [(s, v, float(px), float(height - py)) for (s, v), (px, py) in
+              zip(shown, ax.transData.transform(shown), strict=True)] if shown else []
+    return _png(fig, tight=False, zoom=ZOOM), points  # not tight: the pixel positions above must stay put
 
 
 def plot_memory(phases: list[dict]) -> str:
@@ -279,10 +301,22 @@ def _curve_verdicts(nodeid: str, verdicts) -> list[Markup]:
 
 
 def _curve_series(nodeid: str, series: dict) -> list[Markup]:
+    """One plot per metric; hovering a point of this run shows its step, value and the band there (an HTML image
+    map: no script, no network)."""
     out = []
     for metric, data in series.items():
-        if data.get("candidate_steps"):
-            out.append(img(plot_curve(metric, data), f"{metric} {nodeid}"))
+        if not data.get("candidate_steps"):
+            continue
+        png, points = plot_curve(metric, data)
+        band = {s: (lo, c, hi) for s, lo, c, hi in zip(data.get("steps") or (), data.get("lo") or (),
+                                                       data.get("center") or (), data.get("hi") or (), strict=False)}
+        name = data.get("candidate_name") or "this run"
+        areas = [(f"{x:.0f},{y:.0f},5", f"{name} step {s}: {fmt(v, 6)}" + (
+            f" (band {fmt(band[s][0])}\u2013{fmt(band[s][2])}, center {fmt(band[s][1])})"
+            if s in band and None not in band[s] else "")) for s, v, x, y in points]
+        key = hashlib.sha256(f"{nodeid}\0{metric}".encode()).hexdigest()[:12]
+        out.append(img(png, f"{metric} {nodeid}", size=(round(DPI * FIGSIZE[0]), round(DPI * FIGSIZE[1])),
+                       areas=areas, name=f"curve-{key}"))
     return out
 
 

@@ -10,7 +10,8 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
                            budget_gib, fits, ...]
   "curves.verdicts"       [harness.metrics.curves CurveVerdict.to_json(): metric, statistic, passed, where, ...]
   "curves.series"         harness.metrics.curves.band_series(): {metric: {steps, center, lo, hi, candidate_steps,
-                          candidate}}
+                          candidate, reference_runs: [{name, seed, steps, values}], ...}} (drawn with an image map
+                          of the candidate's points; `report --export` writes them for TensorBoard / as wandb CSV)
   "rollout_corr.verdicts" [CurveVerdict.to_json()] of harness.metrics.rollout_corr (drawn like curves.verdicts)
   "routing.agreement"     harness.consistency.routing RoutingAgreement.to_json(): {name, tie_tol, exact,
                           layers: [{layer, tokens, agreed, share, first_flips, downstream, max_first_gap}]}
