@@ -78,11 +78,12 @@ def test_fingerprints_agree_only_on_every_kernel_field():
 
 def test_the_kernel_env_travels_to_jobs(monkeypatch):
     """A Ray job's processes get HARNESS_CPU_ISA and the caps (harness.launch.tiny_verl puts them in its env)."""
-    from harness.launch.tiny_verl import tiny_job
+    from harness.config.scales import get_scale
+    from harness.launch.jobs import job_for_scale
 
     monkeypatch.setenv(host.HIDE_ENV, "avx2")
     monkeypatch.setenv("MKL_CBWR", "AVX2")
-    env = tiny_job("/tmp/x", seed=0).env
+    env = job_for_scale(get_scale("tiny"), "/tmp/x", seed=0).env
     assert env[host.HIDE_ENV] == "avx2" and env["MKL_CBWR"] == "AVX2"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == host.SITE_DIR
 

@@ -13,8 +13,9 @@ from harness.cli import main
 from harness.config.recipe import dapo_recipe
 from harness.config.scales import SCALES, get_scale
 from harness.errors import BadInput
+from harness.launch.jobs import job_for_scale
 from harness.launch.k8s import NPU_RESOURCE, manifest_yaml
-from harness.launch.ray_job import JobSpec, NodeWatch, job_for_scale, read_progress, verdict
+from harness.launch.ray_job import JobSpec, NodeWatch, read_progress, verdict
 
 
 def test_a_node_dying_before_the_job_is_placed_is_only_suspect():

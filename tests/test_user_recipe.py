@@ -183,7 +183,7 @@ def test_verl_cli_refuses_a_plan_megatron_cannot_run(capsys):
 def test_launch_submits_exactly_what_plan_prints(capsys, tmp_path):
     """One code path: the job launch submits starts with the command `plan --format verl-cli` prints for the same
     arguments (launch then adds only the run's steps and directories)."""
-    from harness.launch.ray_job import job_for_scale
+    from harness.launch.jobs import job_for_scale
 
     recipe = tmp_path / "job.yaml"
     recipe.write_text(yaml.safe_dump({"actor_rollout_ref": {"rollout": {"n": 8, "temperature": 0.9}},

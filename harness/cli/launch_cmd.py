@@ -63,7 +63,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not args.scale:
         raise BadInput("--scale is required (see `ascend-rl-harness scales`), or --status/--logs/--stop JOB_ID")
     from harness.cli.args import job_from_args, scale_arg
-    from harness.launch.ray_job import check_steps
+    from harness.launch.jobs import check_steps
 
     scale = scale_arg(args.scale)
     check_steps(args.steps)
@@ -99,7 +99,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             return local.run_isolated(_isolated_argv(args, scale.name, run_dir),
                                       timeout_s=args.timeout + 120).returncode
     from harness.cli.output import console as output_console
-    from harness.launch.ray_job import job_for_scale, launch, stop_rules_for
+    from harness.launch.jobs import job_for_scale
+    from harness.launch.ray_job import launch, stop_rules_for
 
     console = output_console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,

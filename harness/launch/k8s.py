@@ -205,7 +205,7 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
     claim mounted at SHARED_MOUNT in every pod, holding models/<name>, data/dapo and runs/ (the
     default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale -- its
     overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
-    from harness.launch.ray_job import DEFAULT_STEPS_VERL, check_steps, verl_job
+    from harness.launch.jobs import DEFAULT_STEPS_VERL, check_steps, verl_job
 
     check_namespace(namespace)
     check_image(image)
@@ -217,7 +217,7 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
     # resume_mode=auto: the job is never rescheduled (maxRetry 0; PodFailed / PodEvicted abort it), but applying
     # this manifest again after an abort (seed 001's resumable launch) continues from the run dir's checkpoints.
-    # Inputs by absolute path on the shared mount (harness.launch.ray_job.shared_inputs).
+    # Inputs by absolute path on the shared mount (harness.launch.jobs.shared_inputs).
     recipe = None
     if job is not None:
         if job.plan_error:

@@ -186,7 +186,8 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
     from rich.console import Console
 
     from harness.io import write_json_atomic
-    from harness.launch.ray_job import JobSpec, lab_job, launch
+    from harness.launch.jobs import lab_job
+    from harness.launch.ray_job import JobSpec, launch
     from harness.metrics.early_stop import stop_rules
 
     out = Path(out_dir)

@@ -1,14 +1,13 @@
-"""Submit a scale's DAPO job to an existing Ray cluster through the Ray Jobs API, watch it, collect it.
+"""Submit a job (a JobSpec) to an existing Ray cluster through the Ray Jobs API, watch it, collect it.
 
-The job is verl's own (`python3 -m verl.trainer.main_ppo <harness.config.recipe overrides>`) on every scale;
-at `tiny` it runs on CPU after a preparation step that writes the tiny model, tokenizer and data into the run
-directory (harness.launch.tiny_verl). The harness never schedules work itself: Ray places the job, verl places
-its workers.
+Which job a scale runs -- verl's own DAPO on every scale, at `tiny` on CPU -- is harness.launch.jobs's; this
+launcher runs any JobSpec the same way and knows no scale's job. The harness never schedules work itself: Ray
+places the job, verl places its workers.
 
 While the job runs, a rich progress bar shows steps done / total, the ETA and the latest reward and
 throughput, read from the FileLogger jsonl through harness.metrics.ingest (the run directory must be on
 storage the harness host shares with the cluster: NFS, a PVC, or the local disk of a one-node cluster).
-The job ends with one verdict -- succeeded, failed, timeout, node-lost, stopped -- recorded in
+The job ends with one verdict (VERDICTS) recorded in
 `launch.json` beside the job's logs (`job.log`), which are kept whatever the verdict.
 """
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from pathlib import Path
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
 from harness.launch.address import check_dashboard, dashboard_url
-from harness.metrics.keys import HYDRA_DIR, JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
+from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
 from harness.redact import redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +38,8 @@ LAUNCH_VERSION = 1
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job: the shell entrypoint, its environment, where it writes, how many steps it runs."""
+    """One job: the shell entrypoint, its environment, where it writes, how many steps it runs (each scale's:
+    harness.launch.jobs)."""
 
     name: str
     entrypoint: str
@@ -62,102 +61,6 @@ class JobSpec:
         if self.working_dir:
             runtime.update(working_dir=self.working_dir, excludes=list(WORKING_DIR_EXCLUDES))
         return runtime
-
-
-def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "python") -> JobSpec:
-    """The tiny scale: the harness's DAPO lab (real verl algorithm pieces on CPU) as a Ray job."""
-    run_dir = Path(run_dir).resolve()
-    return JobSpec(name="tiny", total_steps=steps, run_dir=str(run_dir),
-                   entrypoint=f"{python} -m harness.lab --steps {steps} --seed {seed} "
-                              f"--out {shlex.quote(str(run_dir))}")
-
-
-# Where a cluster job finds its inputs: $HARNESS_MODEL_DIR holds one HF directory per model (`<dir>/<model name>`),
-# $HARNESS_DATA_DIR the DAPO parquet files (train.parquet, test.parquet).
-MODEL_DIR_ENV, DATA_DIR_ENV = "HARNESS_MODEL_DIR", "HARNESS_DATA_DIR"
-
-
-def shared_inputs(scale, model_path: str | None, data_dir: str | None) -> tuple[str, str]:
-    """(model path, data dir) of a cluster scale, both absolute: Ray uploads the working directory without models/
-    and data/ (WORKING_DIR_EXCLUDES) and runs the job from a copy of it, so the recipe's relative defaults
-    (`models/<name>`, `data/dapo`) resolve nowhere on the workers. Defaults from $HARNESS_MODEL_DIR /
-    $HARNESS_DATA_DIR; BadInput naming what is missing otherwise."""
-    model_root = os.environ.get(MODEL_DIR_ENV)
-    model_path = model_path or (os.path.join(model_root, scale.model.name) if model_root else None)
-    data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
-    bad = [f"{what} {path!r}" if path else f"no {what} (set ${env})"
-           for what, path, env in (("model path", model_path, MODEL_DIR_ENV), ("data dir", data_dir, DATA_DIR_ENV))
-           if not path or not os.path.isabs(path)]
-    if bad:
-        raise BadInput(f"scale {scale.name} runs on a cluster: {'; '.join(bad)}; give absolute paths on storage every "
-                       f"node mounts (${MODEL_DIR_ENV} holding {scale.model.name}/, ${DATA_DIR_ENV} holding "
-                       "train.parquet and test.parquet): the job's uploaded working directory has no models/ or data/")
-    return model_path, data_dir
-
-
-def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None = None, data_dir: str | None = None,
-             extra_overrides: tuple[str, ...] = (), resume: bool = False, recipe=None) -> JobSpec:
-    """A scale's DAPO job: verl's entrypoint with harness.config.recipe's overrides (or `recipe`'s: a job's,
-    harness.config.job), writing into `run_dir`. Every scale but tiny (whose job writes its own inputs into the run
-    directory) needs absolute `shared_inputs`."""
-    from harness.config.recipe import dapo_recipe
-
-    run_dir = Path(run_dir).resolve()
-    if recipe is None:
-        if scale.tier != "tiny":
-            model_path, data_dir = shared_inputs(scale, model_path, data_dir)
-        recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
-    overrides = [*recipe.overrides,
-                 f"trainer.total_training_steps={steps}",
-                 f"trainer.default_local_dir={run_dir / 'checkpoints'}",
-                 f"trainer.resume_mode={'auto' if resume else 'disable'}",
-                 f"trainer.rollout_data_dir={run_dir / 'rollouts'}",  # seed 003: rollouts dumped per step
-                 # verl's own resolved config (Hydra writes .hydra/config.yaml there): what the run really trained
-                 # with, defaults of the installed verl included (harness.metrics.ingest reads it into the run)
-                 f"hydra.run.dir={run_dir / HYDRA_DIR}",
-                 f"global_profiler.save_path={run_dir / 'profiles'}",
-                 *extra_overrides]
-    entrypoint = " ".join(shlex.quote(w) for w in ["python3", "-m", recipe.entrypoint, *overrides])
-    return JobSpec(name=scale.name, entrypoint=entrypoint, run_dir=str(run_dir), total_steps=steps,
-                   env=dict(recipe.env), resume=resume)
-
-
-DEFAULT_STEPS_VERL = 20  # every scale but tiny (tiny: harness.launch.tiny_verl.DEFAULT_STEPS)
-
-
-def check_steps(steps: int | None) -> int | None:
-    """`--steps`: None (the scale's default) or a positive count; BadInput otherwise (-3 once went into the
-    manifest and 0 silently became 20)."""
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise BadInput(f"--steps {steps}: must be a positive number of training steps (omit it for the default)")
-    return steps
-
-
-def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resume: bool = False, seed: int = 0,
-                  fault: str | None = None, user=None, model_path: str | None = None,
-                  data_dir: str | None = None) -> JobSpec:
-    """The job `launch --scale NAME` submits: the scale with the user's recipe (`user`, a
-    harness.config.user_recipe.UserRecipe) as harness.config.job.build_job makes it -- the job `plan --format
-    verl-cli` prints for the same arguments -- (at tiny: the recipe rehearsed on CPU, `seed` and a seeded rollout
-    `fault` through harness.launch.tiny_verl). PlanError when the plan breaks a rule: no cards are booked for it."""
-    from harness.config.job import build_job
-    from harness.errors import PlanError
-
-    steps = check_steps(steps)
-    if scale.tier == "tiny":
-        from harness.launch.tiny_verl import DEFAULT_STEPS, tiny_job
-
-        return tiny_job(run_dir, steps=steps or DEFAULT_STEPS, seed=seed, fault=fault, user=user)
-    if fault is not None:
-        raise BadInput(f"--fault {fault}: rollout faults are seeded only into the tiny CPU run")
-    given = user.override_map() if user else {}
-    if not (os.path.isabs(given.get("actor_rollout_ref.model.path") or "")
-            and os.path.isabs(given.get("data.train_files") or "")):  # the recipe names no absolute inputs itself
-        model_path, data_dir = shared_inputs(scale, model_path, data_dir)
-    job = build_job(scale, user, model_path=model_path, data_dir=data_dir)
-    if job.plan_error:
-        raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
-    return verl_job(job.scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, recipe=job.recipe)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The tiny scale's DAPO job: verl's real `python3 -m verl.trainer.main_ppo` on CPU, launched like every scale.
 
-`tiny_job(run_dir, steps=, seed=)` is harness.launch.ray_job.verl_job (the overrides `plan --scale tiny
---format verl-cli` prints: harness.config.recipe + harness.config.cpu_tier) with a preparation step in front:
+Its job is harness.launch.jobs.verl_job (the overrides `plan --scale tiny --format verl-cli` prints:
+harness.config.recipe + harness.config.cpu_tier, with the user's recipe rehearsed: harness.config.job.rehearsal)
+plus `job_options`, whose preparation step runs in front:
 `python -m harness.launch.tiny_verl --run-dir D --seed S` writes, inside the run directory and offline,
 
   inputs/model/  the tiny DeepSeek-V3 (random weights of `seed`, fp32 safetensors) plus the char tokenizer
@@ -13,7 +14,6 @@ extension (harness.launch.verl_rollout) for the suites' self-test on the real tr
 """
 from __future__ import annotations
 
-import shlex
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -122,31 +122,25 @@ def seed_overrides(seed: int) -> tuple[str, ...]:
             f"actor_rollout_ref.actor.fsdp_config.seed={seed}", f"actor_rollout_ref.actor.data_loader_seed={seed}")
 
 
-def tiny_job(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, fault: str | None = None,
-             python: str = "python", user=None):
-    """The Ray job of the tiny scale (a harness.launch.ray_job.JobSpec): prepare, then verl's main_ppo. With `user`
-    (a harness.config.user_recipe.UserRecipe) the user's recipe is rehearsed: its algorithm on the tiny scale's
-    model, lengths, batch and CPU tier (harness.config.job.rehearsal)."""
-    import dataclasses
-
+def job_options(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 0, fault: str | None = None,
+                python: str = "python") -> dict:
+    """What the tiny scale's job adds to a scale's verl job (keywords of harness.launch.jobs.verl_job, plus the
+    `model_path` / `data_dir` its recipe is built on): the run directory's own model and data, the seed everywhere,
+    the fault (a rollout fault through the vLLM worker extension's environment, a trainer fault as overrides), the
+    host's kernel caps, and the preparation step that writes the inputs before verl starts. Plain data: this module
+    knows no launcher, and the launcher knows nothing of it."""
     from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
     from harness.config.cpu_tier import ROLLOUT_FAULTS, TRAINER_FAULTS
     from harness.config.host import kernel_env
-    from harness.config.job import build_job
-    from harness.config.scales import get_scale
-    from harness.launch.ray_job import verl_job
 
     if fault is not None and fault not in (*ROLLOUT_FAULTS, *TRAINER_FAULTS):
         raise BadInput(f"--fault {fault!r}: the tiny verl run injects {', '.join((*ROLLOUT_FAULTS, *TRAINER_FAULTS))}")
     run_dir = Path(run_dir).resolve()
-    job = build_job(get_scale("tiny"), user, model_path=str(model_dir(run_dir)), data_dir=str(data_dir(run_dir)))
-    spec = verl_job(job.scale, run_dir, steps=steps, recipe=job.recipe,
-                    extra_overrides=(*seed_overrides(seed), *TRAINER_FAULTS.get(fault, ())))
-    prepare_cmd = prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)
-    # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
-    env = {**spec.env, **kernel_env(), **({FAULT_ENV: fault} if fault in ROLLOUT_FAULTS else {})}
-    entrypoint = " ".join(map(shlex.quote, prepare_cmd)) + " && " + spec.entrypoint
-    return dataclasses.replace(spec, entrypoint=entrypoint, env=env)
+    return {"model_path": str(model_dir(run_dir)), "data_dir": str(data_dir(run_dir)),
+            "extra_overrides": (*seed_overrides(seed), *TRAINER_FAULTS.get(fault, ())),
+            # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
+            "env": {**kernel_env(), **({FAULT_ENV: fault} if fault in ROLLOUT_FAULTS else {})},
+            "prelude": (tuple(prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)),)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,7 +173,7 @@ def test_mbridge_hf_save_writes_every_shard(tmp_path, scale):
     import torch.distributed as dist
     from mbridge import AutoBridge
 
-    # $HARNESS_MODEL_DIR holds one HF directory per model, as for the cluster jobs (harness.launch.ray_job)
+    # $HARNESS_MODEL_DIR holds one HF directory per model, as for the cluster jobs (harness.launch.jobs)
     model_dir = os.path.join(os.environ.get("HARNESS_MODEL_DIR", "models"), scale.model.name)
     if not os.path.isfile(os.path.join(model_dir, INDEX_FILE)):
         pytest.fail(f"{model_dir}/{INDEX_FILE} missing: set HARNESS_MODEL_DIR to the directory holding "
