@@ -182,7 +182,7 @@ def test_alignment_fails_on_the_real_trainer_with_stale_absorbed_weights(stale_a
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-def test_abort_on_fail_stops_the_stale_run_within_the_first_steps(stale_absorbed_verl_run):
+def test_abort_on_fail_stops_the_stale_run_within_the_first_steps(stale_absorbed_verl_run, record_property):
     """The real trainer with stale absorbed MLA weights, launched for 8 steps with --abort-on-fail: the launcher
     stops the Ray job within the first few steps on the rollout/actor mismatch, records rule and step in launch.json
     and keeps what the job wrote."""
@@ -193,6 +193,7 @@ def test_abort_on_fail_stops_the_stale_run_within_the_first_steps(stale_absorbed
     record = read_launch(run_dir)
     assert record["verdict"] == "aborted", record["message"]
     stop = record["stopped_by"]
+    record_property("launch.stopped_by", {**stop, "steps_done": record["steps_done"], "of": STALE_STEPS})
     assert stop["rule"] in ("rollout-mismatch", "rollout-kl") and stop["step"] <= 3, stop
     assert record["steps_done"] < STALE_STEPS, "the faulty run was paid for to the end"
     assert f"stopped at step {stop['step']} by {stop['rule']}" in record["message"]
@@ -265,6 +266,8 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
         config = next(v for v in alignment.failures if v.metric == "config")
         for key in ("clip_ratio_high", "loss_agg_mode", "rollout.temperature"):
             assert key in config.detail, config.detail
+    else:  # the curves alone catch it too: a golden or a log without verl's resolved config (an NPU run's console)
+        assert any(v.metric != "config" for v in alignment.failures), alignment.message()
     assert curves.compare(tiny_verl_run, golden).passed  # the clean run of the session's seed: the verdict's control
 
 
