@@ -220,9 +220,7 @@ def test_small_updates_need_logprobs(weights, rel):
         post = _rollout(engine)
         assert check_freshness(engine.name, engine.mla_layers(), SPEC, torch.float32).ok  # views: look fresh
         tokens_only = SyncBehaviour(engine.name, pre.token_ids, post.token_ids, fresh.token_ids)
-        full = SyncBehaviour(engine.name, pre.token_ids, post.token_ids, fresh.token_ids,
-                             logprobs=compare_logprobs("post", post.dist_logprobs, fresh.dist_logprobs, torch.float32),
-                             update=compare_logprobs("pre", pre.dist_logprobs, fresh.dist_logprobs, torch.float32))
+        full = SyncBehaviour.of_rollouts(engine.name, pre, post, fresh, torch.float32)
         assert tokens_only.matches_fresh  # what the token-only check saw
         assert full.changed  # sensitivity: the update itself is visible in log-probs
         assert full.ok != stale, full.message()

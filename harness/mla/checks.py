@@ -348,6 +348,16 @@ class SyncBehaviour:
     logprobs: LogprobAlignment | None = None
     update: LogprobAlignment | None = None  # pre-sync vs fresh log-probs: the update must be visible
 
+    @classmethod
+    def of_rollouts(cls, engine: str, pre, post, fresh, dtype: torch.dtype, what: str = "sync") -> SyncBehaviour:
+        """From three rollouts (token_ids and dist_logprobs each: before the sync, after it, a fresh engine's), with
+        both log-prob comparisons; `what` names the sync in their messages."""
+        return cls(engine=engine, pre=pre.token_ids, post=post.token_ids, fresh=fresh.token_ids,
+                   logprobs=compare_logprobs(f"{engine} after the {what} vs fresh", post.dist_logprobs,
+                                             fresh.dist_logprobs, dtype),
+                   update=compare_logprobs(f"{engine} before the {what} vs fresh", pre.dist_logprobs,
+                                           fresh.dist_logprobs, dtype))
+
     @property
     def matches_fresh(self) -> bool:
         return first_divergence(self.post, self.fresh) is None and (self.logprobs is None or self.logprobs.ok)

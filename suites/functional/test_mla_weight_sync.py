@@ -80,12 +80,7 @@ def test_weight_sync_reaches_absorbed_weights(engine_kind, mla_dtype, load_forma
             golden = goldens[label]
             post = engine.sample(PROMPTS, MAX_TOKENS, full_logprobs=True)
             freshness = check_freshness(name, engine.mla_layers(), mla_spec, dtype, previous=previous)
-            behaviour = SyncBehaviour(
-                engine=name, pre=pre.token_ids, post=post.token_ids, fresh=golden.token_ids,
-                logprobs=compare_logprobs(f"{name} after the sync vs fresh", post.dist_logprobs,
-                                          golden.dist_logprobs, dtype),
-                update=compare_logprobs(f"{name} before the sync vs fresh", pre.dist_logprobs,
-                                        golden.dist_logprobs, dtype))
+            behaviour = SyncBehaviour.of_rollouts(name, pre, post, golden, dtype)
             checks = [freshness, behaviour]
             exposed = engine.synced_weights()
             if exposed is not None:

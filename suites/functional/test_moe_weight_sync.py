@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fixtures.engines import MAX_TOKENS, MOE_SPEC, PROMPTS
-from harness.mla.checks import AtSync, SyncBehaviour, check_integrity, compare_logprobs
+from harness.mla.checks import AtSync, SyncBehaviour, check_integrity
 from harness.mla.sync import sync
 
 pytestmark = pytest.mark.tiny
@@ -53,12 +53,7 @@ def test_weight_sync_reaches_moe_layers(engine_kind, moe_weights, moe_model_dirs
             at = f"sync {k}/2 ({label})"
             assert sync(engine, weights), "the buckets split no layer"
             post, golden = engine.sample(PROMPTS, MAX_TOKENS, full_logprobs=True), goldens[label]
-            behaviour = SyncBehaviour(
-                engine=name, pre=pre.token_ids, post=post.token_ids, fresh=golden.token_ids,
-                logprobs=compare_logprobs(f"{name} after the MoE sync vs fresh", post.dist_logprobs,
-                                          golden.dist_logprobs, dtype),
-                update=compare_logprobs(f"{name} before the MoE sync vs fresh", pre.dist_logprobs,
-                                        golden.dist_logprobs, dtype))
+            behaviour = SyncBehaviour.of_rollouts(name, pre, post, golden, dtype, "MoE sync")
             checks = [behaviour]
             exposed = engine.synced_weights()
             if exposed is not None:
