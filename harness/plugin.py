@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -47,9 +49,50 @@ def _redact_report(report) -> None:
         report.user_properties = [(name, redact_doc(value)) for name, value in report.user_properties]
 
 
+UPSTREAM_KEY = pytest.StashKey["pytest.Mark"]()  # the item's upstream_failure marker (harness.markers)
+# The project's own tests: a bare xfail there is refused (a user's tests elsewhere are theirs to mark).
+PROJECT_DIRS = tuple(Path(__file__).resolve().parent.parent / d for d in ("suites", "tests"))
+
+
+def expect_upstream_failures(items: list[pytest.Item]) -> None:
+    """Turn each `upstream_failure` marker into pytest's strict xfail with its `raises`, and refuse an xfail in
+    the project's tests that does not say what it expects (harness.markers.upstream_failure): one usage error
+    naming every such test."""
+    bare = []
+    for item in items:
+        mark = item.get_closest_marker("upstream_failure")
+        if mark is not None:
+            item.stash[UPSTREAM_KEY] = mark
+            item.add_marker(pytest.mark.xfail(mark.kwargs.get("condition", True), strict=True,
+                                              raises=mark.kwargs["raises"], reason=mark.kwargs["reason"]))
+        elif item.get_closest_marker("xfail") is not None and item.path.is_relative_to(PROJECT_DIRS[0].parent) \
+                and any(item.path.is_relative_to(d) for d in PROJECT_DIRS):
+            bare.append(item.nodeid)
+    if bare:
+        raise pytest.UsageError(f"{len(bare)} xfail(s) without the failure they expect ({', '.join(bare[:5])}): "
+                                "use harness.markers.upstream_failure(raises=..., match=..., reason=...)")
+
+
+def _judge_expected_failure(item: pytest.Item, call, report) -> None:
+    """An xfailed report whose exception is not the one its upstream_failure names becomes a failure: the type
+    pytest checked, the message is checked here."""
+    mark = item.stash.get(UPSTREAM_KEY, None)
+    if mark is None or not report.skipped or not hasattr(report, "wasxfail") or call.excinfo is None:
+        return
+    exc = call.excinfo.value
+    if re.search(mark.kwargs["match"], str(exc)):
+        return
+    del report.wasxfail
+    report.outcome = "failed"
+    report.longrepr = (f"expected failure not seen: {mark.kwargs['raises'].__name__} matching "
+                       f"/{mark.kwargs['match']}/ ({mark.kwargs['reason']}); got {type(exc).__name__}: "
+                       f"{str(exc)[:2000]}\n\n{report.longreprtext}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
+    _judge_expected_failure(item, call, report)
     _redact_report(report)
     return report
 
@@ -242,7 +285,9 @@ def applies(item: pytest.Item) -> bool:
     return at is not None and at.name in only.args
 
 
+@pytest.hookimpl(trylast=True)  # after the fixture modules' hooks, which add upstream_failure marks by engine kind
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    expect_upstream_failures(items)
     keep, drop = [], []
     for item in items:
         (keep if applies(item) else drop).append(item)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from functools import lru_cache
 
 from harness.errors import BadInput
@@ -70,21 +71,65 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return model, flags
 
 
-def isa() -> frozenset[str]:
-    """The kernel-relevant ISA features this process may use: the CPU's, less what HARNESS_CPU_ISA hides."""
-    present = frozenset(ISA_FLAGS) & _cpuinfo()[1]
+@dataclass(frozen=True)
+class Host:
+    """A CPU host as data: what its decisions are made from. `Host.here()` reads this machine; `Host.recorded(doc)`
+    takes a recorded fingerprint (tests/hosts/*.json: hosts a developer may not have, such as the AMX Xeon whose
+    failures ../shared/hosts/README.md records), so every host-dependent decision is tested on every kind of host,
+    whatever machine the tests run on."""
+
+    name: str
+    machine: str
+    cpu: str
+    flags: frozenset[str]  # the kernel-relevant /proc/cpuinfo flags (ISA_FLAGS)
+    aten_capability: str  # ATen's vectorized kernels: DEFAULT / AVX2 / AVX512
+    torch: str
+
+    @classmethod
+    def here(cls) -> Host:
+        import torch
+
+        model, flags = _cpuinfo()
+        return cls("here", platform.machine(), model, frozenset(ISA_FLAGS) & flags,
+                   torch.backends.cpu.get_cpu_capability(), torch.__version__)
+
+    @classmethod
+    def recorded(cls, doc: dict, name: str = "recorded") -> Host:
+        """A recorded fingerprint (`fingerprint()` on that host). A masked recording cannot say what the CPU had."""
+        if doc.get("mask"):
+            raise BadInput(f"host {name}: recorded under {HIDE_ENV}={doc['mask']}; record the host unmasked")
+        return cls(name, doc["machine"], doc["cpu"], frozenset(doc["isa"]) & frozenset(ISA_FLAGS),
+                   doc["aten_capability"], doc["torch"])
+
+
+def isa(on: Host | None = None) -> frozenset[str]:
+    """The kernel-relevant ISA features a process may use on host `on` (this one by default): the CPU's, less what
+    HARNESS_CPU_ISA hides."""
+    present = on.flags if on is not None else frozenset(ISA_FLAGS) & _cpuinfo()[1]
     name = mask()
     return present & MASKS[name][0] if name else present
 
 
-def has_amx() -> bool:
-    """AMX tiles usable here: vLLM CPU's condition for AMX_MLA (`torch.cpu._is_amx_tile_supported()`), unless
-    HARNESS_CPU_ISA hides them. Once `apply_isa_mask` ran, torch.cpu's probe answers the same."""
-    if mask():
-        return "amx_tile" in isa()
+def has_amx(on: Host | None = None) -> bool:
+    """AMX tiles usable on host `on` (this one by default): vLLM CPU's condition for AMX_MLA
+    (`torch.cpu._is_amx_tile_supported()`), unless HARNESS_CPU_ISA hides them. Once `apply_isa_mask` ran, torch.cpu's
+    probe answers the same; for a recorded host the flag decides (the kernel enables AMX state for every process on
+    Linux >= 5.16 where the CPU has amx_tile)."""
+    if mask() or on is not None:
+        return "amx_tile" in isa(on)
     import torch
 
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def mask_refusal(name: str, chosen_capability: str) -> str | None:
+    """Why mask `name` cannot take effect in a process whose torch already runs `chosen_capability` kernels
+    (ATEN_CPU_CAPABILITY is read once, when torch loads them), else None. An AVX2-only host has nothing to refuse."""
+    cap = MASKS[name][1]["ATEN_CPU_CAPABILITY"]
+    if chosen_capability.lower() in ("default", cap):
+        return None
+    return (f"{HIDE_ENV}={name}: torch already runs {chosen_capability} kernels (ATEN_CPU_CAPABILITY is read when "
+            f"torch loads); export {HIDE_ENV}={name} before starting the command")
 
 
 def apply_isa_mask() -> str | None:
@@ -101,12 +146,11 @@ def apply_isa_mask() -> str | None:
     os.environ.update(exported)
     import torch
 
-    chosen = torch.backends.cpu.get_cpu_capability()
-    if chosen.lower() not in ("default", caps["ATEN_CPU_CAPABILITY"]):
+    refused = mask_refusal(name, torch.backends.cpu.get_cpu_capability())
+    if refused:
         for key in exported:  # nothing half-applied
             del os.environ[key]
-        raise HostMaskError(f"{HIDE_ENV}={name}: torch already runs {chosen} kernels (ATEN_CPU_CAPABILITY is read "
-                            f"when torch loads); export {HIDE_ENV}={name} before starting the command")
+        raise HostMaskError(refused)
     probes = {"_is_avx512_supported": "avx512f", "_is_avx512_bf16_supported": "avx512_bf16",
               "_is_avx512_vnni_supported": "avx512_vnni", "_is_amx_tile_supported": "amx_tile",
               "_is_amx_fp16_supported": "amx_fp16"}
@@ -130,14 +174,19 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-def fingerprint() -> dict:
-    """What selected this host's CPU kernels, as recorded in goldens and run meta.json."""
-    import torch
-
-    model, _ = _cpuinfo()
-    return {"machine": platform.machine(), "cpu": model, "isa": sorted(isa()), "mask": mask(),
-            "aten_capability": torch.backends.cpu.get_cpu_capability(),
-            "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}, "torch": torch.__version__}
+def fingerprint(on: Host | None = None) -> dict:
+    """What selected the CPU kernels of host `on` (this one by default), as recorded in goldens and run meta.json.
+    A mask caps ATen's capability as it does in a real process (MASKS)."""
+    name = mask()
+    if on is None:  # torch's own answer: a mask applied at start already capped it
+        on = Host.here()
+        capability = on.aten_capability
+    else:  # a recorded host, as a process started with the mask there would see it
+        capability = on.aten_capability if not name or mask_refusal(name, on.aten_capability) is None \
+            else MASKS[name][1]["ATEN_CPU_CAPABILITY"].upper()
+    return {"machine": on.machine, "cpu": on.cpu, "isa": sorted(isa(on)), "mask": name,
+            "aten_capability": capability,
+            "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}, "torch": on.torch}
 
 
 # Fingerprint fields that select kernels: two results agree bit for bit only where all of them agree (the CPU

@@ -11,6 +11,7 @@ harness cannot see (the host's ISA for a named stack) makes it `possible`.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -146,15 +147,15 @@ DETECTORS: dict[str, Callable[[], bool | None]] = {
 }
 
 
-def host_has_amx() -> bool | None:
+def host_has_amx(on=None) -> bool | None:
     """vLLM CPU picks AMX_MLA on a host with AMX tiles (vllm/platforms/cpu.py get_attn_backend_cls reads
-    torch.cpu._is_amx_tile_supported())."""
-    try:
-        import torch
-    except ImportError:
+    torch.cpu._is_amx_tile_supported()); `on`: a recorded host (harness.config.host.Host), else this one. None when
+    it cannot tell (no torch here)."""
+    from harness.config import host
+
+    if on is None and importlib.util.find_spec("torch") is None:
         return None
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe else None
+    return host.has_amx(on)
 
 
 HOST_CHECKS: dict[str, Callable[[], bool | None]] = {"amx": host_has_amx}

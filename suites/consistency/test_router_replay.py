@@ -13,6 +13,7 @@ megatron-core.
 import pytest
 
 from harness.consistency.routing import check_replay
+from harness.markers import upstream_failure
 
 pytestmark = pytest.mark.tiny
 
@@ -49,12 +50,12 @@ def _r3_blocked() -> bool:
     return source is not None and bool(missing_replay_names(source))
 
 
-@pytest.mark.xfail(condition=_r3_blocked(), strict=True, raises=AssertionError,
-                   reason="verl 0.9.1 utils/megatron/router_replay_patch.py imports group_limited_topk, "
-                          "apply_router_token_dropping and compute_routing_scores_for_aux_loss from megatron-core's "
-                          "moe_utils in one try block; core_r0.12.1 lacks the last two, so group_limited_topk stays "
-                          "unbound and DeepSeek-V3's group-limited TopKRouter raises NameError (RECORD, R3's masked "
-                          "replay, native forward). Flips to XPASS on a megatron-core whose moe_utils has all three")
+@upstream_failure(AssertionError, r"NameError: name 'group_limited_topk' is not defined", condition=_r3_blocked(),
+                  reason="verl 0.9.1 utils/megatron/router_replay_patch.py imports group_limited_topk, "
+                         "apply_router_token_dropping and compute_routing_scores_for_aux_loss from megatron-core's "
+                         "moe_utils in one try block; core_r0.12.1 lacks the last two, so group_limited_topk stays "
+                         "unbound and DeepSeek-V3's group-limited TopKRouter raises NameError (RECORD, R3's masked "
+                         "replay, native forward). Flips to XPASS on a megatron-core whose moe_utils has all three")
 def test_verl_router_replay_on_megatron_core(verl_replay, record_property):
     """verl's own R3 machinery on DeepSeek-V3's grouped routing: every replay action verl uses works."""
     record_property("routing.verl_replay_probe", verl_replay)

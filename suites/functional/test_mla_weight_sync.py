@@ -8,7 +8,8 @@ The sync is exercised the way verl does it: every step, from one-shot generators
 layers, with RL-sized updates; each sync is judged on W_UK_T/W_UV (mismatches diagnosed from evidence), on every
 weight the engine exposes, and on tokens and log-probs against an engine built fresh on the same weights.
 On vllm-ascend the plain `vllm` kind (in-place sync, no re-derivation) is seed 001's bug on purpose: its case is a
-strict xfail naming the reason (fixtures/engines.py `expected_failure`); `vllm-rederive`, verl 0.9.1's way, must pass.
+strict expected failure with the stale-weights diagnosis (fixtures/engines.py `expected_failure`); `vllm-rederive`,
+verl 0.9.1's way, must pass.
 """
 import dataclasses
 
@@ -17,8 +18,10 @@ import torch
 
 from fixtures.engines import MAX_TOKENS, PROMPTS, FreshRun
 from harness.config.hardware import module_exists
+from harness.config.host import has_amx
 from harness.config.models import TINY
-from harness.markers import skip_or_fail
+from harness.config.platforms import AMX_MLA_WEIGHT_SYNC, amx_weight_sync_case
+from harness.markers import skip_or_fail, upstream_failure
 from harness.mla.checks import (
     AtSync,
     SyncBehaviour,
@@ -49,6 +52,7 @@ def sync_series(load_format: str, old: dict, new: dict, dtype: torch.dtype) -> l
 
 
 @pytest.mark.tiny
+@pytest.mark.syncs_weights
 @pytest.mark.parametrize("load_format", ["real", "dummy"])  # real first: its start on `old` is the "old" golden
 def test_weight_sync_reaches_absorbed_weights(engine_kind, mla_dtype, load_format, mla_spec, mla_weights,
                                              mla_model_dirs, fresh_goldens, record_property, expect):
@@ -116,16 +120,15 @@ def vllm_cpu(pytestconfig):
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="vLLM CPU AMX_MLA packs its own W_UK/W_UV copies and empties kv_b_proj.weight "
-                          "(MLAAttention.process_weights_after_loading), so a weight sync cannot reach them; "
-                          "flips to XPASS when upstream fixes it")
+@AMX_MLA_WEIGHT_SYNC.marker(condition=has_amx())
 def test_amx_mla_weight_sync(vllm_cpu, pytestconfig, mla_spec, mla_weights, mla_model_dirs):
-    from harness.config.host import has_amx
+    """The one test that needs a real AMX CPU: vLLM's AMX kernels. What it expects on each kind of host is decided
+    from the host as data (harness.config.platforms.amx_weight_sync_case, tests/test_host.py on recorded hosts)."""
     from harness.engines.vllm import VLLMEngine, chosen_backend
 
-    if not has_amx():
-        skip_or_fail(pytestconfig, "a CPU with AMX tiles (vLLM CPU selects AMX_MLA only there)")
+    case = amx_weight_sync_case(has_amx())
+    if isinstance(case, str):
+        skip_or_fail(pytestconfig, case)
     choice = chosen_backend("default")  # AMX_MLA in bf16: it rejects fp32 weights at build, before any sync
     with VLLMEngine(mla_spec, mla_model_dirs[0], backend=choice.backend, dtype=getattr(torch, choice.dtype)) as engine:
         engine.load_weights(mla_weights[1].items())
@@ -135,10 +138,11 @@ def test_amx_mla_weight_sync(vllm_cpu, pytestconfig, mla_spec, mla_weights, mla_
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.xfail(strict=True, reason="vLLM CPU 0.32 skips the CPU MoE weight prepack on a weight update "
-                                       "(UnquantizedFusedMoEMethod._setup_kernel only calls "
-                                       "fused_experts.process_weights_after_loading on the first load), so synced "
-                                       "expert weights stay in checkpoint layout; flips to XPASS when fixed")
+@upstream_failure(AssertionError, r"MoE after sync vs fresh reference: \d+/\d+ log-probs outside",
+                  reason="vLLM CPU 0.32 skips the CPU MoE weight prepack on a weight update "
+                         "(UnquantizedFusedMoEMethod._setup_kernel only calls "
+                         "fused_experts.process_weights_after_loading on the first load), so synced "
+                         "expert weights stay in checkpoint layout; flips to XPASS when fixed")
 def test_vllm_cpu_moe_weight_update(vllm_cpu):
     """Not MLA, but it breaks every MoE weight sync on vLLM CPU: a synced MoE model must match a fresh one.
     Upstream's own layerwise reload (`sync="vllm-reload"`); the harness's CPU adapter re-applies the prepack
@@ -160,10 +164,10 @@ def test_vllm_cpu_moe_weight_update(vllm_cpu):
 
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's "
-                          "kv_b_proj), so verl's plain `model.load_weights` sync fails; the CPU adapter therefore "
-                          "syncs through vLLM's layerwise reload. Flips to XPASS if vLLM CPU keeps reloadable weights")
+@upstream_failure(AttributeError, r"'Parameter' object has no attribute 'weight_loader'",
+                  reason="vLLM CPU packs every linear weight for its GEMM kernels and drops `.weight` (all but MLA's "
+                         "kv_b_proj), so verl's plain `model.load_weights` sync fails; the CPU adapter therefore "
+                         "syncs through vLLM's layerwise reload. Flips to XPASS if vLLM CPU keeps reloadable weights")
 def test_verl_load_weights_path_on_vllm_cpu(vllm_cpu, mla_spec, mla_weights, mla_model_dirs):
     from harness.engines.vllm import VLLMEngine
 

@@ -35,6 +35,7 @@ def test_old_and_new_differ_in_every_moe_weight(moe_weights):
         assert not same, f"old and new share {len(same)} {part} weights, e.g. {same[0]}"
 
 
+@pytest.mark.syncs_weights
 def test_weight_sync_reaches_moe_layers(engine_kind, moe_weights, moe_model_dirs, engine_dtype, record_property,
                                         expect):
     """old -> new -> old: after each sync, greedy tokens and full log-probs equal a fresh engine's on those weights
