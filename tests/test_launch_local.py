@@ -16,6 +16,11 @@ def test_cluster_had_only_loopback(isolated_ray_proof):
     assert isolated_ray_proof["interfaces"] == ["lo"], isolated_ray_proof["interfaces"]
 
 
+def test_the_verdicts_were_reached_on_a_fully_loaded_machine(isolated_ray_proof):
+    """Every job of the proof ran beside one busy process per core (a crash was called node-lost at load 10-13)."""
+    assert isolated_ray_proof["hog_processes"] >= (os.cpu_count() or 1)
+
+
 def test_lab_job_succeeds_and_its_run_is_collected(isolated_ray_proof, record_property):
     from harness.metrics.ingest import load_run
 

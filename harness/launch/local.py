@@ -176,10 +176,25 @@ DIVERGING_ENTRYPOINT = ("python -c \"import json, os, time; log = open(os.enviro
                         "print('seeded divergence: still running', flush=True); time.sleep(600)\"")
 
 
-def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> dict:
+@contextmanager
+def cpu_hog(processes: int):
+    """`processes` busy-looping interpreters for the duration (killed on exit, whatever happened)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0, hog: int = 0) -> dict:
     """Inside run_isolated: start the local cluster (plus a second, victim node), launch the tiny DAPO lab job
-    and three seeded bad jobs (a crash, a hang, a job whose node is killed) through the launcher, concurrently;
-    stop the cluster; write and return `proof.json` in `out_dir`."""
+    and three seeded bad jobs (a crash, a hang, a job whose node is killed) through the launcher, concurrently,
+    beside `hog` busy processes (the verdicts must hold on a loaded machine: at load 10-13 on 2 cores a crash was
+    once called node-lost); stop the cluster; write and return `proof.json` in `out_dir`. The hog starts once the
+    cluster is up: `ray start` waits a fixed 30 s for its raylet (ray 2.60 _private/node.py), which is Ray's, not
+    a verdict."""
     import io
     from concurrent.futures import ThreadPoolExecutor
 
@@ -232,11 +247,12 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0) -> di
             times[f"{name}_s"] = time.monotonic() - t
             return {**dataclasses.asdict(result), "ok": result.ok}
 
-        with ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof must stay under a minute
+        with cpu_hog(hog), ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof stays near a minute
             results = dict(zip(jobs, pool.map(run, jobs), strict=True))
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
-    proof = {"interfaces": seen, "pid": os.getpid(), "ray_temp_dir": LAST_TEMP_DIR[0], "results": results,
+    proof = {"interfaces": seen, "pid": os.getpid(), "hog_processes": hog, "ray_temp_dir": LAST_TEMP_DIR[0],
+             "results": results,
              "inspection": inspection,
              "user_ray_state": {"home_token": (Path.home() / ".ray" / "auth_token").is_file(),
                                 "auth_mode": os.environ.get("RAY_AUTH_MODE")},
@@ -336,9 +352,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m harness.launch.local", description=prove.__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--hog", type=int, default=0, help="busy processes beside the jobs (a loaded machine)")
     args = parser.parse_args()
     try:
-        prove(args.out, steps=args.steps)
+        prove(args.out, steps=args.steps, hog=args.hog)
     except BadInput as exc:
         print(f"python -m harness.launch.local: error: {exc}", file=sys.stderr)
         sys.exit(2)

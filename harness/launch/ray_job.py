@@ -109,6 +109,11 @@ class LaunchResult:
                 f"steps in {self.elapsed_s:.0f} s; {self.message}; logs and metrics in {self.run_dir}")
 
 
+# Ray's message when the entrypoint itself exited non-zero (ray 2.60 dashboard/modules/job/job_supervisor.py):
+# "Job entrypoint command failed with exit code N, last available logs (truncated to 20,000 chars):\n<logs>"
+ENTRYPOINT_EXIT = re.compile(r"entrypoint command failed with exit code (-?\d+)")
+
+
 def verdict(status: str, *, steps_done: int, total: int, lost_nodes: tuple[str, ...] = (), timed_out: bool = False,
             job_message: str = "") -> tuple[str, str] | None:
     """The verdict for a job status (a ray JobStatus value) and what the harness saw; None while running."""
@@ -121,9 +126,8 @@ def verdict(status: str, *, steps_done: int, total: int, lost_nodes: tuple[str, 
             return "failed", f"the job exited 0 but logged {steps_done} of {total} steps"
         return "succeeded", f"all {total} steps logged"
     if status == "FAILED":
-        # Ray's message: "Job entrypoint command failed with exit code N, last available logs ...:\n<logs>"
         lines = job_message.strip().splitlines() or ["job failed"]
-        code = re.search(r"exit code (-?\d+)", lines[0])
+        code = ENTRYPOINT_EXIT.search(lines[0])
         last = lines[-1].strip()[:300]
         return "failed", f"exit code {code.group(1)}: {last}" if code else last
     if status == "STOPPED":
@@ -161,25 +165,45 @@ def _alive_nodes(url: str, attempts: int = 3) -> set[str] | None:
     return None
 
 
+# Consecutive state-API answers without a node before it counts as dead: on a loaded machine (load average 10-13 on
+# 2 cores) one answer can miss a live node, and a crash was then called node-lost. Ray never revives a dead node id.
+MISSES_TO_DEAD = 2
+
+
 @dataclass
 class NodeWatch:
-    """Which node deaths decide a job's verdict. A node that died matters when the job runs there. Before the job
-    is placed anywhere a death is only suspect: the job may still be placed on the nodes left (the CI proof's
-    victim node died while the lab job's runtime env was being set up, and the lab job was called node-lost), so
-    it becomes the verdict only when the job ends unplaced (failed or timed out)."""
+    """Which node deaths decide a job's verdict. A node is dead after MISSES_TO_DEAD consecutive answers without it.
+    A dead node matters when the job runs there: its driver's node or an actor's, asked of Ray while the job runs
+    and again once it failed (a job that crashed on its own has a driver node that is alive). Before the job is
+    placed anywhere a death is only suspect: the job may still be placed on the nodes left (the CI proof's victim
+    node died while the lab job's runtime env was being set up, and the lab job was called node-lost), so it becomes
+    the verdict only when the job ends unplaced (failed or timed out)."""
 
     nodes_before: frozenset[str]
     job_nodes: set[str] = field(default_factory=set)
     dead: set[str] = field(default_factory=set)
+    misses: dict[str, int] = field(default_factory=dict)
 
     def observe(self, alive: set[str] | None) -> None:
-        if alive is not None:  # None: the cluster did not answer; nothing learned
-            self.dead |= self.nodes_before - alive
+        if alive is None:  # the cluster did not answer; nothing learned
+            return
+        for node in self.nodes_before:
+            self.misses[node] = self.misses.get(node, 0) + 1 if node not in alive else 0
+            if self.misses[node] >= MISSES_TO_DEAD:
+                self.dead.add(node)
 
-    def lost(self, *, ended: bool) -> tuple[str, ...]:
+    @property
+    def suspects(self) -> set[str]:
+        """Nodes missed by the last answer but not yet dead."""
+        return {n for n, k in self.misses.items() if k and n not in self.dead}
+
+    def lost(self, *, ended: bool, exited: bool = False) -> tuple[str, ...]:
+        """The dead nodes that are the job's verdict. `exited`: Ray says the entrypoint itself exited with a code (the
+        job ran somewhere and ended on its own), so a death elsewhere is not its cause even when its nodes are
+        unknown (the state API can miss them on a loaded head)."""
         if self.job_nodes:
             return tuple(sorted(self.dead & self.job_nodes))
-        return tuple(sorted(self.dead)) if ended else ()
+        return tuple(sorted(self.dead)) if ended and not exited else ()
 
 
 def _job_nodes(client, url: str, job_id: str) -> set[str]:
@@ -262,12 +286,18 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                 # a failed job is checked too: when its node died, that -- not "failed" -- is the verdict
                 if nodes_before and (due or status == JobStatus.FAILED):
                     last_node_check = now
-                    if status == JobStatus.RUNNING:
+                    if status in (JobStatus.RUNNING, JobStatus.FAILED):  # a failed job's nodes: its own end
                         watch.job_nodes |= _job_nodes(client, url, job_id)
                     watch.observe(_alive_nodes(url))
+                    for _ in range(MISSES_TO_DEAD - 1):  # a failed job's node that was just missed: dead or not
+                        if status != JobStatus.FAILED or not watch.suspects & (watch.job_nodes or nodes_before):
+                            break
+                        time.sleep(1.0)
+                        watch.observe(_alive_nodes(url))
                 timed_out = now - start > timeout_s and not status.is_terminal()
-                lost = watch.lost(ended=timed_out or status == JobStatus.FAILED)
                 message = (client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
+                lost = watch.lost(ended=timed_out or status == JobStatus.FAILED,
+                                  exited=bool(ENTRYPOINT_EXIT.search(message)))
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
                                   steps_done=progress.steps_done, total=spec.total_steps, lost_nodes=lost,
                                   timed_out=timed_out, job_message=message)
