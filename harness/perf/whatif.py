@@ -53,11 +53,23 @@ def _variants(scale: Scale, knob: str) -> list[tuple[int, Scale]]:
     return out
 
 
+def _valid(scale: Scale) -> bool:
+    try:
+        scale.validate()
+    except PlanError:
+        return False
+    return True
+
+
 def sweep(scale: Scale, knob: str, features: Features | None = None) -> list[Variant]:
+    """The knob's variants of `scale`, each predicted. A plan that itself breaks a rule (a user's recipe can) has
+    its variants predicted unvalidated: every one would break the same rule and the sweep would say nothing."""
     rows = []
+    check = _valid(scale)
     for value, variant in _variants(scale, knob):
         try:
-            variant.validate()
+            if check:
+                variant.validate()
         except PlanError as exc:
             rows.append(Variant(knob, value, None, None, str(exc)))
             continue
@@ -75,6 +87,9 @@ def what_if(scale: Scale, features: Features | None = None) -> dict:
         rows = sweep(scale, knob, features)
         tps = [r.tps_per_card for r in rows if r.tps_per_card is not None]
         spans[knob] = (max(tps) - min(tps)) / base if tps else 0.0
-        knobs[knob] = {"span": spans[knob], "variants": [dataclasses.asdict(r) for r in rows]}
+        best = max((r for r in rows if r.tps_per_card is not None), key=lambda r: r.tps_per_card, default=None)
+        knobs[knob] = {"span": spans[knob], "best_value": best.value if best else None,
+                       "best_tps_per_card": best.tps_per_card if best else None,
+                       "variants": [dataclasses.asdict(r) for r in rows]}
     most = max(KNOBS, key=lambda k: spans[k])
-    return {"base_tps_per_card": base, "moves_tps_most": most, "knobs": knobs}
+    return {"base_tps_per_card": base, "moves_tps_most": most, "variants_validated": _valid(scale), "knobs": knobs}
