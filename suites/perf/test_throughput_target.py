@@ -19,7 +19,15 @@ from harness.config.roofline import roofline
 from harness.config.scales import SCALES
 from harness.markers import skip_or_fail
 from harness.metrics.keys import PHASE_ORDER, STEP_TIME, THROUGHPUT, TIMING_PREFIX
-from harness.metrics.throughput import baseline_tps_per_card, check_regression, check_target, graph_mode, throughput
+from harness.metrics.run import Summary
+from harness.metrics.throughput import (
+    baseline_tps_per_card,
+    check_phases,
+    check_regression,
+    check_target,
+    graph_mode,
+    throughput,
+)
 
 
 def _run(pytestconfig, option: str):
@@ -127,7 +135,8 @@ def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_p
 def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, record_property, expect):
     """--baseline is a baseline run of the same scale and plan, or verl's Ascend nightly baseline summary
     (`key: value`, the mean of steps 5-14): the run is then measured by that statistic too -- on a log with a
-    checkpoint every 10th step the median and the nightly mean differ by more than the 5 % budget."""
+    checkpoint every 10th step the median and the nightly mean differ by more than the 5 % budget. Against a
+    baseline run every timing_s phase is judged as well (harness.metrics.throughput.check_phases)."""
     from harness.metrics.ingest import is_summary_file, load_summary
 
     run = _run(pytestconfig, "run_dir")
@@ -137,5 +146,11 @@ def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, recor
                                                  sequences=scale.batch.sequences)
     tp = throughput(run, scale.hardware, devices=scale.devices, sequences=scale.batch.sequences, statistic=statistic)
     _record(record_property, tp, scale, baseline=reference)
-    expect(check_regression(tp, reference, scale.targets.regression_tolerance, baseline_statistic=statistic),
-           notes=list(tp.warnings))
+    results = [check_regression(tp, reference, scale.targets.regression_tolerance, baseline_statistic=statistic)]
+    if not isinstance(base, Summary):
+        # a golden run: each timing_s phase too, so a phase that slows while another hides it fails by name (a verl
+        # nightly summary holds no per-step phases)
+        phases = check_phases(tp, run, base, scale.targets.regression_tolerance)
+        record_property("throughput.phases", phases.to_dict())
+        results.append(phases)
+    expect(*results, notes=list(tp.warnings))
