@@ -24,7 +24,7 @@ def test_plan_json_carries_the_prediction(capsys):
     p = doc["prediction"]
     assert p["predicted"] is True and [ph["name"] for ph in p["phases"]] == list(PHASES)
     assert p["step_s"] == pytest.approx(sum(ph["seconds"] for ph in p["phases"]))
-    # stock verl computes old_log_prob; seed 002's patches (skip it) are what its 120 TPS/card target assumes
+    # verl computes old_log_prob unless bypass mode; seed 002 skipped it (its 120 TPS/card assumes that)
     assert p["tps_per_card"] < p["with_seed002_patches"]["tps_per_card"]
     assert p["with_seed002_patches"]["tps_per_card"] == pytest.approx(120.0, rel=0.10)
     assert p["what_if"]["moves_tps_most"] in p["what_if"]["knobs"] and p["trust"]
@@ -50,3 +50,16 @@ def test_plan_text_prints_the_prediction(capsys):
     assert main(["plan", "--scale", "full-a2-gbs128"]) == 0
     out = capsys.readouterr().out
     assert "predicted: step" in out and "TPS/card" in out and "what-if:" in out and "update_actor" in out
+
+
+def test_bypass_mode_override_skips_old_log_prob(capsys):
+    """verl 0.9.1 runs no old_log_prob forward under algorithm.rollout_correction.bypass_mode (ray_trainer.py fit):
+    the prediction follows the command line, not a default."""
+    _, stock = _json(capsys, "plan", "--scale", "full-a3", "--json")
+    _, bypass = _json(capsys, "plan", "--scale", "full-a3", "--json", "--",
+                      "algorithm.rollout_correction.bypass_mode=True")
+    phase = {d: {p["name"]: p["seconds"] for p in doc["prediction"]["phases"]} for d, doc in
+             (("stock", stock), ("bypass", bypass))}
+    assert phase["stock"]["old_log_prob"] > 100 and phase["bypass"]["old_log_prob"] == 0.0
+    assert bypass["prediction"]["tps_per_card"] == pytest.approx(bypass["prediction"]["with_seed002_patches"]
+                                                                 ["tps_per_card"])

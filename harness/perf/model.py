@@ -133,11 +133,28 @@ def default_workload(scale: Scale, mean_response: float | None = None) -> Worklo
 class Features:
     """Software the run has that the plan does not record (seed 002's patches): verl 0.9.1 stock is the default."""
 
-    skip_old_log_prob: bool = False  # §5.2: old_log_prob = log_prob.detach() (seed 002's verl patch); stock computes it
+    # §5.2: old_log_prob = log_prob.detach() (seed 002's verl patch); verl 0.9.1 computes it unless bypass mode
+    skip_old_log_prob: bool = False
     tensor_cache: bool = False  # §3.2: device-side TensorCache, no Ray serial dispatch
     dp_sync: str = "gloo"  # §6.6: the decode step's DP all-reduces on gloo (stock) or HCCL
     # The physics of decode: "memory" (the model). "compute" exists for the self-test that a wrong bound fails.
     decode_bound: str = "memory"
+
+
+# verl 0.9.1 trainer/ppo/ray_trainer.py `RayPPOTrainer.fit`: with algorithm.rollout_correction.bypass_mode the
+# rollout's log-probs stand in for old_log_prob and its forward is not run (seed 002's log_prob.detach() patch, §5.2,
+# reaches the same end); otherwise `_compute_old_log_prob` runs under the "old_log_prob" timer.
+BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
+
+
+def features_from_overrides(overrides, base: Features | None = None) -> Features:
+    """The Features a verl command line implies: old_log_prob skipped where it sets bypass mode true."""
+    base = base or Features()
+    for override in overrides:
+        key, _, value = str(override).lstrip("+").partition("=")
+        if key == BYPASS_KEY:
+            base = dataclasses.replace(base, skip_old_log_prob=value.strip().lower() in ("true", "1", "yes"))
+    return base
 
 
 @dataclass(frozen=True)
@@ -207,9 +224,10 @@ def pipeline_factor(scale: Scale, sequences_per_dp: float, micro_batch: int) -> 
 
 
 def weight_tensors(scale: Scale) -> int:
-    """Tensors the reshard sends, one collective each: per MLA layer q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o
-    and two norms; dense MLP 3 (gate/up fused is still 2 names in Megatron: fc1, fc2 -> counted 3 as HF names);
-    MoE router weight + bias, shared expert 3, grouped routed experts 3; embedding, final norm, lm_head."""
+    """Tensors the reshard sends, one collective each (HF names, what vLLM's load_weights receives): per MLA layer
+    q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o and the two layer norms (7 without q_lora); a dense MLP's gate, up,
+    down; a MoE layer's router weight and bias, shared expert gate/up/down and the grouped routed experts' three
+    (seed 002 §4.1.1 sends experts per layer by AlltoAllV); embedding, final norm, lm_head."""
     spec = scale.model
     attn = 9 if spec.q_lora_rank else 7
     return spec.num_dense_layers * (attn + 3) + spec.num_moe_layers * (attn + 8) + 3
