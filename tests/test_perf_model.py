@@ -110,3 +110,13 @@ def test_what_if_knobs_move_the_prediction():
     assert spans[doc["moves_tps_most"]] == max(spans.values()) > 0
     with pytest.raises(BadInput, match="what-if knob"):
         sweep(scale, "gbs")
+
+
+def test_eager_rollout_decodes_twice_as_long():
+    """seed 002 §6.1.3: graph mode doubled decode throughput; an eager plan (enforce_eager=True) must not be
+    predicted at the graph-mode speed."""
+    graph = predict(CALIBRATION_CASE.scale, CALIBRATION_CASE.workload, SEED002_FEATURES)
+    eager = predict(dataclasses.replace(CALIBRATION_CASE.scale, graph_mode=False), CALIBRATION_CASE.workload,
+                    SEED002_FEATURES)
+    assert eager.detail["decode_s"] == pytest.approx(2 * graph.detail["decode_s"])
+    assert eager.phase("ref") == graph.phase("ref") and eager.tps_per_card < graph.tps_per_card

@@ -56,6 +56,9 @@ DP_SYNC_S_PER_DECODE_STEP = {"gloo": 2 * 10e-3, "hccl": 2 * 3e-3}
 DISPATCH_TOKENS = 8192 * (75 + 3000)
 DISPATCH_S_PER_TOKEN = {"ref": 57.0 / DISPATCH_TOKENS, "old_log_prob": 57.0 / DISPATCH_TOKENS,
                         "update_actor": 73.0 / DISPATCH_TOKENS}
+# §6.1.3: TorchAir graph mode "doubles decode throughput on the full 671B network" (eager decode is launch-bound:
+# the host issues every op); the calibration run is in graph mode, an eager plan decodes this much slower.
+EAGER_DECODE_SLOWDOWN = 2.0
 # ... and with the TensorCache (D2D): ref < 1 s, update ~5 s left.
 DISPATCH_S_TENSOR_CACHE = {"ref": 1.0, "old_log_prob": 1.0, "update_actor": 5.0}
 
@@ -287,6 +290,8 @@ def predict(scale: Scale, workload: Workload | None = None, features: Features |
     # the compute roof of decode at the datasheet peak: a decode step multiplies a few tokens per weight it reads
     compute_s = sequences * w.mean_response * forward_flops / (devices * peak)
     decode_s = max(memory_s, compute_s) if f.decode_bound == "memory" else compute_s
+    if not scale.graph_mode:
+        decode_s *= EAGER_DECODE_SLOWDOWN
     prefill_s = sequences * w.mean_prompt * prompt_flops / (devices * peak * c.forward_mfu)
     sync_s = steps * DP_SYNC_S_PER_DECODE_STEP[f.dp_sync]
     gen = prefill_s + decode_s + sync_s
@@ -318,10 +323,11 @@ def predict(scale: Scale, workload: Workload | None = None, features: Features |
     adv = sequences * c.adv_s_per_sequence
 
     tf = f"{devices} x {peak / 1e12:g} TFLOPS"
+    eager = "" if scale.graph_mode else f", eager x{EAGER_DECODE_SLOWDOWN:g}"
     phases = (
         PhaseTime("gen", gen, "gen", f"prefill {prefill_s:.1f} s + decode {decode_s:.1f} s ({steps} steps x "
                   f"{weights / GB:.1f} GB weights + KV, HBM {HBM_BYTES_PER_S[hw] / 1e12:g} TB/s x "
-                  f"{c.decode_hbm_efficiency:g}) + DP sync {sync_s:.1f} s ({f.dp_sync})"),
+                  f"{c.decode_hbm_efficiency:g}{eager}) + DP sync {sync_s:.1f} s ({f.dp_sync})"),
         PhaseTime("old_log_prob", old, "old_log_prob", "skipped (log_prob.detach())" if f.skip_old_log_prob else
                   f"forward {fwd_s:.1f} s + dispatch {dispatch('old_log_prob'):.1f} s"),
         PhaseTime("ref", ref, "ref", f"forward {tokens / 1e6:.2f} M tokens x {forward_flops / 1e9:.0f} GFLOP / "
@@ -340,6 +346,6 @@ def predict(scale: Scale, workload: Workload | None = None, features: Features |
               "decode_compute_s": compute_s, "dp_sync_s": sync_s, "decode_steps": steps, "waves": waves,
               "sequences_per_rollout_rank": per_rank, "concurrent_sequences": concurrent, "kv_pool_gib": pool_gib,
               "rollout_weight_gb_per_device": weights / GB, "recompute_fraction": rc, "pipeline_factor": pipe,
-              "hbm_source": HBM_SOURCE[hw]}
+              "graph_mode": scale.graph_mode, "hbm_source": HBM_SOURCE[hw]}
     return Prediction(scale=scale.name, hardware=hw, cards=scale.cards, workload=w, features=f, phases=phases,
                       detail=detail)
