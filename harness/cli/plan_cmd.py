@@ -73,6 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
+    doc["prediction"] = _prediction_section(scale, recipe.overrides)
     if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
         valid = job.plan_error is None
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
@@ -104,6 +105,45 @@ def _recipe_section(job) -> dict:
                      "user_env": dict(job.user.env)}
     out["memory"] = {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}
     return out
+
+
+def _prediction_section(scale, overrides=()) -> dict:
+    """Step time, TPS/card and seconds per phase the phase model (harness.perf) predicts for the plan as its verl
+    overrides run it (bypass mode skips old_log_prob) and with seed 002's patches, plus the what-if sweep;
+    `predicted: false` and why where it has no model (CPU hardware)."""
+    from harness.errors import BadInput
+    from harness.perf.model import TRUST, features_from_overrides, predict
+    from harness.perf.published import SEED002_FEATURES
+    from harness.perf.whatif import what_if
+
+    features = features_from_overrides(overrides)
+    try:
+        stock = predict(scale, features=features)
+    except BadInput as exc:
+        return {"predicted": False, "reason": str(exc)}
+    patched = predict(scale, features=SEED002_FEATURES)
+    return {"predicted": True, **stock.to_json(), "with_seed002_patches": {
+        "features": patched.to_json()["features"], "step_s": patched.step_s, "tps_per_card": patched.tps_per_card},
+        "what_if": what_if(scale, features), "trust": TRUST}
+
+
+def _print_prediction(console, prediction: dict) -> None:
+    if not prediction["predicted"]:
+        console.print(f"prediction: none ({prediction['reason']})", markup=False, soft_wrap=True)
+        return
+    w, patched = prediction["workload"], prediction["with_seed002_patches"]
+    console.print(f"predicted: step {prediction['step_s']:.0f} s, {prediction['tps_per_card']:.1f} TPS/card (as its "
+                  f"overrides run; with seed 002's patches {patched['tps_per_card']:.1f}); workload "
+                  f"{w['mean_prompt']:.0f}/{w['mean_response']:.0f} tokens, {w['source']}", markup=False,
+                  soft_wrap=True)
+    console.print("  " + ", ".join(f"{p['name']} {p['seconds']:.1f} s" for p in prediction["phases"]), markup=False,
+                  soft_wrap=True)
+    wi = prediction["what_if"]
+    spans = ", ".join(f"{k} {v['span']:.0%} (best {v['best_value']}: {v['best_tps_per_card']:.1f})"
+                      for k, v in wi["knobs"].items() if v["best_value"] is not None)
+    console.print(f"  what-if: {wi['moves_tps_most']} moves TPS/card most (range over its valid values: {spans}; "
+                  "--json lists each variant)", markup=False, soft_wrap=True)
+    console.print(f"  trust: {prediction['trust']}", markup=False, soft_wrap=True)
 
 
 def _print_plan(job, doc: dict, validate: bool) -> None:
@@ -155,6 +195,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
                           "`memory` with the same arguments shows each component)", markup=False, soft_wrap=True)
         for item in memory["not_modelled"]:
             console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
+    _print_prediction(console, doc["prediction"])
     checked = (f"verl {VERL_VERSION} accepts the overrides" if validate else
                f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
     if job.plan_error:

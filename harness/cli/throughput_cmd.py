@@ -28,14 +28,21 @@ def _validate(devices, sequences, warmup, target, tolerance) -> None:
 def throughput_document(paths: list[str], hardware: str | None, devices: int | None, sequences: int | None,
                         warmup: int, scale_name: str | None, target: float | None, *, statistic: str = "median",
                         baseline: str | None = None, tolerance: float | None = None, per_step: bool = True) -> dict:
-    """What `throughput --json` prints: `passed` and `state` (ON TARGET, BELOW TARGET, REGRESSED, BELOW TARGET AND
-    REGRESSED, or NOT JUDGED: neither a target nor a baseline to check), then Throughput.to_dict() + target,
-    roofline, and the two checks, `target_check` and `baseline` (null when not made)."""
+    """What `throughput --json` prints: `passed` and `state` (ON TARGET, or the failed checks joined by AND: BELOW
+    TARGET, REGRESSED, PHASE REGRESSED; NOT JUDGED: neither a target nor a baseline to check), then
+    Throughput.to_dict() + target, roofline, and the checks `target_check`, `baseline` and `phases_check` (each
+    timing_s phase vs a baseline run's; null when not made)."""
     from harness.config.roofline import roofline
     from harness.config.scales import get_scale
     from harness.metrics.ingest import is_summary_file, load_run, load_summary
     from harness.metrics.keys import PROMPT_LENGTH, RESPONSE_LENGTH
-    from harness.metrics.throughput import baseline_tps_per_card, check_regression, check_target, throughput
+    from harness.metrics.throughput import (
+        baseline_tps_per_card,
+        check_phases,
+        check_regression,
+        check_target,
+        throughput,
+    )
 
     run = load_run(*paths)
     scale = get_scale(scale_name or run.meta.scale) if scale_name or run.meta.scale else None
@@ -76,11 +83,18 @@ def throughput_document(paths: list[str], hardware: str | None, devices: int | N
         v = check_regression(tp, value, tol, baseline_statistic=kind)
         doc["baseline"] = {"source": baseline, "tps_per_card": value, "statistic": kind, "passed": v.ok,
                            "message": v.message()}
+    # every timing_s/<phase> against the golden run's (a nightly summary holds no per-step phases: not judged)
+    doc["phases_check"] = None
+    if reference is not None and not is_summary_file(baseline):
+        pv = check_phases(tp, run, reference, tolerance if tolerance is not None else 0.05)
+        doc["phases_check"] = pv.to_dict() | {"message": pv.message()}
     below = doc["target_check"] is not None and not doc["target_check"]["passed"]
     regressed = doc["baseline"] is not None and not doc["baseline"]["passed"]
-    state = " AND ".join(s for s, bad in (("BELOW TARGET", below), ("REGRESSED", regressed)) if bad) or (
+    phase = doc["phases_check"] is not None and not doc["phases_check"]["passed"]
+    state = " AND ".join(s for s, bad in (("BELOW TARGET", below), ("REGRESSED", regressed),
+                                          ("PHASE REGRESSED", phase)) if bad) or (
         "ON TARGET" if doc["target_check"] or doc["baseline"] else "NOT JUDGED")
-    return verdict(not (below or regressed), state, doc)
+    return verdict(not (below or regressed or phase), state, doc)
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
@@ -125,7 +139,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                           if r["tps_per_card_limit"] else "roofline: no peak figure for this hardware")
         for w in doc["warnings"]:
             console.print(f"[yellow]warning[/] {escape(w)}")
-        for key in ("target_check", "baseline"):
+        for key in ("target_check", "baseline", "phases_check"):
             if doc[key]:
                 shown = "[green]PASS[/]" if doc[key]["passed"] else "[red]FAIL[/]"
                 console.print(f"{shown}: {escape(doc[key]['message'])}")
@@ -153,7 +167,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TPS/card the run must reach (default: the scale's target)")
     p.add_argument("--baseline", metavar="REF",
                    help="a baseline run, or a verl nightly baseline summary (key: value): no regression beyond "
-                        "--tolerance")
+                        "--tolerance; a baseline run also judges every timing_s phase (slower than the golden by "
+                        "more than --tolerance or its noise fails, naming the phase)")
     p.add_argument("--tolerance", type=fraction, help="allowed relative regression (default: the scale's, else 0.05)")
     p.add_argument("--per-step", action="store_true", help="list every step (JSON: the per_step rows)")
     p.add_argument("--json", action="store_true", help="print JSON (the summary; --per-step adds the rows)")

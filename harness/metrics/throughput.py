@@ -304,12 +304,13 @@ class ThroughputVerdict:
     where: str  # the steps (or rounds) the measurement covers
     detail: str
     interval: RatioInterval | None = None  # the confidence interval of `measured`, where it is a paired statistic
+    metric: str | None = None  # the metric judged where it is not TPS/card (a phase: timing_s/<name>)
 
     def message(self) -> str:
         return self.detail
 
     def findings(self) -> tuple[Finding, ...]:
-        metric = "decode tok/s" if self.check == "graph-mode" else "tps_per_card"
+        metric = self.metric or ("decode tok/s" if self.check == "graph-mode" else "tps_per_card")
         return () if self.ok else (Finding(f"throughput.{self.check}", metric, self.where, self.detail),)
 
 
@@ -420,3 +421,91 @@ def check_graph_not_slower(eager: DecodeSpeed, graph: DecodeSpeed, tolerance: fl
                                     + (f"not shown slower than the {1.0 - tolerance:.2f}x allowed" if passed else
                                        f"slower, upper bound {speedup.high:.2f}x < {1.0 - tolerance:.2f}x allowed"),
                              interval=speedup)
+
+
+# ---------------------------------------------------------------- per-phase verdicts
+# Each timing_s/<phase> may be slower than the golden's by at most this (relative) or by the golden's own noise,
+# whichever is wider: verl's Ascend nightly allows the step time +5 %; a phase gets the same budget, so a phase that
+# slows 25 % while another speeds up (the total within 5 %, verl's check green) fails and is named.
+PHASE_RTOL = 0.05
+
+
+@dataclass(frozen=True)
+class PhaseVerdicts:
+    """Every `timing_s/<phase>` of a run judged against the same phase of a golden run, one-sided (slower fails,
+    faster passes: verl-ascend-recipe PR #130 made performance thresholds one-sided). `not_judged` names the phases
+    it could not judge, and why."""
+
+    run: str
+    verdicts: tuple[ThroughputVerdict, ...]
+    not_judged: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> tuple[ThroughputVerdict, ...]:
+        return tuple(v for v in self.verdicts if not v.ok)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def message(self) -> str:
+        if self.failed:
+            head = f"{self.run}: {len(self.failed)} phase(s) slower than the golden: " + ", ".join(
+                v.metric[len(TIMING_PREFIX):] for v in self.failed)
+        else:
+            head = f"{self.run}: every judged phase ({len(self.verdicts)}) within the golden's budget"
+        return "\n".join([head, *(v.detail for v in self.failed), *self.not_judged])
+
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for v in self.failed for f in v.findings())
+
+    def to_dict(self) -> dict:
+        return {"passed": self.ok, "failed": [v.metric[len(TIMING_PREFIX):] for v in self.failed],
+                "verdicts": [{"phase": v.metric[len(TIMING_PREFIX):], "passed": v.ok, "measured_s": v.measured,
+                              "limit_s": v.limit, "where": v.where, "message": v.detail} for v in self.verdicts],
+                "not_judged": list(self.not_judged)}
+
+
+def check_phases(tp: Throughput, run: Run, golden: Run, tolerance: float = PHASE_RTOL) -> PhaseVerdicts:
+    """Each phase of `run` over `tp`'s window (by tp's statistic: the median after warm-up, or the nightly mean)
+    against `golden`'s same steps, with the curves' noise model: harness.metrics.curves.window on a MetricBaseline of
+    the golden's phase series (its step-to-step noise gives the prediction half-width), read one-sided."""
+    from harness.metrics.baseline import CurveTolerance, MetricBaseline, ReferenceCurve, run_seed
+    from harness.metrics.curves import window
+
+    if type(tolerance) not in (int, float) or not 0 <= tolerance < 1:
+        raise BadInput(f"--tolerance {tolerance!r}: must be a fraction in [0, 1)")
+    names = [p.name for p in tp.phases]
+    verdicts, skipped = [], []
+    for name in names:
+        metric = TIMING_PREFIX + name
+        if metric not in golden:
+            skipped.append(f"{name}: not judged: the golden {golden.name} logs no {metric}")
+            continue
+        cand, ref_series = run[metric], golden[metric]
+        first = cand.steps[0]
+        # the throughput window's steps, counted as curves.window counts them: from the series' first logged step
+        span = (tp.window[0] - first + 1, tp.window[-1] - first + 1)
+        if span[0] < 1:
+            skipped.append(f"{name}: not judged: it is first logged at step {first}, after the window starts")
+            continue
+        tol = CurveTolerance(band_atol=0.0, window=span, window_stat="mean" if tp.statistic == "nightly" else "median",
+                             window_atol=0.0, window_rtol=tolerance)
+        ref = MetricBaseline(runs=(ReferenceCurve(golden.name, run_seed(golden), ref_series),), tolerance=tol)
+        v = window(metric, cand, ref)
+        if v.passed is None:
+            skipped.append(f"{name}: {v.detail}")
+            continue
+        if v.value is None or v.reference is None or v.tolerance is None:  # a non-finite window: a finding
+            verdicts.append(ThroughputVerdict(ok=False, check="phase", measured=math.nan, limit=math.nan,
+                                              where=v.where, detail=f"{metric}: {v.detail}", metric=metric))
+            continue
+        slower = v.value - v.reference
+        ok = slower <= v.tolerance
+        change = v.value / v.reference - 1 if v.reference > 0 else math.inf
+        verdicts.append(ThroughputVerdict(
+            ok=ok, check="phase", measured=v.value, limit=v.reference + v.tolerance, where=v.where, metric=metric,
+            detail=f"{metric}: {v.value:.4g} s vs golden {v.reference:.4g} s ({change:+.1%}, {tp.statistic} of "
+                   f"{v.where}); allowed +{v.tolerance:.3g} s (max of {tolerance:.0%} and the golden's noise) -> "
+                   + ("ok" if ok else f"SLOWER by {slower - v.tolerance:.3g} s beyond it")))
+    return PhaseVerdicts(run=run.name, verdicts=tuple(verdicts), not_judged=tuple(skipped))

@@ -3,7 +3,9 @@ and the place (step, layer, phase) its findings name (harness.findings, recorded
 the morning mail reads `FAIL reduced-a2 suites/precision/test_reward_alignment.py::test_reward_curve metric
 critic/rewards/mean step 12: ...`. A failing test with no finding (a crash, a plain assert) prints `-`.
 
-`python -m harness.report.nightly [--summary FILE] REPORT...` prints them (exit 1 when any test failed); used by
+`python -m harness.report.nightly [--summary FILE] REPORT...` prints them, and a `COST` line per cost ledger the run
+recorded (card-hours used, saved by an early abort, wasted by a false one: harness.perf.ledger) (exit 1 when any
+test failed); used by
 ci/nightly.sh after each tier. `--summary FILE` also appends each report's Markdown (a REPORT ending in `.md`, such
 as a trend.md, is appended as it is) to FILE through harness.redact: GitHub's `$GITHUB_STEP_SUMMARY`, or any file
 another CI shows.
@@ -44,6 +46,14 @@ def failures(report) -> list[Failure]:
                                metric=str(f.get("metric", "-")), where=str(f.get("where", "-")),
                                reason=str(f.get("message") or t.reason or t.outcome)))
     return out
+
+
+def ledger_lines(report) -> list[str]:
+    """`COST <scale> <run>: N card-hours used ...` for every cost ledger the report's tests recorded
+    (harness.perf.ledger, the "cost.ledger" property of the throughput suite)."""
+    from harness.perf.ledger import from_json
+
+    return [f"COST {report.scale or '-'} {from_json(doc).line()}" for _, doc in report.properties("cost.ledger")]
 
 
 def append_summary(path: str, markdown: str) -> None:
@@ -88,14 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                         append_summary(summary, f.read())
                 continue
             report = load_report(path)
+            costs = ledger_lines(report)
             if summary:
-                append_summary(summary, render_markdown(report))
+                append_summary(summary, "\n".join([render_markdown(report), *(f"- {c}" for c in costs)]))
         except (BadInput, FileNotFoundError) as exc:
             print(f"python -m harness.report.nightly: error: {exc}", file=sys.stderr)
             return 2
         found = failures(report)
         for f in found:
             print(f.line())
+        for line in costs:
+            print(" ".join(line.split()))
         if not report.passed and not found:
             print(f"FAIL {report.scale or '-'} pytest exit status {report.exit_status} ({path})")
         failed |= not report.passed

@@ -19,7 +19,15 @@ from harness.config.roofline import roofline
 from harness.config.scales import SCALES
 from harness.markers import skip_or_fail
 from harness.metrics.keys import PHASE_ORDER, STEP_TIME, THROUGHPUT, TIMING_PREFIX
-from harness.metrics.throughput import baseline_tps_per_card, check_regression, check_target, graph_mode, throughput
+from harness.metrics.run import Summary
+from harness.metrics.throughput import (
+    baseline_tps_per_card,
+    check_phases,
+    check_regression,
+    check_target,
+    graph_mode,
+    throughput,
+)
 
 
 def _run(pytestconfig, option: str):
@@ -31,10 +39,27 @@ def _run(pytestconfig, option: str):
     return load_run(path)
 
 
-def _record(record_property, tp, scale, target=None, baseline=None, **extra) -> None:
+def _record(record_property, tp, scale, target=None, baseline=None, run_dir=None, **extra) -> None:
     roof = roofline(scale)
     record_property("throughput", {**tp.to_dict(), "scale": scale.name, "target": target,
                                    "baseline_tps_per_card": baseline, "roofline": roof.to_dict(), **extra})
+    if run_dir is not None:
+        record_property("cost.ledger", _ledger(tp, run_dir).to_json())
+
+
+def _ledger(tp, run_dir):
+    """The night's card-hours (harness.perf.ledger): every logged step on the run's cards; the planned steps and an
+    early abort's step from the launcher's launch.json when the run directory has one."""
+    from pathlib import Path
+
+    from harness.launch.ray_job import read_launch
+    from harness.metrics.keys import LAUNCH_FILE
+    from harness.perf.ledger import cost_ledger
+
+    launch = read_launch(run_dir) if (Path(run_dir) / LAUNCH_FILE).is_file() else {}
+    stopped = launch.get("stopped_by") if launch.get("verdict") == "aborted" else None
+    return cost_ledger(tp.run, [p.step_time_s for p in tp.per_step], tp.cards, planned_steps=launch.get("total_steps"),
+                       aborted_at=stopped.get("step") if isinstance(stopped, dict) else None)
 
 
 # Float tolerance between the checker's TPS and the logged perf/throughput: the same division of the same
@@ -127,7 +152,9 @@ def test_tps_per_card_meets_target_with_graph_mode(pytestconfig, scale, record_p
 def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, record_property, expect):
     """--baseline is a baseline run of the same scale and plan, or verl's Ascend nightly baseline summary
     (`key: value`, the mean of steps 5-14): the run is then measured by that statistic too -- on a log with a
-    checkpoint every 10th step the median and the nightly mean differ by more than the 5 % budget."""
+    checkpoint every 10th step the median and the nightly mean differ by more than the 5 % budget. Against a
+    baseline run every timing_s phase is judged as well (harness.metrics.throughput.check_phases). The night's cost
+    ledger is recorded here, once per tier (every tier runs this test)."""
     from harness.metrics.ingest import is_summary_file, load_summary
 
     run = _run(pytestconfig, "run_dir")
@@ -136,6 +163,12 @@ def test_tps_per_card_no_regression_vs_baseline(tier, pytestconfig, scale, recor
     reference, statistic = baseline_tps_per_card(base, scale.hardware, devices=scale.devices,
                                                  sequences=scale.batch.sequences)
     tp = throughput(run, scale.hardware, devices=scale.devices, sequences=scale.batch.sequences, statistic=statistic)
-    _record(record_property, tp, scale, baseline=reference)
-    expect(check_regression(tp, reference, scale.targets.regression_tolerance, baseline_statistic=statistic),
-           notes=list(tp.warnings))
+    _record(record_property, tp, scale, baseline=reference, run_dir=pytestconfig.getoption("run_dir"))
+    results = [check_regression(tp, reference, scale.targets.regression_tolerance, baseline_statistic=statistic)]
+    if not isinstance(base, Summary):
+        # a golden run: each timing_s phase too, so a phase that slows while another hides it fails by name (a verl
+        # nightly summary holds no per-step phases)
+        phases = check_phases(tp, run, base, scale.targets.regression_tolerance)
+        record_property("throughput.phases", phases.to_dict())
+        results.append(phases)
+    expect(*results, notes=list(tp.warnings))
