@@ -104,7 +104,8 @@ def test_export_reads_back_as_the_report_holds_it(tmp_path, capsys, curve_report
     out = tmp_path / "out"
     assert main(["report", str(curve_report), "-o", str(out), "--export", kind, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc)[:2] == ["passed", "state"] and doc["passed"] is True and doc["state"] == "PASS"
+    assert list(doc)[:2] == ["passed", "state"] and doc["passed"] is True and doc["state"] == "EXPORTED"
+    assert doc["verdict"] == "PASS"
     runs = doc["export"]["runs"]
     assert doc["export"]["format"] == kind and [r["role"] for r in runs] == ["candidate"] + ["reference"] * 5
     assert runs[0]["run"] == "night 7 - candidate" and runs[0]["metrics"] == 5 and runs[0]["points"] == 60
@@ -148,6 +149,21 @@ def test_round_trip_check_fails_on_a_seeded_export_bug(tmp_path, monkeypatch, cu
     monkeypatch.setattr(export, "collect", lambda reports: seeded(collect(reports)))
     assert main(["report", str(curve_report), "-o", str(tmp_path / "out"), "--export", kind]) == 0
     assert mismatches(curve_report, tmp_path / "out" / KINDS[kind]) != []
+
+
+def test_export_of_a_red_report_exits_0_with_the_verdict_as_a_field(tmp_path, capsys, curve_report):
+    # the export is a conversion: a red night's curves exported is success (it exited 1, read as a failed export)
+    report = load_report(curve_report)
+    red = write_report(dataclasses.replace(report, exit_status=1, tests=tuple(
+        dataclasses.replace(t, outcome="failed", reason="reward below the band") for t in report.tests)),
+        tmp_path / "red.json")
+    assert main(["report", str(red), "-o", str(tmp_path / "plain")]) == 1  # no export: the verdict decides
+    capsys.readouterr()
+    assert main(["report", str(red), "-o", str(tmp_path / "out"), "--export", "csv", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["passed"], doc["state"], doc["verdict"]) == (True, "EXPORTED", "FAIL") and doc["export"]["runs"]
+    assert main(["report", str(red), "-o", str(tmp_path / "out"), "--export", "csv"]) == 0
+    assert "verdict is FAIL" in capsys.readouterr().out
 
 
 def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, curve_report, report_factory):
