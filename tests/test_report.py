@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from harness.report.schema import SCHEMA_VERSION, TestVerdict, load_report, writ
 from harness.report.trend import detect_step, find_steps, metrics, regressions, version_changes
 from harness.report.trend import verdict as trend_verdict
 
+ROOT = Path(__file__).resolve().parents[1]
 SUITE = textwrap.dedent('''
     import pytest
 
@@ -64,6 +66,9 @@ def collected(tmp_path_factory):
     out = root / "report"
     # without the outer session's PYTEST_XDIST_WORKER etc.: pytest-benchmark would switch itself off
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # this checkout's collector: the pytest11 entry point imports whichever harness the venv has installed (a
+    # shared venv's is another checkout's)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny",
                            "--report-dir", str(out), "test_suite.py"], cwd=root, capture_output=True, text=True,
                           timeout=300, env=env)
