@@ -51,9 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     # commands pull torch and Ray; argcomplete would run the CLI on each TAB). Issue 33: there was none.
     #   bash: eval "$(ascend-rl-harness --print-completion bash)"
     #   zsh:  ascend-rl-harness --print-completion zsh > "${fpath[1]}/_ascend-rl-harness"
-    import shtab
-
-    shtab.add_argument_to(parser, "--print-completion", help="print the bash or zsh completion script and exit")
+    try:
+        import shtab
+    except ImportError:  # a venv bootstrapped before shtab was pinned: every command still works, minus this option
+        shtab = None
+    if shtab is not None:
+        shtab.add_argument_to(parser, "--print-completion", help="print the bash or zsh completion script and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
