@@ -5,6 +5,7 @@ sorting/filtering script works, and nothing a report holds can run as script. CI
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from markupsafe import Markup
@@ -17,14 +18,15 @@ from harness.report.schema import TestVerdict
 
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="missing chromium (apt-get install chromium)")
 
-PARTS = ("details.failure", "#versions", "#environment", "input.filter", "#failures", "th.sort")
+PARTS = ("div.failure", "#versions", "#environment", "input.filter", "#failures", "th.sort", "details.suite")
 # sort the test table by seconds, filter it, open a plot full size: what the page's script is for
 USE = """(function () {
-  var rows = function () { return Array.from(document.querySelectorAll('#verdicts tbody tr')); };
-  document.querySelectorAll('#verdicts th')[2].click();
+  // the first suite's table: the failing test's suite, listed first
+  var rows = function () { return Array.from(document.querySelectorAll('table.verdicts')[0].tBodies[0].rows); };
+  document.querySelectorAll('table.verdicts')[0].tHead.rows[0].cells[2].click();
   var sorted = rows().map(function (r) { return parseFloat(r.cells[2].getAttribute('data-v')); });
   var box = document.querySelector('input.filter');
-  box.value = 'test_fit'; box.dispatchEvent(new Event('input'));
+  box.value = 'test_update'; box.dispatchEvent(new Event('input'));
   var shown = rows().filter(function (r) { return !r.hidden; }).length;
   var plot = document.querySelector('img.plot'); plot.click();
   return {sorted: sorted, shown: shown, full: plot.classList.contains('full')};
@@ -37,16 +39,21 @@ PWNED = "(function () { return {pwned: window.__pwned === 1, scripts: document.s
 def test_report_page_loads_clean_with_every_part(tmp_path, full_report):
     previous = dataclasses.replace(full_report, name="night-0", machine=dataclasses.replace(
         full_report.machine, packages={**full_report.machine.packages, "verl": "0.0.1"}))
+    # two more tests in the failing test's suite: its table (listed first) has rows to sort and filter
+    full_report = dataclasses.replace(full_report, tests=(
+        *full_report.tests, TestVerdict("suites/memory/test_fit.py::test_rollout", "passed", 3.0),
+        TestVerdict("suites/memory/test_fit.py::test_ref", "passed", 0.2)))
     path = tmp_path / "report.html"
     path.write_text(render_html(full_report, previous, {"pytest.log": "pytest.log"}))
     seen = check_page(path, selectors=PARTS, script=USE)
     assert seen.errors == (), seen.errors
-    assert seen.verdict == "FAIL" and seen.verdict_rows == 3
+    assert seen.verdict == "FAIL" and seen.verdict_rows == 5
     assert seen.images == 5 and seen.broken_images == ()  # TPS per step, graph vs eager, two curves, memory
     assert seen.csp.startswith("default-src 'none'") and "unsafe-inline" not in seen.csp
     assert seen.scroll_width <= WIDTH, seen.scroll_width
     assert all(seen.counts[p] for p in PARTS), seen.counts
-    assert seen.extra["sorted"] == sorted(seen.extra["sorted"]) and seen.extra["shown"] == 1 and seen.extra["full"]
+    assert seen.extra["sorted"] == sorted(seen.extra["sorted"]) and len(seen.extra["sorted"]) == 3
+    assert seen.extra["shown"] == 1 and seen.extra["full"]
     assert seen.ok
 
 
@@ -102,7 +109,7 @@ def test_trend_page_badge_points_and_versions(tmp_path, report_factory):
 def test_browser_check_fails_on_a_broken_page(tmp_path):
     # Seeded bug: a truncated base64 plot, a script error and a line too wide must not pass as a clean page.
     page = tmp_path / "broken.html"
-    page.write_text('<!DOCTYPE html><html><head><title>x</title></head><body><table id="verdicts"><tbody><tr><td>t'
+    page.write_text('<!DOCTYPE html><html><head><title>x</title></head><body><table class="verdicts"><tbody><tr><td>t'
                     '</td></tr></tbody></table><img alt="tps" src="data:image/png;base64,iVBORw0KGgoAAAA">'
                     f"<pre>{'x' * 3000}</pre>"
                     "<script>console.error('boom'); undefinedFunction();</script></body></html>")
@@ -144,3 +151,71 @@ def test_curve_plots_overlay_the_golden_runs_and_give_each_point_on_hover(tmp_pa
     assert seen.extra["full"] and seen.extra["k"] > 1.5 and seen.extra["hash"] == ""  # zoomed, not navigated
     assert [z for z in seen.extra["zoomed"] if z is not None] == [True, True], seen.extra
     assert not seen.extra["pwned"]
+
+
+# The first screen an on-call engineer sees (issue 33): a 1366 x 768 laptop window, no scrolling. Each needle is
+# found as text anywhere on the page (its first occurrence), so any layout can be checked, the old one included.
+FIRST_SCREEN = """(function () {
+  function seen(needle, link) {
+    var walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT), node;
+    while ((node = walk.nextNode())) {
+      var at = node.data.indexOf(needle);
+      if (at < 0) continue;
+      var range = document.createRange(); range.setStart(node, at); range.setEnd(node, at + needle.length);
+      var r = range.getBoundingClientRect(), box = node.parentElement;
+      var shown = r.width > 0 && r.top >= 0 && r.bottom <= window.innerHeight;
+      for (var up = box; up && shown; up = up.parentElement) {  // not scrolled away inside a box, not collapsed
+        var b = up.getBoundingClientRect(); shown = r.top >= b.top && r.bottom <= b.bottom + 1;
+      }
+      return {visible: shown, link: link ? !!(box.closest('a') && box.closest('a').getAttribute('href')) : null};
+    }
+    return {visible: false, link: null};
+  }
+  return {eline: seen(NEEDLES[0]), bug: seen(NEEDLES[1], true), rerun: seen(NEEDLES[2]), scrolled: window.scrollY};
+})()""".replace("NEEDLES", json.dumps(["AssertionError: decode tokens stale after sync: W_UV differs from kv_b_proj",
+                                      "vllm-cpu-amx-mla-packs-copies",
+                                      "python -m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00"]))
+OPEN_ALL = """(function () { document.querySelectorAll('details').forEach(function (d) { d.open = true; });
+  return document.documentElement.scrollHeight; })()"""
+# main@2adc21b's renderer drew fixtures.report.red_report() (64 tests, 4 long failures) 7100 px tall in Chromium at
+# 1366 px (measured for issue 33); the failures-first page must be under a third of that
+OLD_HEIGHT_64 = 7100
+
+
+def _first_screen(path):
+    return check_page(path, width=1366, height=768, script=FIRST_SCREEN, screenshot=path.with_suffix(".png"))
+
+
+def test_red_report_shows_the_first_failure_known_bug_and_rerun_on_the_first_screen(tmp_path, red_run):
+    path = tmp_path / "report.html"
+    path.write_text(render_html(red_run, links={"pytest.log": "pytest.log"}))
+    seen = _first_screen(path)
+    assert seen.errors == () and seen.extra["scrolled"] == 0, seen.errors
+    assert seen.extra["eline"]["visible"] and seen.extra["rerun"]["visible"], seen.extra
+    assert seen.extra["bug"] == {"visible": True, "link": True}, seen.extra
+    assert (tmp_path / "report.png").stat().st_size > 10_000  # the screenshot of that first screen
+    assert seen.scroll_height * 3 < OLD_HEIGHT_64, seen.scroll_height
+    # the bound can fail: every collapsed part opened (tracebacks, logs, suites) is taller than it
+    opened = check_page(path, width=1366, height=768, script=OPEN_ALL)
+    assert opened.extra * 3 > OLD_HEIGHT_64, opened.extra
+
+
+def test_first_screen_check_fails_on_the_old_layout(tmp_path, red_run):
+    # seeded, the issue-33 page: Versions and Machine open above the failures, and the failure's box opening on its
+    # whole traceback (fixture dumps first) instead of its E line
+    page = render_html(red_run)
+    start = page.index('<details class="environment"')
+    end = page.index("</details>", start) + len("</details>")
+    env = page[start:end].replace("<details ", "<details open ", 1)
+    page = page[:start] + page[end:]
+    block = page.index('<div class="failure" id="failure-1">')
+    eline = page.index('<p class="eline">', block)
+    page = page[:eline] + page[page.index("</p>", eline) + 4:]
+    excerpt = page.index('<pre class="excerpt">', block)
+    full = page[page.index("<pre>", excerpt):page.index("</pre>", page.index("<pre>", excerpt)) + 6]
+    page = page[:excerpt] + full.replace("<pre>", '<pre class="excerpt">') + page[page.index("</pre>", excerpt) + 6:]
+    at = page.index('<h2 id="failures">')
+    path = tmp_path / "old.html"
+    path.write_text(page[:at] + env + page[at:])
+    seen = _first_screen(path)
+    assert seen.errors == () and not seen.extra["eline"]["visible"], seen.extra

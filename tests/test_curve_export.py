@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import struct
 from pathlib import Path
 
 import pytest
@@ -44,11 +45,32 @@ def curve_report(tmp_path, report_factory):
     return write_report(dataclasses.replace(report, tests=(test,)), tmp_path / "report.json")
 
 
+def tb_scalars(directory, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` as TensorBoard's own loader reads scalar summaries: EventAccumulator.Scalars()."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def test_scalar_check_fails_on_tensor_summaries(tmp_path):
+    # seeded: the v2 tensor summaries the export wrote before (add_scalar new_style=True) -- TensorBoard's
+    # EventAccumulator.Scalars() sees nothing, so the check above fails on them
+    from torch.utils.tensorboard import SummaryWriter
+
+    for style, where in ((True, tmp_path / "tensor"), (False, tmp_path / "scalar")):
+        writer = SummaryWriter(str(where))
+        writer.add_scalar(REWARD, 0.5, 1, new_style=style)
+        writer.close()
+    assert tb_scalars(tmp_path / "tensor", REWARD) == [] and tb_scalars(tmp_path / "scalar", REWARD) == [(1, 0.5)]
+
+
 def mismatches(report_path: Path, root: Path) -> list[str]:
     """What the exported runs under `root` (one directory per report/test/role/run) disagree on with the report's
     `curves.series`, each run read back by load_run: a missing run, a step or value that differs."""
     report = load_report(report_path)
-    found = []
+    found, tensorboard = [], root.name == KINDS["tb"]
     for nodeid, series in report.properties("curves.series"):
         test_dir = root / safe_name(report.name) / safe_name(nodeid.rsplit("::", 1)[-1])
         expected: dict[tuple[str, str], dict] = {}
@@ -66,6 +88,8 @@ def mismatches(report_path: Path, root: Path) -> list[str]:
             run = load_run(path)
             for metric, (steps, values) in metrics.items():
                 got = run.series.get(metric)
+                if tensorboard:  # scalar summaries hold float32 (what TensorBoard's scalar dashboard reads)
+                    values = [None if v is None else struct.unpack("f", struct.pack("f", v))[0] for v in values]
                 if got is None or list(got.steps) != steps:
                     found.append(f"{role} {name} {metric}: steps {got and list(got.steps)} != {steps}")
                 elif any(not (v is None and math.isnan(g)) and g != v for g, v in zip(got.values, values, strict=True)):
@@ -80,22 +104,19 @@ def test_export_reads_back_as_the_report_holds_it(tmp_path, capsys, curve_report
     out = tmp_path / "out"
     assert main(["report", str(curve_report), "-o", str(out), "--export", kind, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc)[:2] == ["passed", "state"] and doc["passed"] is True and doc["state"] == "PASS"
+    assert list(doc)[:2] == ["passed", "state"] and doc["passed"] is True and doc["state"] == "EXPORTED"
+    assert doc["verdict"] == "PASS"
     runs = doc["export"]["runs"]
     assert doc["export"]["format"] == kind and [r["role"] for r in runs] == ["candidate"] + ["reference"] * 5
     assert runs[0]["run"] == "night 7 - candidate" and runs[0]["metrics"] == 5 and runs[0]["points"] == 60
     assert (out / "night-7.html").is_file()  # the pages as always: the export comes beside them
     assert mismatches(curve_report, out / KINDS[kind]) == []
-    if kind == "tb":  # TensorBoard's own loader sees the same scalars (its scalars plugin reads these tensors)
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-        from tensorboard.util import tensor_util
-
-        events = EventAccumulator(runs[0]["path"], size_guidance={"tensors": 0})
-        events.Reload()
-        seen = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in events.Tensors(REWARD)]
+    if kind == "tb":  # TensorBoard's own loader sees the same scalars, as scalar summaries (its scalar dashboard's)
+        seen = tb_scalars(runs[0]["path"], REWARD)
         report = load_report(curve_report).tests[0].properties["curves.series"][REWARD]
         assert [s for s, _ in seen] == report["candidate_steps"] and math.isnan(seen[4][1])
-        assert [v for _, v in seen if not math.isnan(v)] == [v for v in report["candidate"] if v is not None]
+        assert [v for _, v in seen if not math.isnan(v)] == pytest.approx(
+            [v for v in report["candidate"] if v is not None], rel=1e-6)
     files = sorted(p for p in (out / KINDS[kind]).rglob("*") if p.is_file())
     assert len(files) == 6 and all(Path(r["path"]) in (f if kind == "csv" else f.parent for f in files) for r in runs)
     assert main(["report", str(curve_report), "-o", str(out), "--export", kind]) == 0  # replaces, adds nothing
@@ -128,6 +149,21 @@ def test_round_trip_check_fails_on_a_seeded_export_bug(tmp_path, monkeypatch, cu
     monkeypatch.setattr(export, "collect", lambda reports: seeded(collect(reports)))
     assert main(["report", str(curve_report), "-o", str(tmp_path / "out"), "--export", kind]) == 0
     assert mismatches(curve_report, tmp_path / "out" / KINDS[kind]) != []
+
+
+def test_export_of_a_red_report_exits_0_with_the_verdict_as_a_field(tmp_path, capsys, curve_report):
+    # the export is a conversion: a red night's curves exported is success (it exited 1, read as a failed export)
+    report = load_report(curve_report)
+    red = write_report(dataclasses.replace(report, exit_status=1, tests=tuple(
+        dataclasses.replace(t, outcome="failed", reason="reward below the band") for t in report.tests)),
+        tmp_path / "red.json")
+    assert main(["report", str(red), "-o", str(tmp_path / "plain")]) == 1  # no export: the verdict decides
+    capsys.readouterr()
+    assert main(["report", str(red), "-o", str(tmp_path / "out"), "--export", "csv", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["passed"], doc["state"], doc["verdict"]) == (True, "EXPORTED", "FAIL") and doc["export"]["runs"]
+    assert main(["report", str(red), "-o", str(tmp_path / "out"), "--export", "csv"]) == 0
+    assert "verdict is FAIL" in capsys.readouterr().out
 
 
 def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, curve_report, report_factory):

@@ -348,3 +348,14 @@ def test_stop_rules_follow_the_jobs_precision_and_target():
     warm = {r.name for r in stop_rules_for(build_job(get_scale("tiny"), read_recipe(
         None, ["actor_rollout_ref.rollout.temperature=0.9"])))}
     assert "rollout-mismatch" in warm
+
+
+def test_an_interrupted_launch_records_the_signal():
+    # launch.json said `running` after the launcher got SIGTERM (issue 33): the `stopped` record names the signal
+    import signal
+
+    from harness.errors import Terminated
+    from harness.launch.ray_job import signal_name
+
+    assert signal_name(Terminated(signal.SIGTERM)) == "SIGTERM" and signal_name(Terminated(signal.SIGHUP)) == "SIGHUP"
+    assert signal_name(KeyboardInterrupt()) == "SIGINT"

@@ -108,3 +108,11 @@ def test_a_submitted_job_is_inspected_by_id(isolated_ray_proof):
     assert seen["stopped"] == "STOPPED" and seen["after_stop"]["status"] == "STOPPED"
     assert "job no-such-job: not known" in seen["unknown_job"]
     assert isolated_ray_proof["results"]["inspected"]["verdict"] == "stopped"
+
+
+def test_a_terminated_launcher_records_stopped_with_the_signal(isolated_ray_proof):
+    # issue 33: launch.json still said `running` after the launcher got SIGTERM
+    seen = isolated_ray_proof["terminated"]
+    assert seen["seen_before"] == "running", seen  # it was watching the job when the signal came
+    assert (seen["exit"], seen["verdict"], seen["signal"]) == (143, "stopped", "SIGTERM"), seen
+    assert "the launcher got SIGTERM; the job was stopped" in seen["message"], seen

@@ -134,3 +134,45 @@ def test_redact(text, redacted):
 def test_redact_argv_keeps_the_rest():
     argv = ["pytest", "suites", "--ray-address", "https://me:tok@head:8265", "-m", "full"]
     assert redact_argv(argv) == ["pytest", "suites", "--ray-address", "https://***@head:8265", "-m", "full"]
+
+
+# RAY_ADDRESS=auto (issue 33: it became http://auto:8265): the running cluster's address file, as Ray's CLI reads it
+def test_auto_reads_the_address_file_ray_itself_reads(tmp_path, monkeypatch):
+    from ray._common.utils import get_ray_address_file
+
+    from harness.launch.address import ray_address_file
+
+    for env in ({"RAY_TMPDIR": str(tmp_path / "a"), "TMPDIR": str(tmp_path / "b")}, {"TMPDIR": str(tmp_path / "b")},
+                {}):
+        for name in ("RAY_TMPDIR", "TMPDIR"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert str(ray_address_file()) == get_ray_address_file(None), env  # Ray 2.60's own lookup
+
+
+def test_auto_without_a_running_cluster_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    with pytest.raises(BadInput, match=r"RAY_ADDRESS=auto: no running Ray cluster on this machine \(.*"
+                                       r"ray/ray_current_cluster is missing") as err:
+        dashboard_url("auto", "RAY_ADDRESS")
+    assert "auto:8265" not in str(err.value)
+
+
+def test_auto_with_a_dead_cluster_is_bounded_and_one_line(tmp_path, monkeypatch):
+    # the address file of a cluster that is gone: Ray's own GCS lookup retries for ~40 s; the harness gives up at
+    # its connect timeout with one line naming the file
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("HARNESS_RAY_CONNECT_TIMEOUT", "2")
+    started = time.monotonic()
+    with pytest.raises(BadInput, match=rf"RAY_ADDRESS=auto: the cluster in .*ray_current_cluster \(GCS 127.0.0.1:"
+                                       rf"{port}\) did not give its dashboard address"):
+        dashboard_url("auto", "RAY_ADDRESS")
+    assert time.monotonic() - started < 30

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from harness.report.schema import SCHEMA_VERSION, TestVerdict, load_report, writ
 from harness.report.trend import detect_step, find_steps, metrics, regressions, version_changes
 from harness.report.trend import verdict as trend_verdict
 
+ROOT = Path(__file__).resolve().parents[1]
 SUITE = textwrap.dedent('''
     import pytest
 
@@ -64,6 +66,9 @@ def collected(tmp_path_factory):
     out = root / "report"
     # without the outer session's PYTEST_XDIST_WORKER etc.: pytest-benchmark would switch itself off
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # this checkout's collector: the pytest11 entry point imports whichever harness the venv has installed (a
+    # shared venv's is another checkout's)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny",
                            "--report-dir", str(out), "test_suite.py"], cwd=root, capture_output=True, text=True,
                           timeout=300, env=env)
@@ -172,17 +177,17 @@ def test_page_and_markdown_count_alike_bytes_read_as_gib_and_delta_only_with_a_p
     page, md = render_html(report), render_markdown(report)
     assert counts in page and counts in md
     assert "1.118 GiB" in page and "vanilla 3.000 GiB, chunked 1.000 GiB" in page and "<td>1200185344</td>" not in page
-    assert "\u0394" not in page.split('id="verdicts"')[1].split("</thead>")[0]  # no delta column to fill
+    assert "\u0394" not in page.split('class="verdicts')[1].split("</thead>")[0]  # no delta column to fill
     previous = dataclasses.replace(report, name="n0", tests=tuple(dataclasses.replace(t, duration_s=t.duration_s + 1)
                                                                    for t in report.tests[:2]))
-    header = render_html(report, previous).split('id="verdicts"')[1]
+    header = "".join(render_html(report, previous).split('class="verdicts')[1:])
     assert "\u0394 vs n0" in header.split("</thead>")[0]
     assert "-1.00 s" in header and "new" in header  # filled: a time change, and a test the previous lacked
 
 
 def test_html_is_self_contained_and_degrades_without_sections(report_factory):
     page = render_html(report_factory("bare", "2026-11-01T02:00:00+00:00"))
-    assert 'id="verdicts"' in page and "<h2>Throughput" not in page and "<img" not in page
+    assert 'class="verdicts' in page and "<h2>Throughput" not in page and "<img" not in page
     assert "http://" not in page and "https://" not in page  # nothing to fetch: CI artifacts open offline
 
 
@@ -324,9 +329,9 @@ def test_uncalibrated_curves_say_so(report_factory):
 
 def test_report_page_order_ranges_and_delta(full_report):
     page = render_html(full_report, full_report, {"pytest.log": "pytest.log"})
-    order = [page.index(mark) for mark in ('id="verdict"', 'id="versions"', 'id="failures"', 'id="verdicts"',
+    order = [page.index(mark) for mark in ('id="verdict"', 'id="failures"', 'class="verdicts', 'id="versions"',
                                            "<h2>Throughput")]
-    assert order == sorted(order)  # verdict, versions, failures first; measurements after the table
+    assert order == sorted(order)  # verdict, failures first, the tests by suite, versions; measurements after
     assert "<td>2\u20133</td>" in page and "[2, 3]" not in page  # the steady window as a range
     assert 'href="pytest.log"' in page and "\u0394 vs night-1" in page and "+0.00 s" in page
     assert "<summary>raw JSON</summary>" in page

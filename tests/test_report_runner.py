@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import textwrap
 
 import pytest
@@ -252,8 +253,9 @@ def test_a_terminal_run_keeps_pytest_output_in_the_log(tmp_path):
     assert "seeded failure" in log and "1 failed, 1 passed" in log
 
 
-def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch):
-    # `run -- --lf` exited 2 ("unrecognized arguments: --lf"): pytest's cache was switched off
+def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch, capsys):
+    # `run -- --lf` exited 2 ("unrecognized arguments: --lf"): pytest's cache was switched off; and a red run did not
+    # say how to rerun its failures (plain `pytest --lf` finds none: the cache is the report directory's)
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "test_lf_tree.py").write_text(PASSING + FAILING.replace("import pytest\n", ""))
     monkeypatch.chdir(tmp_path)
@@ -261,7 +263,11 @@ def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch):
     first = {t["nodeid"].split("::")[-1] for t in json.loads((tmp_path / "out" / "report.json").read_text())["tests"]}
     assert first == {"test_ok", "test_broken", "test_param[a-1]"}
     assert (tmp_path / "out" / ".pytest_cache").is_dir()  # the cache is the report directory's
-    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "--lf"]) == 1
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rerun what failed: ")]
+    assert printed == ["rerun what failed: ascend-rl-harness run --scale tiny --report-dir out -- --lf"]
+    command = shlex.split(printed[0].removeprefix("rerun what failed: "))
+    assert command[0] == "ascend-rl-harness"
+    assert main(command[1:]) == 1  # the printed command itself
     rerun = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
     assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in rerun] == [("test_broken", "failed")]
     # --ff: the failure first, then the rest

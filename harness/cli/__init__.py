@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
                "`ascend-rl-harness COMMAND --help` gives each command's description, an example and its exit codes.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    # Shell completion, generated from this parser by shtab (static scripts: a TAB never imports the harness, whose
+    # commands pull torch and Ray; argcomplete would run the CLI on each TAB). Issue 33: there was none.
+    #   bash: eval "$(ascend-rl-harness --print-completion bash)"
+    #   zsh:  ascend-rl-harness --print-completion zsh > "${fpath[1]}/_ascend-rl-harness"
+    try:
+        import shtab
+    except ImportError:  # a venv bootstrapped before shtab was pinned: every command still works, minus this option
+        shtab = None
+    if shtab is not None:
+        shtab.add_argument_to(parser, "--print-completion", help="print the bash or zsh completion script and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)

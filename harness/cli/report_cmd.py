@@ -2,7 +2,8 @@
 with regression detection. `--last N` / `--since DATE` keep the newest nights. Exit 1 when the trend fails (the
 newest report failed, lost tests, suites or metrics the one before had, or a regression shows), 2 on bad input
 (one line naming the file and field: a report of the wrong shape never ends in a traceback). `--export tb|csv`
-also writes the reports' curves for TensorBoard or as wandb CSV (harness.report.export)."""
+also writes the reports' curves for TensorBoard or as wandb CSV (harness.report.export); then the command is a
+conversion and exits 0 once the export is written, the reports' verdict a field (`verdict`) of --json."""
 from __future__ import annotations
 
 import argparse
@@ -112,16 +113,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         failed = failed or not passed
         trend = {"passed": passed, "reasons": reasons, "page": str(out / "trend.html"),
                  "steps": [dataclasses.asdict(s) for s in steps]}
+    # `--export` is a conversion: it succeeded once the files are written, whatever the runs' verdict (a red night's
+    # curves are the ones people load into TensorBoard); exiting 1 there read as "the export failed" (issue 33).
+    # The reports' verdict stays in the output, as `verdict` in --json.
+    exported_ok = exported is not None
     if args.json:
         from harness.cli.output import emit, verdict
 
-        return emit(verdict(not failed, "FAIL" if failed else "PASS", {
-            "newest": reports[-1].name, "trend": trend,
+        return emit(verdict(exported_ok or not failed, "EXPORTED" if exported_ok else "FAIL" if failed else "PASS", {
+            "verdict": "FAIL" if failed else "PASS", "newest": reports[-1].name, "trend": trend,
             "export": {"format": args.export, "directory": str(out / export.FORMATS[args.export]),
                        "runs": exported} if exported else None,
             "reports": [{"name": r.name, "created": r.created, "passed": r.passed, "counts": r.counts,
                          "page": str(out / pages[r.name])} for r in reports]}))
-    return 1 if failed else 0
+    if exported_ok and failed:
+        console.print("exported; the reports' verdict is [red]FAIL[/] (exit 0: --export succeeded)")
+    return 0 if exported_ok or not failed else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -134,7 +141,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=fraction, default=0.05, help="relative change that counts as a step")
     p.add_argument("--last", type=whole(1), metavar="N", help="only the newest N reports")
     p.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` (PASS / FAIL: the newest "
-                                                       "report and the trend), each report's page and the trend")
+                                                       "report and the trend; EXPORTED with --export), `verdict` "
+                                                       "(PASS / FAIL), each report's page and the trend")
     p.add_argument("--since", type=since_arg, metavar="DATE",
                    help="only reports created at or after DATE (ISO: 2026-11-01, or 2026-11-01T02:00 UTC)")
     p.add_argument("--export", choices=("tb", "csv"),

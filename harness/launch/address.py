@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from harness.errors import BadInput
@@ -24,12 +26,69 @@ NOT_DASHBOARD_PORTS = {6379: "the GCS", 10001: "the Ray client server"}
 CONNECT_TIMEOUT_S = 10.0
 
 
+def ray_address_file() -> Path:
+    """Where `ray start` records the running cluster's GCS address and Ray's CLI looks for it on `auto`:
+    <RAY_TMPDIR, else TMPDIR on Linux, else /tmp>/ray/ray_current_cluster. Written from ray 2.60
+    python/ray/_common/utils.py get_default_system_temp_dir / get_default_ray_temp_dir / get_ray_address_file
+    (read by ray/_private/services.py find_bootstrap_address; `ray start` writes it in scripts/scripts.py start)."""
+    base = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None) \
+        or "/tmp"
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
+def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) -> str:
+    """`auto` as Ray 2.60's job CLI resolves it (ray/dashboard/utils.py get_address_for_submission_client ->
+    ray_address_to_api_server_url): the GCS address in the running cluster's address file (ray_address_file), then
+    the dashboard URL that GCS publishes in its KV store (`DASHBOARD_ADDRESS`, namespace `dashboard`). It was read
+    as a host named `auto` (http://auto:8265, issue 33). Ray's own function does the KV read; it retries for ~40 s
+    against a dead GCS, so it runs in a thread bounded by HARNESS_RAY_CONNECT_TIMEOUT. Ray's legacy fallback
+    (any GCS process `ps` shows, without an address file) is left out: it picks an arbitrary cluster."""
+    import threading
+
+    path = ray_address_file()
+    try:
+        gcs = path.read_text().strip()
+    except FileNotFoundError:
+        raise BadInput(f"{option}=auto: no running Ray cluster on this machine ({path} is missing; `ray start --head` "
+                       f"writes it); start one or pass http://HEAD:{DASHBOARD_PORT}") from None
+    except OSError as exc:
+        raise BadInput(f"{option}=auto: cannot read {path} ({exc.strerror})") from None
+    if not gcs:
+        raise BadInput(f"{option}=auto: {path} is empty; restart the cluster (`ray start --head`) or pass "
+                       f"http://HEAD:{DASHBOARD_PORT}")
+    timeout_s = connect_timeout() if timeout_s is None else timeout_s
+    found: list = []
+
+    def lookup() -> None:
+        try:
+            from ray.dashboard.utils import ray_address_to_api_server_url
+
+            found.append(ray_address_to_api_server_url(gcs))
+        except Exception as exc:  # noqa: BLE001 -- Ray raises ValueError/ConnectionError/RpcError: one line each
+            found.append(exc)
+
+    worker = threading.Thread(target=lookup, name="ray-auto-address", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not found:
+        raise BadInput(f"{option}=auto: the cluster in {path} (GCS {redact(gcs)}) did not give its dashboard "
+                       f"address within {timeout_s:g} s; is it still running? (`ray status`)")
+    if isinstance(found[0], BaseException):
+        exc = found[0]
+        raise BadInput(f"{option}=auto: the cluster in {path} (GCS {redact(gcs)}) did not give its dashboard "
+                       f"address ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    return dashboard_url(found[0], f"{option}=auto ({path})")
+
+
 def dashboard_url(address: str, option: str = "--ray-address") -> str:
-    """The dashboard URL `address` names: `http://HOST:PORT`, `https://...`, or `HOST[:PORT]` (http, port 8265).
-    BadInput naming `option` for a `ray://` / GCS address or anything that is not a host and port."""
+    """The dashboard URL `address` names: `http://HOST:PORT`, `https://...`, or `HOST[:PORT]` (http, port 8265);
+    `auto`: the running cluster's, as Ray's CLI finds it (auto_dashboard). BadInput naming `option` for a `ray://` /
+    GCS address or anything that is not a host and port."""
     text = (address or "").strip()
     if not text:
         raise BadInput(f"{option}: empty; pass the Ray dashboard of the cluster, http://HEAD:{DASHBOARD_PORT}")
+    if text == "auto":
+        return auto_dashboard(option)
     if text.startswith("ray://"):
         raise BadInput(f"{option} {redact(text)}: a Ray client address; the harness talks to the dashboard "
                        f"(Jobs and state API): pass http://HEAD:{DASHBOARD_PORT}")

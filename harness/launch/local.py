@@ -249,17 +249,67 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0, hog: 
 
         with cpu_hog(hog), ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof stays near a minute
             results = dict(zip(jobs, pool.map(run, jobs), strict=True))
+        terminated = terminate_a_launcher(url, out / "terminated")
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
     proof = {"interfaces": seen, "pid": os.getpid(), "hog_processes": hog, "ray_temp_dir": LAST_TEMP_DIR[0],
-             "results": results,
-             "inspection": inspection,
+             "results": results, "inspection": inspection, "terminated": terminated,
              "user_ray_state": {"home_token": (Path.home() / ".ray" / "auth_token").is_file(),
                                 "auth_mode": os.environ.get("RAY_AUTH_MODE")},
              "times": times,
              "ray_processes_after_stop": _ray_processes()}
     write_json_atomic(out / "proof.json", proof)
     return proof
+
+
+# A launcher in its own process (SIGTERM reaches only a main thread) watching a job that never ends, exiting as the
+# CLI does (128 + the signal).
+TERMINATED_LAUNCHER = """import sys
+from harness.errors import exit_code, termination_raises
+from harness.launch.local import HANGING_ENTRYPOINT
+from harness.launch.ray_job import JobSpec, launch
+try:
+    with termination_raises():
+        launch(sys.argv[1], JobSpec("terminated", HANGING_ENTRYPOINT, sys.argv[2], 1, working_dir=None), poll_s=0.5)
+except KeyboardInterrupt as exc:
+    sys.exit(exit_code(exc))
+"""
+
+
+def terminate_a_launcher(url: str, run_dir: Path, timeout_s: float = 60.0) -> dict:
+    """SIGTERM to a launcher while it watches its job (issue 33: launch.json still said `running` after one): the
+    launcher's exit status and what its launch.json says then."""
+    import json
+    import signal
+
+    env = {**(LAST_ENV[0] if LAST_ENV else os.environ)}
+    # this checkout's harness, whatever the environment has installed
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [
+        env.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-c", TERMINATED_LAUNCHER, url, str(run_dir)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    path, deadline, seen = run_dir / LAUNCH_FILE, time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            seen = json.loads(path.read_text()).get("verdict")
+        except (OSError, ValueError):
+            seen = None
+        if seen == "running":
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside its watch loop
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    return {"exit": proc.returncode, "seen_before": seen, "verdict": doc.get("verdict"), "signal": doc.get("signal"),
+            "message": doc.get("message"), "stderr": (err or "")[-500:]}
 
 
 def _job_id(run_dir: Path, timeout_s: float = 60.0) -> str:

@@ -264,7 +264,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
         return LaunchResult("submitted", job_id, str(run_dir), "not waited for (--no-wait)", 0, spec.total_steps,
                             0.0, shown)
     start = time.monotonic()
-    stopped_by = None
+    stopped_by, signame = None, None
     last_node_check = start
     watch = NodeWatch(frozenset(nodes_before))
     result = None
@@ -312,16 +312,34 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                     result = LaunchResult(decided[0], job_id, str(run_dir), decided[1], progress.steps_done,
                                           spec.total_steps, time.monotonic() - start, shown, stopped_by)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the job is stopped and recorded, the command exits 130/143
-        client.stop_job(job_id)
-        result = LaunchResult("stopped", job_id, str(run_dir), f"interrupted ({type(exc).__name__})",
+        # the record first: launch.json said `running` after a SIGTERM whenever stopping the job raised (issue 33)
+        signame = signal_name(exc)
+        result = LaunchResult("stopped", job_id, str(run_dir), f"the launcher got {signame}; the job was stopped",
                               progress.steps_done, spec.total_steps, time.monotonic() - start, shown)
+        try:
+            client.stop_job(job_id)
+        except Exception as stop:  # noqa: BLE001 -- recorded: the job may still run on the cluster
+            result = dataclasses.replace(result, message=f"the launcher got {signame}; stopping job {job_id} failed "
+                                         f"({type(stop).__name__}: {str(stop)[:200]}): it may still run")
         raise
     finally:
-        _keep_logs(client, job_id, run_dir)
-        if result is not None:
+        if result is not None:  # before the logs: a second signal while they are copied must not lose the verdict
             _write_launch(run_dir, {**dataclasses.asdict(result), "nodes_at_submit": len(nodes_before),
-                                    "stop_rules": rules, "spec": dataclasses.asdict(spec)})
+                                    "stop_rules": rules, "spec": dataclasses.asdict(spec),
+                                    **({"signal": signame} if signame else {})})
+        _keep_logs(client, job_id, run_dir)
     return result
+
+
+def signal_name(interrupt: KeyboardInterrupt) -> str:
+    """SIGINT for Ctrl-C, else the signal harness.errors.Terminated carries (SIGTERM, SIGHUP): what launch.json
+    records beside its `stopped` verdict."""
+    import signal
+
+    try:
+        return signal.Signals(getattr(interrupt, "signum", signal.SIGINT)).name
+    except ValueError:
+        return f"signal {getattr(interrupt, 'signum', '?')}"
 
 
 def _write_launch(run_dir: Path, doc: dict) -> None:

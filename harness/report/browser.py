@@ -29,11 +29,12 @@ WIDTH = 1400  # the report must not scroll sideways at this width
 INSPECT = """JSON.stringify({
   title: document.title,
   verdict: (document.getElementById('verdict') || {}).textContent || null,
-  verdictRows: document.querySelectorAll('#verdicts tbody tr').length,
+  verdictRows: document.querySelectorAll('table.verdicts tbody tr').length,
   images: Array.from(document.images).map(i => ({alt: i.alt, ok: i.complete && i.naturalWidth > 0,
                                                  width: i.naturalWidth})),
   csp: (document.querySelector('meta[http-equiv="Content-Security-Policy"]') || {}).content || null,
   scrollWidth: document.documentElement.scrollWidth,
+  scrollHeight: document.documentElement.scrollHeight,
   counts: Object.fromEntries(SELECTORS.map(s => [s, document.querySelectorAll(s).length])),
   extra: (function () { return EXTRA; })()
 })"""
@@ -53,6 +54,7 @@ class PageCheck:
     scroll_width: int = 0  # of the document in a WIDTH px window; > WIDTH: the reader scrolls sideways
     counts: dict | None = None  # selector -> number of matching elements
     extra: object = None  # the value of the `script` given to check_page
+    scroll_height: int = 0  # of the whole document, in CSS px: how far a reader scrolls
 
     @property
     def ok(self) -> bool:
@@ -136,9 +138,12 @@ def _errors(events: list[dict]) -> list[str]:
 
 
 def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: float = 60,
-               selectors: tuple[str, ...] = (), script: str = "null") -> PageCheck:
+               selectors: tuple[str, ...] = (), script: str = "null", *, width: int = WIDTH, height: int = 900,
+               screenshot: str | os.PathLike | None = None) -> PageCheck:
     """Load `page` (an HTML file) in headless Chromium and report what it shows and every error it logs;
-    `selectors` are counted, `script` (a JS expression) is evaluated after load and its JSON value returned."""
+    `selectors` are counted, `script` (a JS expression) is evaluated after load and its JSON value returned.
+    `width` x `height`: the window (1366 x 768 is the laptop screen an on-call engineer reads a report on);
+    `screenshot`: a PNG of that first screen, as the reader sees it before scrolling."""
     page = Path(page).resolve()
     if not page.is_file():
         raise BadInput(f"{page}: no such HTML file")
@@ -170,8 +175,9 @@ def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: fl
             session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Runtime", "Log", "Page", "Network", "Audits"):
                 pipe.send(f"{domain}.enable", session=session)
-            pipe.send("Emulation.setDeviceMetricsOverride", {"width": WIDTH, "height": 900, "deviceScaleFactor": 1,
-                                                             "mobile": False}, session=session)
+            pipe.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                             "deviceScaleFactor": 1, "mobile": False},
+                      session=session)
             pipe.events.clear()
             pipe.send("Page.navigate", {"url": page.as_uri()}, session=session)
             pipe.wait_event("Page.loadEventFired", timeout=timeout)
@@ -179,6 +185,13 @@ def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: fl
             value = pipe.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
                               session=session)["result"]["value"]
             seen = json.loads(value)
+            if screenshot is not None:
+                import base64
+
+                from harness.io import write_atomic
+
+                shot = pipe.send("Page.captureScreenshot", {"format": "png"}, session=session, timeout=timeout)
+                write_atomic(screenshot, base64.b64decode(shot["data"]))
             errors = _errors(pipe.events)
             try:
                 pipe.send("Browser.close", timeout=10)
@@ -194,4 +207,4 @@ def check_page(page: str | os.PathLike, chromium: str | None = None, timeout: fl
                 proc.wait()
     return PageCheck(seen["title"], seen["verdict"], seen["verdictRows"], len(seen["images"]),
                      tuple(i["alt"] for i in seen["images"] if not i["ok"]), tuple(errors), seen["csp"],
-                     seen["scrollWidth"], seen["counts"], seen["extra"])
+                     seen["scrollWidth"], seen["counts"], seen["extra"], seen["scrollHeight"])

@@ -25,6 +25,7 @@ from harness.errors import BadInput
 from harness.io import exclusive
 from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.redact import redact, redact_argv, redact_doc
+from harness.report.failures import shorten_funcargs
 from harness.report.schema import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -103,7 +104,10 @@ class ReportCollector:
                 item.user_properties.append((BENCHMARK_PROPERTY, _jsonable(
                     {"name": doc["name"], "fullname": doc["fullname"], "group": doc["group"],
                      "extra_info": doc["extra_info"], "stats": doc["stats"]})))
-        yield
+        outcome = yield
+        report = outcome.get_result()
+        if report.failed:  # before anyone renders it: fixture reprs cut, tensors by shape/dtype (issue 33)
+            shorten_funcargs(report.longrepr, getattr(item, "funcargs", {}))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         entry = self.tests.setdefault(report.nodeid, {

@@ -116,8 +116,11 @@ def csv_text(curves: Curves) -> str:
 
 def events_bytes(curves: Curves) -> bytes:
     """A TensorBoard event file of the run, written by the SummaryWriter verl's tensorboard backend uses
-    (torch.utils.tensorboard, verl/utils/tracking.py), one event per step holding every metric logged then; in
-    double precision (`new_style`), so the export loses nothing (verl's float32 would turn 0.1 into 0.100000001)."""
+    (torch.utils.tensorboard, verl/utils/tracking.py), one event per step holding every metric logged then, as
+    scalar summaries (`simple_value`), as verl writes them: that is what TensorBoard's scalar dashboard and
+    EventAccumulator.Scalars() read. The v2 tensor summaries (`new_style`, double precision) written before left
+    Scalars() empty (issue 33); a scalar summary is float32, so 0.1 reads back as 0.100000001 here (the wandb CSV
+    export stays exact)."""
     from torch.utils.tensorboard import SummaryWriter
 
     maps = {m: dict(zip(steps, values, strict=True)) for m, (steps, values) in curves.metrics.items()}
@@ -127,7 +130,7 @@ def events_bytes(curves: Curves) -> bytes:
             for step in _steps(curves):
                 for metric, by_step in maps.items():
                     if step in by_step:
-                        writer.add_scalar(metric, by_step[step], step, new_style=True, double_precision=True)
+                        writer.add_scalar(metric, by_step[step], step)
         finally:
             writer.close()
         (events,) = Path(tmp).glob("*tfevents*")

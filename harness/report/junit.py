@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 
 from harness.numeric import json_text
 from harness.redact import redact, redact_argv
+from harness.report.failures import e_line
 from harness.report.schema import RunReport, TestVerdict
 from harness.report.trend import versions
 
@@ -54,10 +55,11 @@ def _case(suite: ET.Element, test: TestVerdict) -> None:
     if test.properties:
         _properties(case, sorted(test.properties.items()))
     detail = _text(test.traceback or test.reason)
+    # message = the E line (the headline CI test views show), the text the page's failure block leads with
     if test.outcome in ("failed", "xpassed"):  # a strict xpass fails the run: pytest reports it as a failure
-        ET.SubElement(case, "failure", message=_text(test.reason or test.outcome)).text = detail
+        ET.SubElement(case, "failure", message=_text(e_line(test))).text = detail
     elif test.outcome == "error":
-        ET.SubElement(case, "error", message=_text(test.reason or "error")).text = detail
+        ET.SubElement(case, "error", message=_text(e_line(test))).text = detail
     elif test.outcome in ("skipped", "xfailed"):
         ET.SubElement(case, "skipped", type="pytest.xfail" if test.outcome == "xfailed" else "pytest.skip",
                       message=_text(test.reason))

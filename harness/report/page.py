@@ -24,7 +24,11 @@ max-height:98vh;width:auto;height:auto;background:#fff;box-shadow:0 0 0 100vmax 
 z-index:9}
 details{margin:.4em 0}summary{cursor:pointer}.changed{background:#fff3c4}.muted{color:#666}
 th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999}input.filter{margin:.4em 0;width:20em}
-.grid{display:flex;flex-wrap:wrap;gap:0 2em}.nowrap,#verdicts th{white-space:nowrap;overflow-wrap:normal}"""
+.grid{display:flex;flex-wrap:wrap;gap:0 2em}.nowrap,.verdicts th{white-space:nowrap;overflow-wrap:normal}
+div.failure{border-left:4px solid #cf222e;padding:.1em .8em;margin:.6em 0;background:#fff8f8}
+div.failure p{margin:.25em 0}p.eline code{font-weight:bold;color:#82071e;overflow-wrap:anywhere}
+pre.excerpt{max-height:16em;margin:.3em 0}code.rerun{background:#f3f3f3;padding:1px 4px;user-select:all}
+summary h2{display:inline}details.suite summary code{font-weight:bold}"""
 
 # Sorting (click a header; numbers by value via data-v), filtering (a box the script adds, so a page read
 # without scripts shows no dead control) and full-size plots (click toggles; a plot's image map is scaled with it:
@@ -136,6 +140,7 @@ class Row:
         self.cls = cls
 
 
-def table(headers: list[str], rows: list, table_id: str = "", sortable: bool = False) -> Markup:
+def table(headers: list[str], rows: list, table_id: str = "", sortable: bool = False, cls: str = "") -> Markup:
     rows = [r if isinstance(r, Row) else Row(r) for r in rows]
-    return render(TABLE, headers=headers, rows=rows, id=table_id, cls="sortable" if sortable else "")
+    return render(TABLE, headers=headers, rows=rows, id=table_id,
+                  cls=" ".join(c for c in (cls, "sortable" if sortable else "") if c))

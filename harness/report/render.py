@@ -2,9 +2,12 @@
 URL, so it opens offline and in CI artifacts) and to a Markdown summary for CI comments. Never computes a
 verdict: those are the report's and harness.report.trend's.
 
-The page reads top-down as an upgrade gate needs it: verdict, versions and environment, then each
-failure with its traceback and captured log, then the sortable/filterable test table with a delta column
-against the previous report, then the measurements as tables and plots (raw JSON behind a disclosure).
+The page reads top-down as an on-call engineer needs it (issue 33: the first failure sat at y = 920 px under the
+Versions and Machine tables): verdict, then one block per failure (harness.report.failures: the E line, where,
+the known bug, the rerun command, the traceback from its E line, the log's warnings and errors), then the tests
+collapsed by suite with their counts (sortable/filterable tables with a delta column against the previous
+report), the versions and machine behind a one-line summary, then the measurements as tables and plots (raw
+JSON behind a disclosure).
 Everything goes through jinja2 autoescape (harness.report.page); matplotlib labels escape `$` so a metric name
 is never parsed as mathtext (`$\\undefinedcmd$` once crashed the renderer).
 
@@ -25,8 +28,9 @@ from markupsafe import Markup
 
 from harness.errors import BadInput
 from harness.redact import redact_argv
+from harness.report.failures import briefs, rerun_failed
 from harness.report.page import Cell, Row, img, page, render, table
-from harness.report.schema import RunReport, TestVerdict, finite
+from harness.report.schema import OUTCOMES, RunReport, TestVerdict, finite
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
@@ -408,36 +412,95 @@ def _delta(t: TestVerdict, previous: dict[str, TestVerdict] | None) -> Cell:
 
 BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ verdict }}</span></h1>
 <p>{{ summary }}</p>
+{% if failing %}<p class="rerun-all">rerun what failed: <code class="rerun">{{ rerun_all }}</code></p>{% endif %}
+<h2 id="failures">Failures ({{ failing|length }})</h2>
+{% for f in failing %}
+<div class="failure" id="failure-{{ loop.index }}">
+<p class="eline"><span class="{{ f.outcome }}">{{ f.outcome }}</span> <code>E {{ f.e_line }}</code></p>
+<p class="where"><code class="nodeid">{{ f.nodeid }}</code>{% if f.test_at %} &middot; test
+<code class="test-at">{{ f.test_at }}</code>{% endif %}{% if f.call_at and f.call_at != f.test_at %} &middot;
+failing call <code class="call-at">{{ f.call_at }}</code>{% endif %}</p>
+{% for b in f.bugs %}<p class="known">known bug <a class="known-bug" href="#bug-{{ b.id }}">{{ b.id }}</a>:
+fix: {{ b.fix }}</p>{% endfor %}
+<p class="rerun-one">rerun: <code class="rerun">{{ f.rerun }}</code></p>
+{% if f.traceback %}<pre class="excerpt">{{ f.excerpt }}</pre>
+<details class="traceback"><summary>full traceback ({{ f.traceback.splitlines()|length }} lines)</summary>
+<pre>{{ f.traceback }}</pre></details>{% endif %}
+{% if f.log %}<details class="log"><summary>captured log: {{ f.log_hits }} warning/error lines of
+{{ f.log_total }}</summary>{% if f.log_lines %}<pre>{{ f.log_lines|join("\n") }}</pre>{% endif %}
+<details class="full-log"><summary>full captured log</summary><pre>{{ f.log }}</pre></details></details>{% endif %}
+{% if findings.get(f.nodeid) %}{{ findings[f.nodeid] }}{% endif %}
+{% if run_dirs.get(f.nodeid) %}<p>run directory: <a href="{{ run_dirs[f.nodeid] }}">{{ run_dirs[f.nodeid] }}</a>
+</p>{% endif %}
+{% if not f.traceback and not f.log %}<p class="muted">no traceback recorded (a schema 1 report, or pytest gave
+none)</p>{% endif %}
+</div>
+{% else %}<p class="ok">none</p>{% endfor %}
 <p>created {{ r.created }} &middot; commit {{ r.commit or "unknown" }}{% if r.dirty %} (dirty){% endif %}
  &middot; scale {{ r.scale or "none" }} &middot; pytest exit status {{ r.exit_status }}
 {% for label, href in links %} &middot; <a href="{{ href }}">{{ label }}</a>{% endfor %}</p>
-<div class="grid" id="environment">
-<div><h2>Versions</h2>{{ versions }}</div><div><h2>Machine</h2>{{ machine }}</div></div>
-<h2 id="failures">Failures ({{ failing|length }})</h2>
-{% for t in failing %}
-<details class="failure"{% if loop.index <= 3 %} open{% endif %}><summary><span class="{{ t.outcome }}">{{ t.outcome }}
-</span> {{ t.nodeid }}: {{ t.reason }}</summary>
-{% if t.properties.run_dir is string %}<p>run directory: <a href="{{ t.properties.run_dir }}">
-{{ t.properties.run_dir }}</a></p>{% endif %}
-{% if t.findings %}{{ findings[t.nodeid] }}{% endif %}
-{% if t.traceback %}<h4>traceback</h4><pre>{{ t.traceback }}</pre>{% endif %}
-{% if t.log %}<h4>captured log</h4><pre>{{ t.log }}</pre>{% endif %}
-{% if not t.traceback and not t.log %}<p class="muted">no traceback recorded (a schema 1 report, or pytest gave
-none)</p>{% endif %}
-</details>
-{% else %}<p class="ok">none</p>{% endfor %}
-<h2>Tests</h2>
-{{ tests }}
+<h2 id="tests">Tests by suite</h2>
+{% for s in suites %}<details class="suite"><summary>
+<code{% if s.failing %} class="FAIL"{% endif %}>{{ s.name }}</code>:
+{{ s.counts }}</summary>
+{{ s.table }}</details>
+{% endfor %}
+{% if bugs %}<h2 id="known-bugs">Known bugs these failures match</h2>
+{% for b in bugs %}<div class="bug" id="bug-{{ b.id }}"><h3>{{ b.id }}</h3>
+<p>{{ b.symptom }}</p><p><b>fix:</b> {{ b.fix }}</p><p class="muted">caught by {{ b.suite }}; matched: {{ b.why }};
+source: {{ b.source }}; <code>ascend-rl-harness doctor</code> checks a stack and recipe for it</p></div>
+{% endfor %}{% endif %}
+<details class="environment" id="environment"><summary><h2>Versions and machine</h2> {{ env_line }}</summary>
+<div class="grid"><div><h3>Versions</h3>{{ versions }}</div><div><h3>Machine</h3>{{ machine }}</div></div></details>
 {% for title, section in sections %}<h2>{{ title }}</h2>
 {% for part in section %}{{ part }}
 {% endfor %}{% endfor %}
 """
 
 
+def _report_dir(report: RunReport) -> str:
+    """The --report-dir the run's pytest command line names (`run` passes it; reports/ as `make job` uses)."""
+    args = list(report.command)
+    for i, arg in enumerate(args):
+        if arg == "--report-dir" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--report-dir="):
+            return arg.split("=", 1)[1]
+    return "reports"
+
+
+def _suites(report: RunReport, previous: RunReport | None, prev_tests) -> list[dict]:
+    """The test table collapsed by suite (the test's file), each with its counts: 64 rows of passes were 5.2k px of
+    a 19.7k px page, above nothing a reader needed (issue 33). Every suite starts closed (its failures lead the
+page already); one with a failure is listed first and in red."""
+    by_file: dict[str, list[TestVerdict]] = {}
+    for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
+        by_file.setdefault(t.nodeid.partition("::")[0], []).append(t)
+    out = []
+    for name in sorted(by_file, key=lambda n: (not any(t.failing for t in by_file[n]), n)):
+        tests = by_file[name]
+        counts = {o: sum(t.outcome == o for t in tests) for o in OUTCOMES}
+        text = ", ".join(f"{n} {o}" for o, n in counts.items() if n) + f" ({sum(t.duration_s for t in tests):.1f} s)"
+        # outcome, seconds and delta never break inside a word ("pass|ed" at 1400 px): only names and reasons wrap
+        rows = [Row([t.nodeid, Cell(t.outcome, cls=f"{t.outcome} nowrap"),
+                     Cell(f"{t.duration_s:.2f}", v=t.duration_s, cls="nowrap"),
+                     *([_delta(t, prev_tests)] if previous else []), t.reason]) for t in tests]
+        out.append({"name": name, "counts": text, "failing": any(t.failing for t in tests),
+                    "table": table(["test", "outcome", "seconds", *([f"\u0394 vs {previous.name}"] if previous
+                                                                     else []), "reason"],
+                                   rows, sortable=True, cls="verdicts")})
+    return out
+
+
 def render_html(report: RunReport, previous: RunReport | None = None, links: dict[str, str] | None = None,
                 strict: bool = False) -> str:
     """The whole report as one HTML document (no external resources). `previous`: the report before it in the
-    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend)."""
+    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend).
+
+    Failures first (harness.report.failures): under the badge one block per failure with its E line, where the
+    test and the failing call are, the known bug it matches, the command that reruns it, the traceback from the E
+    line and the log's warnings and errors; then the tests collapsed by suite, the environment and the
+    measurements."""
     verdict = "PASS" if report.passed else "FAIL"
     m = report.machine
     before = versions(previous) if previous is not None else {}
@@ -451,17 +514,14 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
         ["device", f"{m.device_kind}: {m.device_name} x{m.device_count} (profile {m.hardware_profile})"],
         ["driver", m.driver or "-"], ["CPUs", m.cpu_count], ["command", " ".join(redact_argv(report.command))]])
     prev_tests = {t.nodeid: t for t in previous.tests} if previous is not None else None
-    ordered = sorted(report.tests, key=lambda t: (not t.failing, t.nodeid))
-    # the delta column only where there is a report to compare with (it was a column of blanks otherwise); outcome,
-    # seconds and delta never break inside a word ("pass|ed" at 1400 px): only names and reasons wrap
-    tests = table(["test", "outcome", "seconds", *([f"\u0394 vs {previous.name}"] if previous else []), "reason"],
-                  [Row([t.nodeid, Cell(t.outcome, cls=f"{t.outcome} nowrap"),
-                        Cell(f"{t.duration_s:.2f}", v=t.duration_s, cls="nowrap"),
-                        *([_delta(t, prev_tests)] if previous else []), t.reason]) for t in ordered],
-                  "verdicts", sortable=True)
+    failing = briefs(report)
+    bugs = list({b.id: b for f in failing for b in f.bugs}.values())
     findings = {t.nodeid: table(["check", "metric", "where", "message"],
                                 [[f.get("check", ""), f.get("metric", ""), f.get("where", ""), f.get("message", "")]
-                                 for f in t.findings if isinstance(f, dict)]) for t in report.tests if t.failing}
+                                 for f in t.findings if isinstance(f, dict)]) for t in report.tests
+                if t.failing and t.findings}
+    run_dirs = {t.nodeid: t.properties["run_dir"] for t in report.tests
+                if t.failing and isinstance(t.properties.get("run_dir"), str)}
     memory = [p for _, value in report.properties("memory.phases") for p in (value if isinstance(value, list)
                                                                              else [value])]
     sections = [("Throughput", _drawn(report, "throughput", _throughput, strict)),
@@ -496,7 +556,11 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
     body = render(BODY, r=report, verdict=verdict, summary=summary, links=list((links or {}).items()),
                   versions=table(["package", "version", "\u0394 previous" if previous else ""], version_rows,
                                  "versions"),
-                  machine=machine, failing=[t for t in ordered if t.failing], findings=findings, tests=tests,
+                  machine=machine, failing=failing, findings=findings, run_dirs=run_dirs, bugs=bugs,
+                  rerun_all=rerun_failed(_report_dir(report), report.scale),
+                  suites=_suites(report, previous, prev_tests),
+                  env_line=" \u00b7 ".join([*(f"{k} {v}" for k, v in versions(report).items() if v),
+                                             f"{m.device_kind}: {m.device_name}", m.hostname]),
                   sections=[(title, parts) for title, parts in sections if parts])
     return page(f"{report.name}: {verdict}", body)
 
@@ -517,16 +581,25 @@ def counts_text(report: RunReport) -> str:
 
 
 def render_markdown(report: RunReport) -> str:
-    """A short summary for a CI comment: verdict, failures with reasons, throughput, benchmarks."""
+    """A short summary for a CI comment: verdict, then one block per failure (E line, where, known bug, rerun),
+    throughput, benchmarks."""
     lines = [f"## ascend-rl-harness {_md(report.name)}: {'✅ PASS' if report.passed else '❌ FAIL'}", "",
              f"{counts_text(report)} · scale `{_md(report.scale)}` · "
              f"commit `{_md((report.commit or 'unknown')[:12])}` · "
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
-    failing = [t for t in report.tests if t.failing]
-    if failing:
-        lines += ["| failing test | outcome | reason |", "|---|---|---|"]
-        lines += [f"| `{_md(t.nodeid)}` | {_md(t.outcome)} | {_md(t.reason)} |" for t in failing]
+    failing = briefs(report)
+    if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
+        lines.append(f"rerun what failed: `{_md(rerun_failed(_report_dir(report), report.scale))}`")
         lines.append("")
+    for f in failing:
+        where = " · ".join(part for part in (f"test `{_md(f.test_at)}`" if f.test_at else "",
+                                             f"failing call `{_md(f.call_at)}`"
+                                             if f.call_at and f.call_at != f.test_at else "") if part)
+        # inline code through _md, not a fence: CI comments render inline HTML, and a fence's text is not escaped
+        lines += [f"### {_md(f.outcome)}: `{_md(f.nodeid)}`", "", f"`E {_md(f.e_line)}`", ""]
+        lines += [f"- {where}"] if where else []
+        lines += [f"- known bug `{_md(b.id)}`: fix: {_md(b.fix)}" for b in f.bugs]
+        lines += [f"- rerun: `{_md(f.rerun)}`", ""]
     for nodeid, doc in report.properties("throughput"):
         if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):
             continue
