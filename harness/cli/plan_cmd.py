@@ -73,14 +73,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
+    # One verdict: a plan whose memory does not fit is not valid (`plan` said "plan valid" while `memory` exited 1
+    # on the same input: issue 30).
+    valid = doc["valid"]
     if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
-        valid = job.plan_error is None
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:
         _print_plan(job, doc, validate)
-    return 1 if job.plan_error else 0
+    return 0 if valid else 1
 
 
 def _recipe_section(job) -> dict:
@@ -90,19 +92,19 @@ def _recipe_section(job) -> dict:
     from harness.memory.job_options import memory_options
     from harness.memory.phases import plan_memory
 
-    out = {"valid": job.plan_error is None, "plan_error": job.plan_error}
-    if job.user is None:
-        return out
     memory = memory_options(job)
     try:
         phases = plan_memory(job.scale, memory.options)
         verdict = {"fits": all(p.fits for p in phases), "phases": [p.to_json() for p in phases]}
     except BadInput as exc:
         verdict = {"fits": None, "error": str(exc)}
+    out = {"valid": job.plan_error is None and verdict["fits"] is not False, "plan_error": job.plan_error,
+           "memory": {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}}
+    if job.user is None:
+        return out
     out["recipe"] = {"source": job.user.source, "entrypoint": job.recipe.entrypoint, "read": list(job.read),
                      "notes": list(job.notes), "user_overrides": list(job.user.overrides),
                      "user_env": dict(job.user.env)}
-    out["memory"] = {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}
     return out
 
 
@@ -159,6 +161,9 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
                f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
     if job.plan_error:
         console.print(f"[bold red]PLAN INVALID[/]: {escape(job.plan_error)}; {checked}", soft_wrap=True)
+    elif not doc["valid"]:
+        console.print(f"[bold red]PLAN INVALID[/]: memory does not fit (above; `memory` shows each component); "
+                      f"{checked}", soft_wrap=True)
     else:
         console.print(f"[green]plan valid[/]; {checked}", soft_wrap=True)
 

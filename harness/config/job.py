@@ -91,10 +91,23 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
         merged = dataclasses.replace(merged, entrypoint=user.entrypoint)
     values = merged.override_map()
     derived = derive_scale(scale, values)
+    check_world(derived.scale, user.source)
     plan_error = derived.problems[0] if derived.problems else _plan_error(derived.scale)
     return Job(scale=derived.scale, recipe=translate_legacy(merged, values, notes), user=user,
                read=tuple(derived.read), notes=tuple(notes), plan_error=plan_error,
                unmodelled=tuple(derived.unmodelled), values=values)
+
+
+def check_world(scale: Scale, source: str | None = None) -> None:
+    """A world smaller than one replica of the plan leaves no data-parallel rank (`plan --scale full-a3 --
+    trainer.nnodes=1` raised ZeroDivisionError in the memory model: issue 30): one line naming the sizes, exit 2."""
+    t, r, w = scale.plan.train, scale.plan.rollout, scale.devices
+    need = max(t.tp * t.pp * t.cp, t.pp * t.ep * t.etp, r.tp, 1)
+    if w < need:
+        raise BadInput(f"{source or scale.name}: a world of {w} device(s) (trainer.nnodes {scale.nodes} x "
+                       f"n_gpus_per_node {scale.devices_per_node}) is smaller than one replica of the plan ({need}: "
+                       f"train TP{t.tp} x PP{t.pp} x CP{t.cp}, PP{t.pp} x EP{t.ep} x ETP{t.etp}, rollout TP{r.tp}); "
+                       "raise trainer.nnodes / trainer.n_gpus_per_node or lower the parallel sizes")
 
 
 def _plan_error(scale: Scale) -> str | None:
