@@ -104,7 +104,10 @@ def _recipe_section(job) -> dict:
         return out
     out["recipe"] = {"source": job.user.source, "entrypoint": job.recipe.entrypoint, "read": list(job.read),
                      "notes": list(job.notes), "user_overrides": list(job.user.overrides),
-                     "user_env": dict(job.user.env)}
+                     "user_env": dict(job.user.env), "engine": job.engine, "warnings": list(job.warnings),
+                     "unset_shell_variables": list(job.user.unset),
+                     # each final key and where it came from, as Hydra's --cfg job shows the composed job
+                     "origins": {k: job.origins.get(k, "harness") for k in job.recipe.override_map()}}
     return out
 
 
@@ -138,8 +141,12 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
     for key, value in doc["env"].items():
         console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
-    for override in doc["overrides"]:
-        console.print(f"  {override}", markup=False, soft_wrap=True)
+    origins = doc.get("recipe", {}).get("origins", {})
+    for override in doc["overrides"]:  # with its origin, as Hydra's --cfg job (a shell comment: still copyable)
+        origin = origins.get(override.lstrip("+~").partition("=")[0])
+        console.print(f"  {override}" + (f"  # {origin}" if origin else ""), markup=False, soft_wrap=True)
+    for warning in doc.get("recipe", {}).get("warnings", []):
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     if doc.get("router_replay"):
         blocked = {k: v for k, v in doc["router_replay"]["blocked_on"].items() if v}
         console.print("router replay (R3) off: " + ("; ".join(f"{k}: {len(v)} blocker(s)" for k, v in
@@ -173,7 +180,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` and one object per scale")
     p.set_defaults(func=cmd_scales)
     p = sub.add_parser("plan", help="model, parallel plan, DAPO overrides and env for a scale")
-    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    p.add_argument("--scale", help="scale name (see `scales`): the hardware profile and what the recipe leaves unset; "
+                   "optional with --recipe (the recipe's model, world, engine and algorithm are planned)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),

@@ -207,6 +207,12 @@ def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
                 config = Path(value).name.removesuffix(".yaml")
                 if config in _CONFIG_GROUPS:
                     overrides.extend(_CONFIG_GROUPS[config])
+                elif config.endswith("megatron_trainer"):
+                    # a recipe's own Megatron config (verl-recipe dapo/config/dapo_megatron_trainer.yaml composes
+                    # ppo_megatron_trainer): the Megatron engine group; its own keys are not read
+                    overrides.append("model_engine=megatron")
+                    notes.append(f"{source}:{main.line}: --config-name {value}: a recipe's Megatron config; "
+                                 "composed as ppo_megatron_trainer (its own settings are not read)")
                 else:
                     notes.append(f"{source}:{main.line}: --config-name {value}: not a config of verl 0.9.1 "
                                  "(ppo_trainer, ppo_megatron_trainer); the overrides compose in ppo_trainer")

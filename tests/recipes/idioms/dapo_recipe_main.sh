@@ -20,6 +20,7 @@ EXTRA=${USE_EP:+actor_rollout_ref.rollout.expert_parallel_size=8}
 
 ray job submit --no-wait --runtime-env="${RUNTIME_ENV:-verl/trainer/runtime_env.yaml}" \
     -- python3 -m recipe.dapo.main_dapo \
+    --config-path=config --config-name='dapo_megatron_trainer' \
     data.max_prompt_length=${max_prompt_length} \
     data.max_response_length=${max_response_length} \
     algorithm.adv_estimator=${adv_estimator} \
@@ -29,4 +30,9 @@ ray job submit --no-wait --runtime-env="${RUNTIME_ENV:-verl/trainer/runtime_env.
     trainer.default_local_dir="${CKPTS_DIR}" \
     trainer.device=${DEVICE} \
     trainer.nnodes="${NNODES}" \
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8 \
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size=32 \
+    actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=32 \
     trainer.n_gpus_per_node=16 $EXTRA

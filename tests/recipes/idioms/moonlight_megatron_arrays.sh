@@ -20,6 +20,7 @@ ACTOR=(
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$train_tp
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$train_pp
     actor_rollout_ref.actor.megatron.expert_model_parallel_size=$train_ep
+    actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1
     # a comment between the array's items
     actor_rollout_ref.actor.ppo_mini_batch_size=$((64 * 2))
 )
