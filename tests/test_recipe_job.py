@@ -113,3 +113,15 @@ def test_a_config_json_names_the_model(tmp_path):
     (model / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2", "num_hidden_layers": 9}))
     spec, _ = model_of(str(model))
     assert spec.num_hidden_layers == 9 and spec.kv_lora_rank == 512 and spec.name == "my-model"
+
+
+@pytest.mark.parametrize("path, error", [
+    ("$LLM", "only known when the job runs"),  # upstream's Moonlight gsm8k example never sets $LLM
+    ('"<path_to_dsv3_config>"', "is a placeholder"),
+])
+def test_a_model_only_the_shell_knows_is_never_the_scales(path, error):
+    recipe = parse_launch_script(f"{MAIN} actor_rollout_ref.model.path={path}\n", "j.sh")
+    with pytest.raises(BadInput, match=error):
+        build_job(get_scale("full-a3"), recipe)
+    job = build_job(get_scale("full-a3"), recipe, model_path="/m/Moonlight-16B-A3B")  # --model-path names it
+    assert job.scale.model.name == "moonlight-16b-a3b"

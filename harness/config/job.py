@@ -98,7 +98,10 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
                        "plans Megatron jobs only (its parallel plan and memory model are Megatron's), and planning it "
                        "as one would describe another job")
     if script:
-        scale, base, dropped = _recipe_base(scale, base, user_keys, user.override_map(), notes)
+        try:
+            scale, base, dropped = _recipe_base(scale, base, user_keys, user.override_map(), notes, model_path)
+        except BadInput as exc:
+            raise BadInput(f"--recipe {user.source}: {exc}") from None
         fork = _fork_rollout(user, notes)
         if fork:
             user = dataclasses.replace(user, overrides=user.overrides + tuple(fork))
@@ -231,19 +234,26 @@ def _spec_from_config(config: Path, name: str) -> ModelSpec:
 
 
 def _recipe_base(scale: Scale, base: Recipe, user_keys: set[str], values: Mapping[str, str | None],
-                 notes: list[str]) -> tuple[Scale, Recipe, list[str]]:
+                 notes: list[str], model_path: str | None = None) -> tuple[Scale, Recipe, list[str]]:
     """The scale's job reduced to what a launch script leaves unset and the scale may fill (hardware, batch, world):
     not its model, algorithm or parallel sizes, which are the recipe's (verl's defaults where it sets none)."""
-    path = values.get("actor_rollout_ref.model.path")
+    path = model_path or values.get("actor_rollout_ref.model.path")
     model, name = model_of(path)
-    if path and model is None and "${" not in name:
-        raise BadInput(f"model {name} (actor_rollout_ref.model.path={path}) is not a model the harness models "
-                       "(DeepSeek-V3/R1, Moonlight-16B-A3B, or a directory whose config.json is model_type "
+    if path and model is None:
+        key = "--model-path" if model_path else "actor_rollout_ref.model.path"
+        if re.search(r"<[^<>]*>", path):
+            raise BadInput(f"{key}={path} is a placeholder: write the model's directory there (or pass --model-path)")
+        if "${" in name:
+            # upstream's Moonlight gsm8k example passes an unset $LLM: planning it as the scale's model (DSV3)
+            # would describe another job
+            raise BadInput(f"{key}={path}: the model is only known when the job runs (the script never sets "
+                           f"{name}); pass --model-path")
+        raise BadInput(f"model {name} ({key}={path}) is not a model the harness models (DeepSeek-V3/R1, "
+                       "Moonlight-16B-A3B, or a directory whose config.json is model_type "
                        f"{'/'.join(MLA_MODEL_TYPES)}); plan and memory would describe another job")
     if model is None:
-        notes.append(f"actor_rollout_ref.model.path={path}: the model is set by the job's shell; planned as the "
-                     f"scale's {scale.model.name}" if path else
-                     f"the recipe names no model; planned as the scale's {scale.model.name}")
+        notes.append(f"the recipe names no model (actor_rollout_ref.model.path); planned as the scale's "
+                     f"{scale.model.name}")
     else:
         # verl 0.9.1's defaults for every size the recipe does not set, never the scale's (rollout TP32 kept the
         # scale's EP64): trainer/config/engine/megatron.yaml sizes 1, expert_tensor_parallel_size null (= TP),
