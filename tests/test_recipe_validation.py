@@ -56,3 +56,21 @@ def test_shell_word_expands_shell_variables_and_nothing_else(word):
     out = subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, text=True,
                          env={"HOME": "/h", "USER": "u"}, timeout=10).stdout
     assert out == word.replace("${HOME}", "/h").replace("${USER}", "u")
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("actor_rollout_ref.rollout.tensor_model_paralel_size=4", "did you mean actor_rollout_ref.rollout.tensor_model"),
+    (f"{MG}.grad_offload=True", f"{MG}.grad_offload"),
+    ("actor_rollout_ref.model.path=<path_to_dsv3_config>", "placeholder"),
+])
+def test_launch_books_nothing_for_a_job_verl_rejects(capsys, tmp_path, bad, named):
+    """`launch --k8s` exited 0 with a 64-node manifest for each of these (issue 30); every mode validates first."""
+    from harness.cli import main
+
+    code = main(["launch", "--scale", "full-a3", "--k8s", "--", bad])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and named in err and len(err.strip().splitlines()) == 1
+    code = main(["launch", "--scale", "full-a3", "--ray-address", "http://127.0.0.1:9", "--run-dir",
+                 str(tmp_path / "r"), "--", bad])  # nothing listens there: a submission would fail differently
+    out, err = capsys.readouterr()
+    assert code == 2 and named in err
