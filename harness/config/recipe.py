@@ -595,6 +595,17 @@ def _resolve(recipe: Recipe, config) -> None:
                           f"{VERL_VERSION}'s config: {_first_line(exc)}", key=key) from None
 
 
+def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
+    """What `doctor --recipe` checks of a user's own overrides (no scale, so no whole job to run verl's validate_config
+    on): the placeholders, the keys verl's config has, composition and interpolations -- `launch`'s checks."""
+    recipe = Recipe(scale=source, entrypoint=ENTRYPOINT, overrides=tuple(overrides))
+    check_verl_version()
+    check_placeholders(recipe)
+    recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
+    check_keys(recipe)
+    _resolve(recipe, compose(recipe))
+
+
 @functools.lru_cache(maxsize=32)
 def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
