@@ -74,3 +74,21 @@ def test_launch_books_nothing_for_a_job_verl_rejects(capsys, tmp_path, bad, name
                  str(tmp_path / "r"), "--", bad])  # nothing listens there: a submission would fail differently
     out, err = capsys.readouterr()
     assert code == 2 and named in err
+
+
+def test_a_second_validation_comes_from_the_cache(tmp_path, monkeypatch):
+    """`--validate` reported one error per 7-20 s run; an accepted recipe is remembered, a rejected one never is."""
+    import time
+
+    from harness.config.recipe import check_recipe, dapo_recipe
+    from harness.config.scales import get_scale
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    recipe = dapo_recipe(get_scale("full-a3")).with_overrides(["trainer.total_epochs=3"])
+    assert check_recipe(recipe) is False
+    started = time.monotonic()
+    assert check_recipe(recipe) is True and time.monotonic() - started < 2
+    bad = recipe.with_overrides([f"{MG}.grad_offload=True"])
+    for _ in range(2):
+        with pytest.raises(RecipeError, match="grad_offload"):
+            check_recipe(bad)

@@ -54,7 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.cli.args import job_from_args
     from harness.cli.output import console as output_console
     from harness.config import recipe as recipes
-    from harness.config.recipe import VERL_VERSION, validate_recipe
+    from harness.config.recipe import VERL_VERSION, check_recipe
     from harness.errors import PlanError
 
     job = job_from_args(args)
@@ -70,7 +70,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # Progress on stderr: stdout carries the JSON / command line.
         with output_console(stderr=True).status(
                 f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
-            validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
+            check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached when accepted)
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
     # One verdict: a plan whose memory does not fit is not valid (`plan` said "plan valid" while `memory` exited 1

@@ -23,6 +23,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.config.hardware import DETERMINISTIC_ENV, module_exists
 from harness.config.plans import TrainParallel
@@ -430,6 +431,52 @@ def compose(recipe: Recipe):
         where = f"override {key!r}" if key else f"recipe {recipe.scale}"
         raise RecipeError(f"{where} rejected by verl {VERL_VERSION}'s {CONFIG_NAME} config: {message}",
                           key=key) from None
+
+
+def _schema_stamp() -> str:
+    """The installed verl's version and its shipped config files (name, size, mtime), read without importing verl
+    (importing it to find the directory took 20-45 s on this 2-core host)."""
+    import hashlib
+
+    dist = importlib.metadata.distribution("verl")
+    root = dist.locate_file("verl/trainer/config")
+    digest = hashlib.sha256(dist.version.encode())
+    for path in sorted(root.rglob("*.yaml")) if root.is_dir() else ():
+        st = path.stat()
+        digest.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _validation_cache() -> Path:
+    import os
+
+    base = os.environ.get("HARNESS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ascend-rl-harness")
+    return Path(base) / "validated"
+
+
+def check_recipe(recipe: Recipe) -> bool:
+    """validate_recipe for the CLI, remembered on disk: a recipe verl's installed config already accepted (same verl,
+    same shipped YAMLs, same entrypoint and overrides) is not composed again, so a second `--validate` or `launch`
+    takes a second instead of verl's 20-45 s import. Only an accepted recipe is remembered: a rejected one is checked
+    (and named) every time. True when the answer came from the cache."""
+    import hashlib
+    import json
+
+    from harness.io import write_atomic
+
+    check_verl_version()
+    key = hashlib.sha256(json.dumps([_schema_stamp(), recipe.entrypoint, list(recipe.overrides)]).encode()).hexdigest()
+    mark = _validation_cache() / key
+    if mark.is_file():
+        return True
+    validate_recipe(recipe)
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(mark, f"accepted by verl {VERL_VERSION}\n")
+    except (OSError, BadInput):  # an unwritable cache only costs the next run the composition
+        pass
+    return False
 
 
 def validate_recipe(recipe: Recipe):
