@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.config.job import build_job, engine_of, model_of
 from harness.config.scales import get_scale
-from harness.config.user_recipe import parse_launch_script
+from harness.config.user_recipe import UserRecipe, parse_launch_script
 from harness.errors import BadInput
 
 IDIOMS = Path(__file__).parent / "recipes" / "idioms"
@@ -125,3 +127,29 @@ def test_a_model_only_the_shell_knows_is_never_the_scales(path, error):
         build_job(get_scale("full-a3"), recipe)
     job = build_job(get_scale("full-a3"), recipe, model_path="/m/Moonlight-16B-A3B")  # --model-path names it
     assert job.scale.model.name == "moonlight-16b-a3b"
+
+
+SIZE_KEYS = [f"{MG}.tensor_model_parallel_size", f"{MG}.pipeline_model_parallel_size",
+             f"{MG}.expert_model_parallel_size", f"{MG}.context_parallel_size", f"{RO}.tensor_model_parallel_size",
+             "trainer.nnodes", "trainer.n_gpus_per_node"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(SIZE_KEYS),
+                          st.one_of(st.integers(-3, 70_000), st.integers(10 ** 8, 10 ** 24), st.just("1e9"))),
+                min_size=1, max_size=4))
+def test_hostile_sizes_end_in_a_plan_or_one_line(pairs):
+    """Zero, negative and 10^23 parallel sizes raised tracebacks, and pipeline_model_parallel_size=1e9 built a list of
+    1e9 stages (issue 36): every size is bounded before anything is built from it."""
+    import time
+
+    from harness.memory.phases import plan_memory
+
+    started = time.monotonic()
+    overrides = tuple(f"{k}={v}" for k, v in pairs)
+    try:
+        job = build_job(get_scale("full-a3"), UserRecipe(source="the command line", overrides=overrides))
+        plan_memory(job.scale)
+    except BadInput as exc:
+        assert "\n" not in str(exc)
+    assert time.monotonic() - started < 5

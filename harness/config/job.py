@@ -409,9 +409,27 @@ def _int_list(key: str, text: str) -> tuple[int, ...]:
         raise BadInput(f"override {key}={text}: a list of whole numbers expected ([7,7,8,...])") from None
 
 
+# Bounds of a size an override may set (issue 36: pipeline_model_parallel_size=1e9 built a list of 1e9 stages, 0 and
+# 10^23 raised tracebacks): the largest NPU jobs are 16k devices; 64k leaves room and keeps every list small.
+MAX_DEVICES = 1 << 16
+MAX_PER_NODE = 64
+SIZE_KEYS = re.compile(r".*_parallel_size|trainer\.nnodes|trainer\.n_gpus_per_node")
+
+
+def _bounded(values: Mapping[str, str]) -> None:
+    for key, text in values.items():
+        if not SIZE_KEYS.fullmatch(key) or text is None or _value(key, text) is None:
+            continue
+        value = _value(key, text)
+        top = MAX_PER_NODE if key == "trainer.n_gpus_per_node" else MAX_DEVICES
+        if type(value) is not int or not 1 <= value <= top:
+            raise BadInput(f"override {key}={text}: a whole number from 1 to {top} expected")
+
+
 def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     """`scale` with the parallel plan, batch, devices and rollout switches the overrides set (the merged map of a
     job: the scale's own overrides and the user's), what was read, and the problems met."""
+    _bounded(values)
     out = Derived(scale)
     read = out.read
 
