@@ -159,12 +159,16 @@ def test_alias_bomb_is_refused():
 def test_continuation_lines_read_in_linear_time():
     """40k continued lines took 68 s in the line reader (issue 36); the reader is linear: 4x the lines costs
     about 4x the time, not 16x."""
-    def seconds(n: int) -> float:
-        text = "python3 -m verl.trainer.main_ppo \\\n" + "".join(f"  k{i}.x=$((1+{i})) \\\n" for i in range(n)) + "\n"
-        started = time.perf_counter()
-        recipe = parse_launch_script(text, "t.sh")
+    def seconds(n: int) -> float:  # best of 3: the 2-core CI host is shared
+        text = "python3 -m verl.trainer.main_ppo \\\n" + "".join(
+            f"  k{i}.x=$((1+{i}))$(cmd{i}) \\\n" for i in range(n)) + "\n"  # a note per line too
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            recipe = parse_launch_script(text, "t.sh")
+            best = min(best, time.perf_counter() - started)
         assert len(recipe.overrides) == n
-        return time.perf_counter() - started
+        return best
 
     small, large = seconds(2_500), seconds(10_000)
     assert large < 10 and large / small < 8, (small, large)

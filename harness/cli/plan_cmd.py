@@ -122,8 +122,10 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     t, r = scale.plan.train, scale.plan.rollout
     console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
     if job.user is not None:
+        role = (f"planned as its own job ({job.engine}); the scale {scale.name} gives the hardware and what it leaves "
+                "unset (each key's origin below)" if job.user.entrypoint else "its settings win over the scale's")
         console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
-                      f"{len(job.user.env)} environment variable(s); its settings win over the scale's")
+                      f"{len(job.user.env)} environment variable(s); {role}")
         for note in job.notes:
             console.print(f"  note: {note}", markup=False, soft_wrap=True)
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "

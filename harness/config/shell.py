@@ -90,6 +90,8 @@ class _Reader:
         self.calls = 0
         self.statements = 0
         self.expanded = 0
+        self.noted: set[str] = set()
+        self.vars_unset: set[str] = set()
 
     # ------------------------------------------------------------------ errors, notes, budgets
     def fail(self, text: str) -> BadInput:
@@ -97,7 +99,8 @@ class _Reader:
 
     def note(self, text: str) -> None:
         message = f"{self.source}:{self.line}: {text}"
-        if message not in self.out.notes:
+        if message not in self.noted:  # a set: 40k noted lines stay linear
+            self.noted.add(message)
             self.out.notes.append(message)
 
     def charge(self, value: str) -> str:
@@ -156,7 +159,8 @@ class _Reader:
             self.exported_names[name] = None
 
     def unknown(self, name: str) -> str:
-        if name not in self.out.unset:
+        if name not in self.vars_unset:
+            self.vars_unset.add(name)
             self.out.unset.append(name)
         self.note(f"${name} is not set in the script; left as ${{{name}}} for the shell that runs the job "
                   "(set it in the script, or pass the key after --)")
