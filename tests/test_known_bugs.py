@@ -167,3 +167,31 @@ def test_doctor_recipe_json_agrees_with_its_exit_code(capsys):
 def test_doctor_bad_stack_is_one_line(capsys):
     code, out, err = _doctor(capsys, "--stack", "requirements/npu-nope.txt")
     assert code == 2 and out == "" and "--stack requirements/npu-nope.txt" in err and len(err.splitlines()) == 1
+
+
+def test_doctor_recipe_runs_launchs_check(capsys, tmp_path):
+    """`doctor --stack` said NO KNOWN BUG for a recipe verl rejects (issue 30): the same check `launch` runs now makes
+    it REJECTED, exit 1, naming every key; the fork's translated keys are not among them."""
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--json", "--",
+                           "actor_rollout_ref.actor.megatron.grad_offload=True",
+                           "actor_rollout_ref.model.path=<path_to_dsv3_config>")
+    doc = json.loads(out)
+    assert code == 1 and doc["passed"] is False and doc["state"] == "REJECTED" and "placeholder" in doc[
+        "recipe_rejected"]
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--json", "--",
+                           "actor_rollout_ref.actor.megatron.grad_offload=True")
+    assert "grad_offload (did you mean actor_rollout_ref.actor.megatron.param_offload?)" in json.loads(out)[
+        "recipe_rejected"]
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--recipe", str(SEED002), "--json")
+    rejected = json.loads(out)["recipe_rejected"]
+    assert "swap_optimizer" in rejected and "gradient_checkpointing_kwargs" not in rejected
+
+
+def test_doctor_on_cpu_says_a_cluster_recipe_needs_stack(capsys):
+    from harness.config import hardware as hw
+
+    if hw.detect().kind != "cpu":
+        pytest.skip("the note is for a CPU machine judging a cluster recipe")
+    code, out, _ = _doctor(capsys, "--json", "--", "trainer.device=npu", "trainer.nnodes=16")
+    doc = json.loads(out)
+    assert "pass --stack NAME" in doc["known_bugs"]["note"] and "trainer.nnodes=16" in doc["known_bugs"]["note"]

@@ -13,10 +13,13 @@ def test_fitting_scale_exits_0(capsys):
 
 
 def test_logits_oom_exits_1_and_json_marks_the_phase(capsys):
-    assert main(["memory", "--scale", "full-a2-gbs32", "--json"]) == 1
+    # seed 001's 2k -> 12k plan with 12 sequences per micro batch: the vocab-parallel logits of the update alone
+    # ([12, 14336, 129280 / TP8] fp32, 3.5 copies) pass the 64 GB card
+    assert main(["memory", "--scale", "full-a2-gbs32", "--micro-batch", "12", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     fits = {p["phase"]: p["fits"] for p in doc["phases"]}
     assert fits == {"rollout": True, "prefill": True, "old_log_prob": True, "ref_log_prob": True, "update": False}
+    assert main(["memory", "--scale", "full-a2-gbs32", "--json"]) == 0  # the scale's own micro batch 2 fits
     assert doc["passed"] is False and doc["state"] == "DOES NOT FIT"
 
 

@@ -71,9 +71,11 @@ def test_weights_per_device_sum_to_the_model():
 
 
 def test_seeded_logits_oom_is_flagged_with_its_knobs():
-    # Seeded bug = the 2k -> 12k plan of seed 001: the update's logits do not fit the 64 GB card.
+    # Seeded bug = the 2k -> 12k plan of seed 001 on an engine that holds full-vocabulary logits on every rank (seed
+    # 001's accounting, 35 GB at [5, 14336, 131072]): the update's logits do not fit the 64 GB card. verl 0.9.1's
+    # Megatron engine keeps them vocab-parallel (the default), where the same plan fits.
     scale = SCALES["full-a2-gbs32"]
-    (update,) = plan_memory(scale, phases=("update",))
+    (update,) = plan_memory(scale, MemoryOptions(vocab_parallel_logits=False), phases=("update",))
     assert not update.fits and update.largest == "logits", update.to_json()
     note = " ".join(update.notes)
     for knob in ("context_parallel_size", "ppo_micro_batch_size_per_gpu", "max_response_length"):
@@ -83,15 +85,15 @@ def test_seeded_logits_oom_is_flagged_with_its_knobs():
 @pytest.mark.parametrize("fix", ["cp", "micro_batch", "response"])
 def test_each_named_knob_fixes_the_logits_oom(fix):
     scale = SCALES["full-a2-gbs32"]
-    options = MemoryOptions()
+    options = MemoryOptions(vocab_parallel_logits=False)  # the seeded full-vocabulary engine above
     if fix == "cp":
         train = dataclasses.replace(scale.plan.train, cp=2)
         scale = dataclasses.replace(scale, plan=dataclasses.replace(scale.plan, train=train))
         scale.validate()
     elif fix == "micro_batch":
-        options = MemoryOptions(micro_batch=1)
+        options = dataclasses.replace(options, micro_batch=1)
     else:
-        options = MemoryOptions(max_response_length=8192)
+        options = dataclasses.replace(options, max_response_length=8192)
     (update,) = plan_memory(scale, options, phases=("update",))
     assert update.fits, update.to_json()
 
@@ -132,3 +134,24 @@ def test_offload_switches_move_state_between_phases():
     assert {"params", "grads", "optimizer"} <= set(resident["rollout"].components)
     assert resident["rollout"].components["kv_cache"] == 0 and "KV pool" in resident["rollout"].notes[0]
     assert resident["update"].peak_gib > offloaded["update"].peak_gib
+
+
+def test_megatron_logits_are_sharded_by_tp():
+    """verl 0.9.1's Megatron engine computes log-probs on vocab-parallel logits (transformer_impl.py
+    `_lm_head_logits_processor` -> `vocab_parallel_log_probs_from_logits`): the logits term is 1/TP of the
+    full-vocabulary one. The seeded bug (full vocabulary on each rank) put seed 002's A3 recipe at 73 GiB."""
+    scale = SCALES["full-a3"]
+    big = MemoryOptions(ref_micro_batch=32)  # the logits' stage (the last) is the worst one either way
+    (ref,) = plan_memory(scale, big, phases=("ref_log_prob",))
+    (full,) = plan_memory(scale, dataclasses.replace(big, vocab_parallel_logits=False), phases=("ref_log_prob",))
+    assert ref.stage == full.stage == scale.plan.train.pp - 1
+    tp = scale.plan.train.tp
+    assert tp > 1 and ref.components["logits"] == pytest.approx(full.components["logits"] / tp)
+
+
+def test_a_world_smaller_than_one_replica_is_one_line():
+    """`plan --scale full-a3 -- trainer.nnodes=1` raised ZeroDivisionError in train_phase (dp = 0)."""
+    scale = SCALES["full-a3"]
+    small = dataclasses.replace(scale, devices=scale.devices_per_node, nodes=1)
+    with pytest.raises(mm.BadInput, match=r"world of 16 device\(s\) .* smaller than one replica"):
+        plan_memory(small)

@@ -84,7 +84,7 @@ def test_shell_expansions_and_structure():
     ("python3 -m verl.trainer.main_ppo a=1\npython3 -m verl.trainer.main_ppo a=2\n", "2 verl commands"),
     ("python3 -m verl.trainer.main_ppo 'data.x=1\n", "unterminated single quote"),
     ("python3 -m verl.trainer.main_ppo data.x=$((3 / 0))\n", "division by zero"),
-    ("python3 -m verl.trainer.main_ppo data.x=$((__import__('os')))\n", "does not evaluate"),
+    ("python3 -m verl.trainer.main_ppo data.x=$((__import__('os')))\n", "not bash that bash would run"),
 ])
 def test_bad_scripts_are_one_line_errors(text, error):
     with pytest.raises(BadInput, match=error.replace("(", r"\(").replace(")", r"\)")):
@@ -206,9 +206,14 @@ def test_launch_submits_exactly_what_plan_prints(capsys, tmp_path):
 
 
 def test_k8s_manifest_takes_the_same_inputs(capsys, tmp_path):
+    code, out, err = _run(capsys, "launch", "--scale", "full-a3", "--k8s", "--recipe", str(SEED002), "--",
+                          f"{MG}.pipeline_parallel_num_layer_list=[6,8,8,8,8,8,8,7]", "trainer.nnodes=8",
+                          "trainer.n_gpus_per_node=32")
+    # the fork's MindSpeed swap_optimizer is no key of verl 0.9.1: no manifest until the recipe drops it
+    assert code == 2 and out == "" and f"{MG}.swap_optimizer" in err
     code, out, _ = _run(capsys, "launch", "--scale", "full-a3", "--k8s", "--recipe", str(SEED002), "--",
                         f"{MG}.pipeline_parallel_num_layer_list=[6,8,8,8,8,8,8,7]", "trainer.nnodes=8",
-                        "trainer.n_gpus_per_node=32")
+                        "trainer.n_gpus_per_node=32", f"~{MG}.swap_optimizer")
     assert code == 0
     _rings, service, job = list(yaml.safe_load_all(out))  # MindCluster's rings-config ConfigMap first
     head = next(t for t in job["spec"]["tasks"] if t["name"] == "head")
@@ -240,8 +245,9 @@ def test_memory_reads_every_memory_override_and_names_the_rest(capsys):
     assert dyn["not_modelled"] == ["actor_rollout_ref.actor.use_dynamic_bsz=True",
                                    f"{MG}.virtual_pipeline_model_parallel_size=2"]
     _, cp = memory(f"{MG}.context_parallel_size=2")
-    update = lambda doc: next(p for p in doc["phases"] if p["phase"] == "update")["peak_gib"]  # noqa: E731
-    assert update(cp) < update(base) and cp["not_modelled"] == []
+    # CP splits the update's activations (its peak also gains a CP communicator's HCCL buffers, so compare the term)
+    update = lambda doc: next(p for p in doc["phases"] if p["phase"] == "update")["components_gib"]  # noqa: E731
+    assert update(cp)["activations"] < update(base)["activations"] and cp["not_modelled"] == []
 
 
 def test_memory_recipe_models_the_seed_as_written(capsys):
@@ -320,3 +326,28 @@ def test_the_rehearsal_composes_in_verls_schema():
     bad = build_job(get_scale("tiny"), read_recipe(None, ["actor_rollout_ref.actor.ppo_epochs=1.5"]))
     with pytest.raises(RecipeError, match="ppo_epochs"):
         validate_recipe(bad.recipe)
+
+
+def test_seed002_fits_and_plan_agrees_with_memory(capsys):
+    """Seed 002's A3 recipe ran at 120 TPS/card: it fits (vocab-parallel logits), and `plan` and `memory` give one
+    verdict on the same input -- a memory FAIL is never PLAN VALID."""
+    code, out, _ = _run(capsys, "memory", "--scale", "full-a3", "--recipe", str(SEED002), "--json")
+    memory = json.loads(out)
+    assert code == 0 and memory["passed"], [p for p in memory["phases"] if not p["fits"]]
+    for argv, fits in ((["--recipe", str(SEED002)], True),
+                       (["--recipe", str(SEED002), "--", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
+                        False)):
+        code, out, _ = _run(capsys, "plan", "--scale", "full-a3", *argv[:2], "--json", *argv[2:])
+        doc = json.loads(out)
+        assert doc["memory"]["fits"] is fits
+        assert code == (0 if doc["passed"] else 1)
+        if not fits:
+            assert doc["passed"] is False and doc["state"] == "INVALID"
+            code, out, _ = _run(capsys, "plan", "--scale", "full-a3", *argv)
+            assert code == 1 and "PLAN INVALID" in out and "plan valid" not in out
+
+
+def test_world_smaller_than_the_plan_is_one_line_exit_2(capsys):
+    code, out, err = _run(capsys, "plan", "--scale", "full-a3", "--", "trainer.nnodes=1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "smaller than one replica" in err and "trainer.nnodes" in err

@@ -96,7 +96,11 @@ def job_from_args(args: argparse.Namespace, scale: Scale | None = None):
     from harness.config.job import build_job
     from harness.config.user_recipe import read_recipe
 
-    scale = scale or scale_arg(args.scale)
     user = read_recipe(getattr(args, "recipe", None), getattr(args, "overrides", None) or ())
+    if scale is None and getattr(args, "scale", None) is None:  # `plan --recipe` alone: the recipe's own job
+        from harness.config.job import scale_for_recipe
+
+        scale = scale_for_recipe(user, getattr(args, "model_path", None))
+    scale = scale or scale_arg(args.scale)
     return build_job(scale, user, model_path=getattr(args, "model_path", None),
                      data_dir=getattr(args, "data_dir", None))

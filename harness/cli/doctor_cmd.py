@@ -123,15 +123,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from harness.config.user_recipe import read_recipe
 
     user = read_recipe(args.recipe, args.overrides or ())
+    args.rejected = _rejected(user)
     if args.stack:
         return cmd_known_bugs(args, user)
     doc = diagnose()
     supported = doc["passed"]
     bugs = known_bugs(doc["installed"], user, installed=True)
+    cluster = _cluster_recipe(user)
+    if cluster and doc["machine"]["kind"] == "cpu":
+        # judging a cluster job's known bugs against this CPU host's stack says nothing about the cluster's
+        bugs["note"] = (f"{user.source} is a cluster job ({cluster}) judged against this CPU machine's stack; pass "
+                        "--stack NAME (e.g. vllm-ascend-0.23.0, see harness/config/stacks.py) to judge it against "
+                        "the cluster's")
     # a supported stack the recipe hits a certain known bug with does not pass either
-    doc = verdict(supported and not bugs["certain"],
-                  ("KNOWN BUG" if bugs["certain"] else "SUPPORTED") if supported else "UNSUPPORTED",
-                  {**doc, "known_bugs": bugs})
+    doc = verdict(supported and not bugs["certain"] and not args.rejected,
+                  ("KNOWN BUG" if bugs["certain"] else "REJECTED" if args.rejected else "SUPPORTED") if supported
+                  else "UNSUPPORTED", {**doc, "known_bugs": bugs, "recipe_rejected": args.rejected})
     if args.json:
         return emit(doc)
     m, s = doc["machine"], doc["stack"]
@@ -148,6 +155,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for row in doc["suites"]:
         print(f"  {row['verdict'].upper():5} {row['area']}: {row['reason']}")
     _print_known_bugs(bugs)
+    if bugs.get("note"):
+        print(f"note: {bugs['note']}")
     if not supported:
         print(f"UNSUPPORTED: {len(s['mismatches'])} difference(s) from the {s['name']} stack"
               + (f"; install with -c {s['constraints']}" if s["constraints"] else ""))
@@ -155,6 +164,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if bugs["certain"]:
         print(f"KNOWN BUG: {len(bugs['certain'])} certain hit(s) with this stack and {bugs['recipe']}: "
               f"{', '.join(bugs['certain'])}")
+        return 1
+    if args.rejected:
+        print(f"REJECTED: {args.rejected}")
         return 1
     print(f"SUPPORTED: this machine runs the {s['name']} stack")
     return 0
@@ -183,6 +195,40 @@ def _print_known_bugs(bugs: dict) -> None:
         print(f"       caught by: {hit['suite']}")
 
 
+def _rejected(user) -> str | None:
+    """The check `launch` runs before booking, on the user's overrides (the fork's keys translated as a job's are):
+    why verl would reject them, or None. A recipe verl rejects got NO KNOWN BUG here (issue 30)."""
+    if user is None or not user.overrides:
+        return None
+    from harness.config.job import engine_of, translate_legacy
+    from harness.config.recipe import ENTRYPOINT, Recipe, check_user_overrides
+    from harness.errors import RecipeError
+
+    print("doctor: composing the recipe in the installed verl's config (imports verl)", file=sys.stderr)
+    values = user.override_map()
+    # the engine verl would run them on (a script's megatron.* keys without model_engine: harness.config.job)
+    engine = ("model_engine=megatron",) if engine_of(values) == "megatron" and "model_engine" not in values else ()
+    recipe = Recipe(scale=user.source, entrypoint=ENTRYPOINT, overrides=engine + user.overrides)
+    recipe = translate_legacy(recipe, recipe.override_map(), [])
+    try:
+        check_user_overrides(user.source, recipe.overrides)
+    except RecipeError as exc:
+        return str(exc)
+    return None
+
+
+def _cluster_recipe(user) -> str | None:
+    """What makes the user's recipe a cluster job (an NPU/GPU device, several nodes), or None."""
+    if user is None:
+        return None
+    values = user.override_map()
+    device = (values.get("trainer.device") or "").strip("'\"")
+    nodes = (values.get("trainer.nnodes") or "1").strip("'\"")
+    found = [f"trainer.device={device}"] if device in ("npu", "cuda") else []
+    found += [f"trainer.nnodes={nodes}"] if nodes.isdigit() and int(nodes) > 1 else []
+    return ", ".join(found) or None
+
+
 def cmd_known_bugs(args: argparse.Namespace, user) -> int:
     """`doctor --stack NAME|requirements/npu-NAME.txt`: the known bugs of a named stack with the recipe (no machine
     check: the stack is not this machine's)."""
@@ -191,17 +237,22 @@ def cmd_known_bugs(args: argparse.Namespace, user) -> int:
     stack = stack_versions(args.stack)
     bugs = known_bugs(stack, user, installed=False)
     bugs["stack"] = args.stack
+    rejected = getattr(args, "rejected", None)
+    bugs["recipe_rejected"] = rejected
     if args.json:
-        return emit(verdict(not bugs["certain"], "KNOWN BUG" if bugs["certain"] else "NO KNOWN BUG", bugs))
+        return emit(verdict(not bugs["certain"] and not rejected, "KNOWN BUG" if bugs["certain"] else "REJECTED"
+                            if rejected else "NO KNOWN BUG", bugs))
     else:
         print(f"stack {args.stack}: " + ", ".join(f"{k} {v}" for k, v in stack.items()))
         _print_known_bugs(bugs)
         if bugs["certain"]:
             print(f"KNOWN BUG: {len(bugs['certain'])} certain hit(s) with {args.stack} and {bugs['recipe']}: "
                   f"{', '.join(bugs['certain'])}")
+        elif rejected:
+            print(f"REJECTED: {rejected}")
         else:
             print(f"NO KNOWN BUG: {args.stack} with {bugs['recipe']} hits no certain row")
-    return 1 if bugs["certain"] else 0
+    return 1 if bugs["certain"] or rejected else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -68,6 +68,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     check_steps(args.steps)
     job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
+    if scale.tier != "tiny":
+        # Validate before booking, in every mode (Ray, --k8s, --local): a misspelled or unknown key or a <placeholder>
+        # got a 64-node manifest, exit 0 (issue 30). The tiny job is the rehearsal, composed when it runs.
+        from harness.cli.output import console as output_console
+        from harness.config.recipe import VERL_VERSION, check_recipe
+        from harness.errors import PlanError
+
+        if job.plan_error:
+            raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+        with output_console(stderr=True).status(f"validating the job in verl {VERL_VERSION}'s config"):
+            check_recipe(job.recipe)
     if args.k8s:
         from harness.launch.k8s import manifest, manifest_yaml
 

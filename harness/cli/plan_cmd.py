@@ -54,7 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.cli.args import job_from_args
     from harness.cli.output import console as output_console
     from harness.config import recipe as recipes
-    from harness.config.recipe import VERL_VERSION, validate_recipe
+    from harness.config.recipe import VERL_VERSION, check_recipe
     from harness.errors import PlanError
 
     job = job_from_args(args)
@@ -70,18 +70,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # Progress on stderr: stdout carries the JSON / command line.
         with output_console(stderr=True).status(
                 f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
-            validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
+            check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached when accepted)
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
     doc["prediction"] = _prediction_section(scale, recipe.overrides)
+    # One verdict: a plan whose memory does not fit is not valid (`plan` said "plan valid" while `memory` exited 1
+    # on the same input).
+    valid = doc["valid"]
     if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
-        valid = job.plan_error is None
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
         print(recipe.command_line())
     else:
         _print_plan(job, doc, validate)
-    return 1 if job.plan_error else 0
+    return 0 if valid else 1
 
 
 def _recipe_section(job) -> dict:
@@ -91,19 +93,22 @@ def _recipe_section(job) -> dict:
     from harness.memory.job_options import memory_options
     from harness.memory.phases import plan_memory
 
-    out = {"valid": job.plan_error is None, "plan_error": job.plan_error}
-    if job.user is None:
-        return out
     memory = memory_options(job)
     try:
         phases = plan_memory(job.scale, memory.options)
         verdict = {"fits": all(p.fits for p in phases), "phases": [p.to_json() for p in phases]}
     except BadInput as exc:
         verdict = {"fits": None, "error": str(exc)}
+    out = {"valid": job.plan_error is None and verdict["fits"] is not False, "plan_error": job.plan_error,
+           "memory": {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}}
+    if job.user is None:
+        return out
     out["recipe"] = {"source": job.user.source, "entrypoint": job.recipe.entrypoint, "read": list(job.read),
                      "notes": list(job.notes), "user_overrides": list(job.user.overrides),
-                     "user_env": dict(job.user.env)}
-    out["memory"] = {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}
+                     "user_env": dict(job.user.env), "engine": job.engine, "warnings": list(job.warnings),
+                     "unset_shell_variables": list(job.user.unset),
+                     # each final key and where it came from, as Hydra's --cfg job shows the composed job
+                     "origins": {k: job.origins.get(k, "harness") for k in job.recipe.override_map()}}
     return out
 
 
@@ -157,8 +162,10 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     t, r = scale.plan.train, scale.plan.rollout
     console.print(f"[bold]{scale.name}[/] ({scale.tier}): {scale.description}")
     if job.user is not None:
+        role = (f"planned as its own job ({job.engine}); the scale {scale.name} gives the hardware and what it leaves "
+                "unset (each key's origin below)" if job.user.entrypoint else "its settings win over the scale's")
         console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
-                      f"{len(job.user.env)} environment variable(s); its settings win over the scale's")
+                      f"{len(job.user.env)} environment variable(s); {role}")
         for note in job.notes:
             console.print(f"  note: {note}", markup=False, soft_wrap=True)
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
@@ -176,8 +183,12 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
     for key, value in doc["env"].items():
         console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
-    for override in doc["overrides"]:
-        console.print(f"  {override}", markup=False, soft_wrap=True)
+    origins = doc.get("recipe", {}).get("origins", {})
+    for override in doc["overrides"]:  # with its origin, as Hydra's --cfg job (a shell comment: still copyable)
+        origin = origins.get(override.lstrip("+~").partition("=")[0])
+        console.print(f"  {override}" + (f"  # {origin}" if origin else ""), markup=False, soft_wrap=True)
+    for warning in doc.get("recipe", {}).get("warnings", []):
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     if doc.get("router_replay"):
         blocked = {k: v for k, v in doc["router_replay"]["blocked_on"].items() if v}
         console.print("router replay (R3) off: " + ("; ".join(f"{k}: {len(v)} blocker(s)" for k, v in
@@ -200,6 +211,9 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
                f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
     if job.plan_error:
         console.print(f"[bold red]PLAN INVALID[/]: {escape(job.plan_error)}; {checked}", soft_wrap=True)
+    elif not doc["valid"]:
+        console.print(f"[bold red]PLAN INVALID[/]: memory does not fit (above; `memory` shows each component); "
+                      f"{checked}", soft_wrap=True)
     else:
         console.print(f"[green]plan valid[/]; {checked}", soft_wrap=True)
 
@@ -209,7 +223,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` and one object per scale")
     p.set_defaults(func=cmd_scales)
     p = sub.add_parser("plan", help="model, parallel plan, DAPO overrides and env for a scale")
-    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    p.add_argument("--scale", help="scale name (see `scales`): the hardware profile and what the recipe leaves unset; "
+                   "optional with --recipe (the recipe's model, world, engine and algorithm are planned)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),

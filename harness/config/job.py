@@ -19,8 +19,10 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.config import recipe as recipes
+from harness.config.models import ModelSpec
 from harness.config.plans import Recompute, RolloutParallel, TrainParallel
 from harness.config.recipe import Recipe, path_overrides
 from harness.config.scales import Scale
@@ -68,6 +70,9 @@ class Job:
     plan_error: str | None = None  # the plan rule the job breaks (validate_plan), or None
     unmodelled: tuple[str, ...] = ()  # what the plan could not express for the memory model
     values: Mapping[str, str] = field(default_factory=dict)  # merged override key -> value (before translation)
+    origins: Mapping[str, str] = field(default_factory=dict)  # final override key -> "recipe" / "scale" / "harness"
+    warnings: tuple[str, ...] = ()  # a scale / harness value that changes the model, engine, algorithm or a length
+    engine: str = "megatron"
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -82,19 +87,244 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
         return rehearsal(scale, user, model_path=model_path, data_dir=data_dir)
     base = recipes.dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     if user is None:
-        return Job(scale=scale, recipe=base, values=base.override_map())
+        values = base.override_map()
+        return Job(scale=scale, recipe=base, values=values, origins=dict.fromkeys(values, "scale"))
     notes = list(user.notes)
+    script = user.entrypoint is not None  # a whole job (a launch script), not overrides of the scale's job
+    user_keys = set(user.override_map())
+    engine = engine_of(user.override_map()) if script else "megatron"
+    if script and engine != "megatron":
+        raise BadInput(f"--recipe {user.source}: its engine is {engine} ({_ENGINE_EVIDENCE[engine]}); the harness "
+                       "plans Megatron jobs only (its parallel plan and memory model are Megatron's), and planning it "
+                       "as one would describe another job")
+    if script:
+        try:
+            scale, base, dropped = _recipe_base(scale, base, user_keys, user.override_map(), notes, model_path)
+        except BadInput as exc:
+            raise BadInput(f"--recipe {user.source}: {exc}") from None
+        fork = _fork_rollout(user, notes)
+        if fork:
+            user = dataclasses.replace(user, overrides=user.overrides + tuple(fork))
+            user_keys |= {split_override(o)[0] for o in fork}
     merged = base.with_overrides(user.overrides, user.env).with_overrides(
         path_overrides(model_path=model_path, data_dir=data_dir))
     merged = _keep_file_logger(merged, notes)
     if user.entrypoint and user.entrypoint != merged.entrypoint:
         merged = dataclasses.replace(merged, entrypoint=user.entrypoint)
     values = merged.override_map()
+    base_keys = set(base.override_map())
+    origins = {k: "recipe" if k in user_keys else "scale" if k in base_keys else "harness" for k in values}
+    for key in (path_overrides(model_path=model_path, data_dir=data_dir)):
+        origins[split_override(key)[0]] = "harness"
+    if "trainer.logger" in values and values["trainer.logger"] != user.override_map().get("trainer.logger",
+                                                                                         values["trainer.logger"]):
+        origins["trainer.logger"] = "harness"
     derived = derive_scale(scale, values)
+    check_world(derived.scale, user.source)
     plan_error = derived.problems[0] if derived.problems else _plan_error(derived.scale)
-    return Job(scale=derived.scale, recipe=translate_legacy(merged, values, notes), user=user,
-               read=tuple(derived.read), notes=tuple(notes), plan_error=plan_error,
-               unmodelled=tuple(derived.unmodelled), values=values)
+    warnings = _changes(values, origins, scale.name) if script else ()
+    recipe = translate_legacy(merged, values, notes)
+    for key in recipe.override_map():
+        origins.setdefault(key, "harness")  # a translated fork key
+    return Job(scale=derived.scale, recipe=recipe, user=user, read=tuple(derived.read), notes=tuple(notes),
+               plan_error=plan_error, unmodelled=tuple(derived.unmodelled), values=values, origins=origins,
+               warnings=tuple(warnings), engine=engine)
+
+
+# ---------------------------------------------------------------------------------------------------- the recipe's job
+
+# What a launch script's job is, whatever the scale's (issue 30: a GRPO gsm8k script became DAPO with the scale's
+# filter groups and an overlong buffer sized for 8192; rollout TP32 kept the scale's EP64; the Moonlight example was
+# planned as DSV3 671B on 256 dies).
+_MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path")
+_LENGTH_KEYS = ("data.max_prompt_length", "data.max_response_length", f"{_RO}.max_model_len", OVERLONG_LEN,
+                MAX_RESP_LEN)
+_ENGINE_KEYS = ("model_engine", f"{_A}.strategy")
+_PARALLEL = re.compile(rf"({re.escape(_MG)}\.(tensor|pipeline|expert|expert_tensor|context)_(model_)?parallel_size|"
+                       rf"{re.escape(_RO)}\.(tensor_model|data|expert)_parallel_size|{re.escape(_TC)}\..*)")
+_ENGINE_EVIDENCE = {"fsdp": "actor_rollout_ref.actor.strategy=fsdp/fsdp2, fsdp_config keys, or no Megatron setting: "
+                            "verl's ppo_trainer runs FSDP by default"}
+# Model ids (the directory name of actor_rollout_ref.model.path) the harness models; a directory holding a
+# config.json is read instead (harness.config.models.ModelSpec fields are HF config keys).
+KNOWN_MODELS = ((re.compile(r"deepseek[-_]?(v3|r1)", re.I), "deepseek-v3"),
+                (re.compile(r"moonlight[-_]?16b", re.I), "moonlight-16b-a3b"))
+MLA_MODEL_TYPES = ("deepseek_v3", "kimi_k2")  # DeepSeek-V3 architecture (MLA + MoE); Kimi-K2 is one
+
+
+def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> Scale:
+    """The base of a launch script's job planned without --scale: the registered scale of its model's family, on the
+    hardware its trainer.device and n_gpus_per_node name (an NPU node of 16 devices is an A3 node of 8 cards, one of 8
+    an A2 node); the recipe's own settings then win (build_job). BadInput when the recipe does not say enough."""
+    from harness.config.hardware import PROFILES
+    from harness.config.scales import SCALES
+
+    if user is None or user.entrypoint is None:
+        raise BadInput("plan: give --scale, or --recipe with a launch script whose job is planned as written")
+    values = user.override_map()
+    path = model_path or values.get("actor_rollout_ref.model.path")
+    model, name = model_of(path)
+    if model is None:
+        raise BadInput(f"--recipe {user.source}: " + (
+            f"model {name} (actor_rollout_ref.model.path={path}) is not a model the harness models (DeepSeek-V3/R1, "
+            f"Moonlight-16B-A3B, or a config.json of model_type {'/'.join(MLA_MODEL_TYPES)})" if path and "${" not in
+            name else f"its model ({path or 'no actor_rollout_ref.model.path'}) is only known when the job runs: "
+            "pass --model-path, or --scale to plan it as a scale's model"))
+    device = (values.get("trainer.device") or "cuda").strip("'\"")
+    per_node = _int("trainer.n_gpus_per_node", values.get("trainer.n_gpus_per_node"), 8)
+    if device != "npu":
+        raise BadInput(f"--recipe {user.source}: trainer.device={device}: the harness has no {device} scale to take "
+                       "the hardware from; pass --scale (`scales` lists them)")
+    hardware = PROFILES["a3" if per_node == 16 else "a2"]
+    family = "moonlight-a2" if model.name.startswith("moonlight") else "full-a3" if hardware.name == "a3" else \
+        "full-a2-gbs128"
+    scale = SCALES[family]
+    return dataclasses.replace(scale, model=model, hardware=hardware)
+
+
+def engine_of(values: Mapping[str, str | None]) -> str:
+    """"megatron" or "fsdp": what verl 0.9.1 runs for these overrides (ppo_trainer's default engine is FSDP;
+    `model_engine=megatron`, `--config-name ppo_megatron_trainer` or `actor.strategy=megatron` select Megatron)."""
+    engine, strategy = values.get("model_engine"), values.get(f"{_A}.strategy")
+    if engine == "megatron" or strategy == "megatron":
+        return "megatron"
+    if strategy in ("fsdp", "fsdp2") or engine in ("fsdp", "fsdp2"):
+        return "fsdp"
+    if any(".megatron." in k for k in values):
+        return "megatron"
+    return "fsdp"
+
+
+def model_of(path: str | None) -> tuple[ModelSpec | None, str]:
+    """The model a recipe's actor_rollout_ref.model.path names: its config.json when the directory holds one, else
+    the directory's name in KNOWN_MODELS; (None, name) for a model the harness does not model."""
+    from harness.config.models import MODELS
+
+    if not path:
+        return None, ""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    config = Path(path) / "config.json"
+    if "${" not in path and config.is_file():
+        return _spec_from_config(config, name), name
+    for pattern, model in KNOWN_MODELS:
+        if pattern.search(name):
+            return MODELS[model], name
+    return None, name
+
+
+def _spec_from_config(config: Path, name: str) -> ModelSpec:
+    from harness.config.models import ModelSpec, YarnRope
+    from harness.io import read_json
+
+    doc = read_json(config, missing="cannot read the model's config.json")
+    model_type = doc.get("model_type") if isinstance(doc, dict) else None
+    if model_type not in MLA_MODEL_TYPES:
+        raise BadInput(f"{config}: model_type {model_type!r} is not a model the harness models (DeepSeek-V3 "
+                       f"architecture: {', '.join(MLA_MODEL_TYPES)}); plan and memory would describe another job")
+    fields = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "rope_scaling", "hf_id"}
+    values = {k: doc[k] for k in fields if k in doc}
+    rope = doc.get("rope_scaling") or doc.get("rope_parameters")
+    yarn = None
+    if isinstance(rope, dict) and rope.get("type", rope.get("rope_type")) == "yarn":
+        yarn = YarnRope(**{k: rope[k] for k in ("factor", "original_max_position_embeddings", "mscale",
+                                                "mscale_all_dim", "beta_fast", "beta_slow") if k in rope})
+    try:
+        return ModelSpec(name=name.lower(), rope_scaling=yarn, **values)
+    except TypeError as exc:
+        raise BadInput(f"{config}: not a whole DeepSeek-V3-architecture config ({exc})") from None
+
+
+def _recipe_base(scale: Scale, base: Recipe, user_keys: set[str], values: Mapping[str, str | None],
+                 notes: list[str], model_path: str | None = None) -> tuple[Scale, Recipe, list[str]]:
+    """The scale's job reduced to what a launch script leaves unset and the scale may fill (hardware, batch, world):
+    not its model, algorithm or parallel sizes, which are the recipe's (verl's defaults where it sets none)."""
+    path = model_path or values.get("actor_rollout_ref.model.path")
+    model, name = model_of(path)
+    if path and model is None:
+        key = "--model-path" if model_path else "actor_rollout_ref.model.path"
+        if re.search(r"<[^<>]*>", path):
+            raise BadInput(f"{key}={path} is a placeholder: write the model's directory there (or pass --model-path)")
+        if "${" in name:
+            # upstream's Moonlight gsm8k example passes an unset $LLM: planning it as the scale's model (DSV3)
+            # would describe another job
+            raise BadInput(f"{key}={path}: the model is only known when the job runs (the script never sets "
+                           f"{name}); pass --model-path")
+        raise BadInput(f"model {name} ({key}={path}) is not a model the harness models (DeepSeek-V3/R1, "
+                       "Moonlight-16B-A3B, or a directory whose config.json is model_type "
+                       f"{'/'.join(MLA_MODEL_TYPES)}); plan and memory would describe another job")
+    if model is None:
+        notes.append(f"the recipe names no model (actor_rollout_ref.model.path); planned as the scale's "
+                     f"{scale.model.name}")
+    else:
+        # verl 0.9.1's defaults for every size the recipe does not set, never the scale's (rollout TP32 kept the
+        # scale's EP64): trainer/config/engine/megatron.yaml sizes 1, expert_tensor_parallel_size null (= TP),
+        # recompute null; rollout sizes 1
+        scale = dataclasses.replace(scale, model=model, plan=dataclasses.replace(
+            scale.plan, train=TrainParallel(1, 1, 1, None, 1, (), None), rollout=RolloutParallel(1, 1, 1)))
+    dropped = [o for o in base.overrides if _not_the_scales(split_override(o)[0], user_keys)]
+    if dropped:
+        keys = [split_override(o)[0] for o in dropped]
+        notes.append(f"the scale {scale.name}'s algorithm, model and parallel settings are not applied to the "
+                     f"recipe's job ({len(keys)}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}); verl's "
+                     "defaults hold where the recipe sets none")
+    kept = tuple(o for o in base.overrides if o not in dropped)
+    return scale, dataclasses.replace(base, overrides=kept), dropped
+
+
+def _fork_rollout(user: UserRecipe, notes: list[str]) -> list[str]:
+    """cann-recipes-train's verl fork sizes the rollout from the environment: VLLM_DP_SIZE is vLLM's data parallel size
+    and every engine runs with enable_expert_parallel=True, so EP = DP x TP (llm_rl/deepseek/verl_patches/workers/
+    vllm_rollout/vllm_rollout_spmd.py, `LLM(..., enable_expert_parallel=True)` after `init_parallel_state` when
+    VLLM_DP_SIZE > 1). verl 0.9.1 takes both as rollout overrides; without them seed 002's rollout held every expert
+    on each TP2 pair (629 GiB)."""
+    values = user.override_map()
+    dp_env = user.env.get("VLLM_DP_SIZE")
+    if dp_env is None or f"{_RO}.data_parallel_size" in values or f"{_RO}.expert_parallel_size" in values:
+        return []
+    dp = _int("env VLLM_DP_SIZE", dp_env, 1)
+    tp = _int(f"{_RO}.tensor_model_parallel_size", values.get(f"{_RO}.tensor_model_parallel_size"), 1)
+    if dp <= 1:
+        return []
+    out = [f"{_RO}.data_parallel_size={dp}", f"{_RO}.expert_parallel_size={dp * tp}"]
+    notes.append(f"VLLM_DP_SIZE={dp_env} (cann-recipes-train's verl fork: vLLM data parallel, expert parallel always "
+                 f"on) read as {out[0]} and {out[1]} (DP x TP)")
+    return out
+
+
+def _not_the_scales(key: str, user_keys: set[str]) -> bool:
+    """A base key a launch script's job does not take from the scale."""
+    if key in user_keys:
+        return False
+    # rollout.max_model_len: verl's null is prompt + response; the scale's 4096 cut a recipe's 2048 + 8192
+    return (rehearsed(key) or key in _MODEL_KEYS or key in (OVERLONG_LEN, MAX_RESP_LEN, f"{_RO}.max_model_len")
+            or key in _ENGINE_KEYS
+            and key != "model_engine" or bool(_PARALLEL.fullmatch(key)) or key.startswith("reward.reward_kwargs."))
+
+
+def _changes(values: Mapping[str, str], origins: Mapping[str, str], scale: str) -> list[str]:
+    """A warning for each value not from the recipe that changes its model, engine, algorithm or a length."""
+    out = []
+    for key, value in values.items():
+        origin = origins.get(key)
+        if origin == "recipe":
+            continue
+        what = ("model" if key in _MODEL_KEYS else "engine" if key in _ENGINE_KEYS else
+                "lengths" if key in _LENGTH_KEYS else "algorithm" if rehearsed(key) else None)
+        if what:
+            out.append(f"{key}={value} comes from the {'scale ' + scale if origin == 'scale' else 'harness'}, not the "
+                       f"recipe: it changes the job's {what}")
+    return out
+
+
+def check_world(scale: Scale, source: str | None = None) -> None:
+    """A world smaller than one replica of the plan leaves no data-parallel rank (`plan --scale full-a3 --
+    trainer.nnodes=1` raised ZeroDivisionError in the memory model: issue 30): one line naming the sizes, exit 2."""
+    t, r, w = scale.plan.train, scale.plan.rollout, scale.devices
+    need = max(t.tp * t.pp * t.cp, t.pp * t.ep * t.etp, r.tp, 1)
+    if w < need:
+        raise BadInput(f"{source or scale.name}: a world of {w} device(s) (trainer.nnodes {scale.nodes} x "
+                       f"n_gpus_per_node {scale.devices_per_node}) is smaller than one replica of the plan ({need}: "
+                       f"train TP{t.tp} x PP{t.pp} x CP{t.cp}, PP{t.pp} x EP{t.ep} x ETP{t.etp}, rollout TP{r.tp}); "
+                       "raise trainer.nnodes / trainer.n_gpus_per_node or lower the parallel sizes")
 
 
 def _plan_error(scale: Scale) -> str | None:
@@ -179,9 +409,27 @@ def _int_list(key: str, text: str) -> tuple[int, ...]:
         raise BadInput(f"override {key}={text}: a list of whole numbers expected ([7,7,8,...])") from None
 
 
+# Bounds of a size an override may set (issue 36: pipeline_model_parallel_size=1e9 built a list of 1e9 stages, 0 and
+# 10^23 raised tracebacks): the largest NPU jobs are 16k devices; 64k leaves room and keeps every list small.
+MAX_DEVICES = 1 << 16
+MAX_PER_NODE = 64
+SIZE_KEYS = re.compile(r".*_parallel_size|trainer\.nnodes|trainer\.n_gpus_per_node")
+
+
+def _bounded(values: Mapping[str, str]) -> None:
+    for key, text in values.items():
+        if not SIZE_KEYS.fullmatch(key) or text is None or _value(key, text) is None:
+            continue
+        value = _value(key, text)
+        top = MAX_PER_NODE if key == "trainer.n_gpus_per_node" else MAX_DEVICES
+        if type(value) is not int or not 1 <= value <= top:
+            raise BadInput(f"override {key}={text}: a whole number from 1 to {top} expected")
+
+
 def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     """`scale` with the parallel plan, batch, devices and rollout switches the overrides set (the merged map of a
     job: the scale's own overrides and the user's), what was read, and the problems met."""
+    _bounded(values)
     out = Derived(scale)
     read = out.read
 
@@ -197,7 +445,9 @@ def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     ep = _int(f"{_MG}.expert_model_parallel_size", get(f"{_MG}.expert_model_parallel_size"), t.ep)
     # Megatron: expert_tensor_parallel_size None means "= tensor_model_parallel_size"
     etp = _int(f"{_MG}.expert_tensor_parallel_size", get(f"{_MG}.expert_tensor_parallel_size"), None)
-    etp = etp if etp is not None else (t.etp if f"{_MG}.expert_tensor_parallel_size" not in values else tp)
+    # (a recipe's job starts from etp None: verl's null default, = TP)
+    etp = etp if etp is not None else (t.etp if f"{_MG}.expert_tensor_parallel_size" not in values and t.etp is not None
+                                       else tp)
     cp = _int(f"{_MG}.context_parallel_size", get(f"{_MG}.context_parallel_size"), t.cp)
     stages = _stage_layers(scale, pp, values, get, out)
     train = TrainParallel(tp, pp, ep, etp, cp, stages, _recompute(t.recompute, values, get, out))

@@ -23,6 +23,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.config.hardware import DETERMINISTIC_ENV, module_exists
 from harness.config.plans import TrainParallel
@@ -60,9 +61,9 @@ class Recipe:
 
     def command_line(self, python: str = "python3") -> str:
         """A shell command line: env assignments, `python3 -m entrypoint`, one override per continued line."""
-        head = " ".join(shlex.quote(w) for w in self.argv(python)[:3])
-        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
-        words = [*env, head, *(shlex.quote(o) for o in self.overrides)]
+        head = " ".join(shell_word(w) for w in self.argv(python)[:3])
+        env = [f"{k}={shell_word(v)}" for k, v in self.env.items()]
+        words = [*env, head, *(shell_word(o) for o in self.overrides)]
         return " \\\n    ".join(words)
 
     def override_map(self) -> dict[str, str]:
@@ -88,6 +89,40 @@ class Recipe:
             else:
                 out.append(override)
         return dataclasses.replace(self, overrides=tuple(out), env={**self.env, **(env or {})})
+
+
+# verl's top-level config sections: `${data.x}` is an OmegaConf interpolation, `${HOME}` a shell variable (a launch
+# script's reference the shell that runs the job expands: harness.config.shell leaves unset ones as written).
+CONFIG_SECTIONS = ("data", "actor_rollout_ref", "critic", "reward_model", "reward", "algorithm", "trainer",
+                   "ray_kwargs", "global_profiler", "transfer_queue", "custom_reward_function", "model_engine",
+                   "hydra", "oc")
+_SHELL_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def shell_refs(text: str) -> list[str]:
+    """The shell variables `${NAME}` in a word (not OmegaConf interpolations of verl's config, which have dots)."""
+    return [m[1] for m in _SHELL_REF.finditer(text) if m[1] not in CONFIG_SECTIONS]
+
+
+def shell_word(word: str) -> str:
+    """`word` quoted for a POSIX shell; a shell variable reference `${HOME}` stays expandable (double quotes), so the
+    job's shell fills it in and Hydra never sees it as an interpolation (a single-quoted '${HOME}/x' reached OmegaConf,
+    which failed on it: issue 30)."""
+    if not shell_refs(word):
+        return shlex.quote(word)
+    out, at = [], 0
+    for m in _SHELL_REF.finditer(word):
+        if m[1] in CONFIG_SECTIONS:
+            continue
+        out.append(_double_quoted(word[at:m.start()]) + m[0])
+        at = m.end()
+    out.append(_double_quoted(word[at:]))
+    return '"' + "".join(out) + '"'
+
+
+def _double_quoted(text: str) -> str:
+    """`text` inside double quotes, every character literal (`$`, backquote, `"`, backslash escaped)."""
+    return re.sub(r'([$`"\\])', r"\\\1", text)
 
 
 def _split_override(override: str) -> tuple[str, str]:
@@ -398,6 +433,52 @@ def compose(recipe: Recipe):
                           key=key) from None
 
 
+def _schema_stamp() -> str:
+    """The installed verl's version and its shipped config files (name, size, mtime), read without importing verl
+    (importing it to find the directory took 20-45 s on this 2-core host)."""
+    import hashlib
+
+    dist = importlib.metadata.distribution("verl")
+    root = dist.locate_file("verl/trainer/config")
+    digest = hashlib.sha256(dist.version.encode())
+    for path in sorted(root.rglob("*.yaml")) if root.is_dir() else ():
+        st = path.stat()
+        digest.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _validation_cache() -> Path:
+    import os
+
+    base = os.environ.get("HARNESS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ascend-rl-harness")
+    return Path(base) / "validated"
+
+
+def check_recipe(recipe: Recipe) -> bool:
+    """validate_recipe for the CLI, remembered on disk: a recipe verl's installed config already accepted (same verl,
+    same shipped YAMLs, same entrypoint and overrides) is not composed again, so a second `--validate` or `launch`
+    takes a second instead of verl's 20-45 s import. Only an accepted recipe is remembered: a rejected one is checked
+    (and named) every time. True when the answer came from the cache."""
+    import hashlib
+    import json
+
+    from harness.io import write_atomic
+
+    check_verl_version()
+    key = hashlib.sha256(json.dumps([_schema_stamp(), recipe.entrypoint, list(recipe.overrides)]).encode()).hexdigest()
+    mark = _validation_cache() / key
+    if mark.is_file():
+        return True
+    validate_recipe(recipe)
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(mark, f"accepted by verl {VERL_VERSION}\n")
+    except (OSError, BadInput):  # an unwritable cache only costs the next run the composition
+        pass
+    return False
+
+
 def validate_recipe(recipe: Recipe):
     """Compose the recipe in verl's shipped config and run verl's own checks; return the composed config.
 
@@ -408,10 +489,11 @@ def validate_recipe(recipe: Recipe):
     return _validated(recipe.scale, recipe.entrypoint, recipe.overrides)
 
 
-@functools.lru_cache(maxsize=1)
-def _shipped_defaults():
-    """verl's shipped Megatron config without the recipe: the types every override must keep."""
-    return compose(Recipe(scale="<defaults>", entrypoint=ENTRYPOINT, overrides=("model_engine=megatron",)))
+@functools.lru_cache(maxsize=4)
+def _shipped_defaults(engine: str = "megatron"):
+    """verl's shipped config for a `model_engine` choice (megatron, or ppo_trainer's default `dp`: FSDP) without the
+    recipe: the keys and types every override must keep."""
+    return compose(Recipe(scale="<defaults>", entrypoint=ENTRYPOINT, overrides=(f"model_engine={engine}",)))
 
 
 def _check_types(recipe: Recipe, config) -> None:
@@ -482,13 +564,106 @@ def _check_choices(recipe: Recipe, config) -> None:
                               f"{VERL_VERSION}; known: {', '.join(map(str, known))}", key=key)
 
 
+_PLACEHOLDER = re.compile(r"<[^<>]*>")
+
+
+def check_placeholders(recipe: Recipe) -> None:
+    """Every override whose value is a placeholder such as `<path_to_dsv3_config>` (verl's examples ship them), all
+    at once: no cluster is booked for a job that cannot start (issue 30)."""
+    bad = [o for o in recipe.overrides if not o.startswith("~") and _PLACEHOLDER.search(o.partition("=")[2])]
+    if bad:
+        raise RecipeError(f"recipe {recipe.scale}: {len(bad)} override(s) hold a placeholder to fill in: "
+                          + "; ".join(bad), key=_split_override(bad[0])[0])
+
+
+@functools.lru_cache(maxsize=4)
+def _known_keys(engine: str) -> frozenset[str]:
+    """Every leaf and section key of verl's shipped config for the engine (dotted)."""
+    from omegaconf import OmegaConf
+
+    out: set[str] = set()
+
+    def walk(prefix: str, node) -> None:
+        out.add(prefix)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+
+    walk("", OmegaConf.to_container(_shipped_defaults(engine), resolve=False))
+    out.discard("")
+    return frozenset(out)
+
+
+def check_keys(recipe: Recipe) -> None:
+    """Every override key verl's config does not have (Hydra stops at the first; a user fixed one per 7-20 s run),
+    each with the closest key verl has. `+key` adds a key and `~key` removes one: not checked here."""
+    import difflib
+
+    engine = (recipe.override_map().get("model_engine") or "dp").strip("'\"")
+    if engine not in ("megatron", "dp"):
+        return  # another engine group: Hydra's composition names its keys
+    known = _known_keys(engine)
+    unknown = []
+    for override in recipe.overrides:
+        if override.startswith(("+", "~")):
+            continue
+        key = _split_override(override)[0]
+        if "." not in key and key in ("model_engine",):  # a config group choice
+            continue
+        if key in known:
+            continue
+        parent = key.rpartition(".")[0]
+        siblings = [k for k in known if k.rpartition(".")[0] == parent] or list(known)
+        close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
+        unknown.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else " (add it with +key=value if verl "
+                                                                                  "should take a new key)"))
+    if unknown:
+        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config: "
+                          + "; ".join(unknown), key=unknown[0].split(" ")[0])
+
+
+def _hydra_overrides(recipe: Recipe) -> tuple[str, ...]:
+    """The overrides as verl receives them after the job's shell: a `${HOME}` shell reference is text by then (given
+    a stand-in value here), never an OmegaConf interpolation."""
+    return tuple(_SHELL_REF.sub(lambda m: m[0] if m[1] in CONFIG_SECTIONS else f"shell-{m[1]}", o)
+                 for o in recipe.overrides)
+
+
+def _resolve(recipe: Recipe, config) -> None:
+    """Resolve every interpolation as verl does when it converts the config: a dangling `${...}` fails here."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.to_container(config, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or _override_for(recipe, str(exc))
+        raise RecipeError(f"recipe {recipe.scale}: {key or 'an interpolation'} does not resolve in verl "
+                          f"{VERL_VERSION}'s config: {_first_line(exc)}", key=key) from None
+
+
+def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
+    """What `doctor --recipe` checks of a user's own overrides (no scale, so no whole job to run verl's validate_config
+    on): the placeholders, the keys verl's config has, composition and interpolations -- `launch`'s checks."""
+    recipe = Recipe(scale=source, entrypoint=ENTRYPOINT, overrides=tuple(overrides))
+    check_verl_version()
+    check_placeholders(recipe)
+    recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
+    check_keys(recipe)
+    _resolve(recipe, compose(recipe))
+
+
 @functools.lru_cache(maxsize=32)
 def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
     check_verl_version()
+    check_placeholders(recipe)
     if not module_exists(entrypoint):
         raise BadInput(f"recipe {scale}: entrypoint module {entrypoint} is not in the installed verl")
+    recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
+    check_keys(recipe)
     config = compose(recipe)
+    _resolve(recipe, config)
 
     import contextlib
     import io

@@ -5,29 +5,31 @@ verl's `examples/`, seed 002's A3 script) with `export` lines, variables, line c
 `python3 -m verl.trainer.main_ppo key=value ...` command, or a Hydra YAML of verl's config. `read_recipe` turns
 either into a `UserRecipe`: the overrides exactly as `main_ppo` would receive them (after the shell's quoting and
 expansion) and the exported environment. Nothing in the file is run: a command substitution `$(...)` is left as
-written and named in `notes`, and so is a variable the script never sets. Arithmetic `$((1024 * 2))`, which verl's
-own example scripts use for lengths, is evaluated by a small integer evaluator (no eval).
+written and named in `notes`, and so is a variable the script never sets. The script is read with bash's grammar
+(tree-sitter-bash, harness.config.shell): nested and positional defaults, arrays, functions, `$((...))`.
 
 Overrides given on the command line after `--` come last, as on `main_ppo`'s command line.
 """
 from __future__ import annotations
 
-import ast
-import operator
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.config.shell import read_script
 from harness.errors import BadInput
+from harness.io import open_input
 
 ENTRY_PREFIX = "verl.trainer."  # main_ppo, or a fork's entry (cann-recipes-train runs main_ppo_npu)
 _PYTHON = re.compile(r"(.*/)?python(\d+(\.\d+)?)?$")
-_NAME = re.compile(r"[A-Za-z_]\w*")
-_ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
-# Words that open or close shell control structures; the command follows them on the same line.
-_RESERVED = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "{", "}", "!", "time"}
-_DECLARE = {"export", "local", "readonly", "declare", "typeset"}
+# A recipe is a launch script or a YAML of a few kB; /dev/zero or a 1 GB file is refused before it is read whole
+# (issue 36: `--recipe /dev/zero` was read until memory ran out).
+MAX_RECIPE_BYTES = 4 << 20
+# A Hydra YAML's flattened keys: verl's whole config has ~1,000; a 300-byte alias bomb (each level a list of the
+# previous level 9 times) names 10^9, which walking the aliases would build (issue 36).
+MAX_YAML_VALUES = 100_000
 # Hydra's own options of a `@hydra.main` program (main_ppo): not overrides.
 _HYDRA_OPTIONS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 # verl 0.9.1 ships these top configs (verl/trainer/config/); ppo_megatron_trainer is ppo_trainer with the Megatron
@@ -44,6 +46,7 @@ class UserRecipe:
     env: Mapping[str, str] = field(default_factory=dict)
     entrypoint: str | None = None  # the module the script runs (None: a YAML or command-line overrides only)
     notes: tuple[str, ...] = ()
+    unset: tuple[str, ...] = ()  # shell variables the script uses and never sets (left as ${NAME} for the job's shell)
 
     def override_map(self) -> dict[str, str | None]:
         """Key (without +/++/~) -> value as written; None for a deletion (`~key`)."""
@@ -71,17 +74,33 @@ def read_recipe(path: str | None = None, overrides: Sequence[str] = ()) -> UserR
         return None
     recipe = UserRecipe(source="the command line")
     if path is not None:
-        file = Path(path)
-        try:
-            text = file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(f"--recipe {path}: cannot read it ({type(exc).__name__}: {exc})") from None
-        parse = parse_hydra_yaml if file.suffix in (".yaml", ".yml") else parse_launch_script
+        text = _read_bounded(path)
+        parse = parse_hydra_yaml if Path(path).suffix in (".yaml", ".yml") else parse_launch_script
         recipe = parse(text, str(path))
     for override in overrides:
         split_override(override, "overrides after --")
     return UserRecipe(source=recipe.source, overrides=recipe.overrides + tuple(overrides), env=recipe.env,
-                      entrypoint=recipe.entrypoint, notes=recipe.notes)
+                      entrypoint=recipe.entrypoint, notes=recipe.notes, unset=recipe.unset)
+
+
+def _read_bounded(path: str) -> str:
+    """The recipe's text: a regular file (a FIFO would block, a device never end: harness.io.open_input refuses
+    both before a byte is read) of at most MAX_RECIPE_BYTES."""
+    try:
+        with open_input(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(MAX_RECIPE_BYTES + 1)
+    except BadInput as exc:
+        raise BadInput(f"--recipe {exc}") from None
+    except OSError as exc:
+        raise BadInput(f"--recipe {path}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})") from None
+    if max(size, len(raw)) > MAX_RECIPE_BYTES:
+        raise BadInput(f"--recipe {path}: more than {MAX_RECIPE_BYTES >> 20} MiB; a launch script or Hydra YAML is a "
+                       "few kB: is it the right file?")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"--recipe {path}: not UTF-8 text (byte {exc.start}); is it the right file?") from None
 
 
 # ---------------------------------------------------------------------------------------------------- Hydra YAML
@@ -94,6 +113,9 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise BadInput(f"--recipe {source}: not YAML ({str(exc).splitlines()[0]})") from None
+    except (RecursionError, ValueError) as exc:  # nesting deeper than the parser's stack; a 5,000-digit integer
+        raise BadInput(f"--recipe {source}: not a YAML the harness reads ({type(exc).__name__}: "
+                       f"{str(exc)[:80]})") from None
     if not isinstance(doc, dict):
         raise BadInput(f"--recipe {source}: a Hydra config is a mapping of verl's config keys, got "
                        f"{type(doc).__name__}")
@@ -103,19 +125,31 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
             notes.append(f"{source}: its `{skipped}:` section is not applied (the overrides compose in verl's own "
                          "ppo_trainer config)")
     out: list[str] = []
-    _flatten("", doc, out, source)
+    try:
+        _flatten("", doc, out, source)
+    except RecursionError:
+        raise BadInput(f"--recipe {source}: nested too deep for a Hydra config") from None
     return UserRecipe(source=source, overrides=tuple(out), notes=tuple(notes))
 
 
-def _flatten(prefix: str, node, out: list[str], source: str) -> None:
+def _flatten(prefix: str, node, out: list[str], source: str, budget: list[int] | None = None) -> None:
+    budget = budget if budget is not None else [MAX_YAML_VALUES]
     if isinstance(node, dict) and node:
         for key, value in node.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), value, out, source)
+            _flatten(f"{prefix}.{key}" if prefix else str(key), value, out, source, budget)
     else:
-        out.append(f"{prefix}={_yaml_value(node)}")
+        out.append(f"{prefix}={_yaml_value(node, budget, source)}")
 
 
-def _yaml_value(value) -> str:
+def _spend(budget: list[int], source: str, n: int = 1) -> None:
+    budget[0] -= n
+    if budget[0] < 0:
+        raise BadInput(f"--recipe {source}: more than {MAX_YAML_VALUES} values once its aliases are expanded (a YAML "
+                       "alias bomb?); verl's whole config has about a thousand")
+
+
+def _yaml_value(value, budget: list[int], source: str) -> str:
+    _spend(budget, source)
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -123,9 +157,9 @@ def _yaml_value(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_yaml_value(v) for v in value) + "]"
+        return "[" + ",".join(_yaml_value(v, budget, source) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_yaml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{k}:{_yaml_value(v, budget, source)}" for k, v in value.items()) + "}"
     text = str(value)
     # Hydra's grammar: a plain word, an interpolation, or a quoted string
     if re.fullmatch(r"[\w./\-:]+", text) or re.fullmatch(r"\$\{[^}]*\}", text):
@@ -135,51 +169,32 @@ def _yaml_value(value) -> str:
 
 # ---------------------------------------------------------------------------------------------------- launch script
 
-class _Script:
-    """What reading a launch script gathers, line by line, the way bash would see it."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.variables: dict[str, str] = {}
-        self.env: dict[str, str] = {}
-        self.notes: list[str] = []
-        self.commands: list[tuple[int, list[str], dict[str, str]]] = []  # (line, words, prefix assignments)
-        self.scripts_called: list[str] = []
-        self.line = 0
-
-    def note(self, text: str) -> None:
-        message = f"{self.source}:{self.line}: {text}"
-        if message not in self.notes:
-            self.notes.append(message)
+def _is_entry(module: str) -> bool:
+    """A verl job's main module: verl's trainer (`verl.trainer.main_ppo`, a fork's `main_ppo_npu`) or a recipe's
+    main (verl-recipe's `recipe.dapo.main_dapo`, `recipe.r1_ascend.main_ppo`, cann-recipes-train's `main_*`)."""
+    if module.startswith(ENTRY_PREFIX):
+        return True
+    parts = module.split(".")
+    return len(parts) >= 2 and parts[0] in ("recipe", "verl_recipe", "verl") and parts[-1].startswith("main")
 
 
 def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
-    """The `python3 -m verl.trainer.main_ppo ...` command of a bash launch script: its overrides, and the
-    environment the script exports (plus `NAME=value` prefixes of that command)."""
-    script = _Script(source)
-    lines = text.splitlines()
-    number = 0
-    while number < len(lines):
-        start = number
-        line = lines[number]
-        # line continuations: a backslash right before the newline joins the next line
-        while line.endswith("\\") and not line.endswith("\\\\") and number + 1 < len(lines):
-            number += 1
-            line = line[:-1] + " " + lines[number]
-        number += 1
-        script.line = start + 1
-        for words in _commands(line, script):
-            _run(words, script)
-    mains = [c for c in script.commands if _entry_index(c[1]) is not None]
+    """The `python3 -m verl.trainer.main_ppo ...` (or a recipe's main) command of a bash launch script: its
+    overrides, and the environment the script exports (plus `NAME=value` prefixes of that command). The script is
+    read with bash's grammar and never run (harness.config.shell)."""
+    read = read_script(text, source)
+    notes = list(read.notes)
+    mains = [c for c in read.commands if _entry_index(c.words) is not None]
     if not mains:
-        called = f"; it runs {', '.join(script.scripts_called)}: pass that file to --recipe" \
-            if script.scripts_called else ""
-        raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` command in it{called}")
+        called = f"; it runs {', '.join(read.scripts_called)}: pass that file to --recipe" \
+            if read.scripts_called else ""
+        raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` (or a recipe's "
+                       f"`python3 -m recipe.<name>.main_...`) command in it{called}")
     if len(mains) > 1:
-        raise BadInput(f"--recipe {source}: {len(mains)} verl commands (lines {', '.join(str(m[0]) for m in mains)});"
+        raise BadInput(f"--recipe {source}: {len(mains)} verl commands (lines {', '.join(str(m.line) for m in mains)});"
                        " keep the one to plan in its own file")
-    line, words, prefix = mains[0]
-    script.line = line
+    main = mains[0]
+    words = main.words
     at = _entry_index(words)
     entrypoint = words[at + 1]
     overrides: list[str] = []
@@ -192,289 +207,37 @@ def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
                 config = Path(value).name.removesuffix(".yaml")
                 if config in _CONFIG_GROUPS:
                     overrides.extend(_CONFIG_GROUPS[config])
+                elif config.endswith("megatron_trainer"):
+                    # a recipe's own Megatron config (verl-recipe dapo/config/dapo_megatron_trainer.yaml composes
+                    # ppo_megatron_trainer): the Megatron engine group; its own keys are not read
+                    overrides.append("model_engine=megatron")
+                    notes.append(f"{source}:{main.line}: --config-name {value}: a recipe's Megatron config; "
+                                 "composed as ppo_megatron_trainer (its own settings are not read)")
                 else:
-                    script.note(f"--config-name {value}: not a config of verl 0.9.1 (ppo_trainer, "
-                                "ppo_megatron_trainer); the overrides compose in ppo_trainer")
+                    notes.append(f"{source}:{main.line}: --config-name {value}: not a config of verl 0.9.1 "
+                                 "(ppo_trainer, ppo_megatron_trainer); the overrides compose in ppo_trainer")
             continue
         if word.startswith("-"):
-            script.note(f"{word}: an option, not a Hydra override; not passed on")
+            notes.append(f"{source}:{main.line}: {word}: an option, not a Hydra override; not passed on")
             continue
         if not eq and not word.startswith("~"):
-            script.note(f"{word!r}: not key=value; not passed on")
+            notes.append(f"{source}:{main.line}: {word!r}: not key=value; not passed on")
             continue
         overrides.append(word)
     for override in overrides:
-        split_override(override, f"--recipe {source}:{line}")
-    env = {**script.env, **prefix}
+        split_override(override, f"--recipe {source}:{main.line}")
+    env = {**read.exported, **main.prefix}
     return UserRecipe(source=source, overrides=tuple(overrides), env=env, entrypoint=entrypoint,
-                      notes=tuple(script.notes))
+                      notes=tuple(notes), unset=tuple(read.unset))
 
 
 def _entry_index(words: list[str]) -> int | None:
-    """Index of `-m` in `python -m verl.trainer.X ...` (possibly behind a launcher such as `ray job submit --`)."""
+    """Index of `-m` in `python [-u ...] -m <entry> ...` (possibly behind a launcher such as `ray job submit --`)."""
     for i in range(1, len(words) - 1):
-        if words[i] == "-m" and words[i + 1].startswith(ENTRY_PREFIX) and _PYTHON.fullmatch(words[i - 1]):
-            return i
+        if words[i] == "-m" and _is_entry(words[i + 1]):
+            j = i - 1
+            while j > 0 and re.fullmatch(r"-[uBOsSEIX]+", words[j]):  # python's own flags before -m
+                j -= 1
+            if _PYTHON.fullmatch(words[j]):
+                return i
     return None
-
-
-def _run(words: list[str], script: _Script) -> None:
-    """Record what one simple command does to the script's variables and environment (nothing is executed)."""
-    while words and words[0] in _RESERVED:
-        words = words[1:]
-    if not words:
-        return
-    if words[0] in _DECLARE:
-        exported = words[0] == "export"
-        for word in words[1:]:
-            if word.startswith("-"):
-                continue
-            found = _ASSIGNMENT.fullmatch(word)
-            if found:
-                script.variables[found[1]] = found[2]
-                if exported:
-                    script.env[found[1]] = found[2]
-            elif exported and word in script.variables:
-                script.env[word] = script.variables[word]
-        return
-    prefix = {}
-    while words and _ASSIGNMENT.fullmatch(words[0]):
-        name, value = _ASSIGNMENT.fullmatch(words[0]).groups()
-        prefix[name] = value
-        words = words[1:]
-    if not words:  # plain assignments
-        script.variables.update(prefix)
-        for name in prefix:
-            if name in script.env:  # an exported variable stays exported
-                script.env[name] = prefix[name]
-        return
-    if words[0] in ("bash", "sh", "source", ".") and len(words) > 1 and words[1].endswith(".sh"):
-        script.scripts_called.append(words[1])
-    script.commands.append((script.line, words, prefix))
-
-
-def _commands(line: str, script: _Script) -> list[list[str]]:
-    """The simple commands of one logical line as word lists, after bash's quoting and expansion (no word comes
-    from running anything). Pipes, `;`, `&&`, `||` and `&` separate commands; redirections are dropped."""
-    commands: list[list[str]] = []
-    words: list[str] = []
-    current: list[str] = []
-    started = skip_target = False
-    i, n = 0, len(line)
-
-    def finish_word():
-        nonlocal current, started, skip_target
-        if started:
-            word = "".join(current)
-            if skip_target:
-                skip_target = False
-            elif word != "\0":  # "\0": a lone `$@`, which adds no word
-                words.append(word.replace("\0", ""))
-        current, started = [], False
-
-    while i < n:
-        c = line[i]
-        if c in " \t":
-            finish_word()
-            i += 1
-        elif c == "#" and not started:
-            break
-        elif c in ";|&":
-            finish_word()
-            if line.startswith(">", i + 1) and c == "&":  # &> file
-                skip_target = True
-                i += 2
-                continue
-            if words:
-                commands.append(words)
-            words = []
-            i += 2 if line[i:i + 2] in ("&&", "||", ";;") else 1
-        elif c in "<>":
-            # `2>&1`, `> log`, `>> log`, `< in`: the fd number before it is not a word, and neither is the target
-            if started and "".join(current).isdigit():
-                current, started = [], False
-            finish_word()
-            i += 1
-            while i < n and line[i] in "<>":
-                i += 1
-            if i < n and line[i] == "&":  # >&2: duplicate a descriptor, no file word follows
-                i += 1
-                while i < n and line[i].isdigit():
-                    i += 1
-            else:
-                skip_target = True
-        elif c == "'":
-            end = line.find("'", i + 1)
-            if end < 0:
-                raise BadInput(f"--recipe {script.source}:{script.line}: unterminated single quote")
-            current.append(line[i + 1:end])
-            started = True
-            i = end + 1
-        elif c == '"':
-            i += 1
-            started = True
-            while True:
-                if i >= n:
-                    raise BadInput(f"--recipe {script.source}:{script.line}: unterminated double quote")
-                c = line[i]
-                if c == '"':
-                    i += 1
-                    break
-                if c == "\\" and i + 1 < n and line[i + 1] in '"\\$`':
-                    current.append(line[i + 1])
-                    i += 2
-                elif c == "$":
-                    text, i = _dollar(line, i, script)
-                    current.append(text)
-                else:
-                    current.append(c)
-                    i += 1
-        elif c == "\\":
-            current.append(line[i + 1] if i + 1 < n else "")
-            started = True
-            i += 2
-        elif c == "$":
-            text, i = _dollar(line, i, script)
-            started = True
-            # an unquoted expansion splits into words at whitespace, as bash does -- except in an assignment
-            # (`X=$V`, `export X=$V`: bash assigns the whole value)
-            assignment = re.match(r"[A-Za-z_]\w*=", "".join(current))
-            parts = [text] if assignment else re.split(r"[ \t\n]+", text)
-            for k, part in enumerate(parts):
-                if k:
-                    finish_word()
-                    started = True
-                current.append(part)
-            if text.strip() == "" and text != "\0":
-                started = bool(current and "".join(current))
-        elif c == "`":
-            end = line.find("`", i + 1)
-            end = n - 1 if end < 0 else end
-            current.append(line[i:end + 1])
-            started = True
-            script.note(f"command substitution {line[i:end + 1]} is not run; left as written")
-            i = end + 1
-        else:
-            current.append(c)
-            started = True
-            i += 1
-    finish_word()
-    if words:
-        commands.append(words)
-    return commands
-
-
-def _closing(line: str, start: int, opening: str, closing: str) -> int:
-    """Index of the `closing` that balances the `opening` at `start`; -1 if there is none on the line."""
-    depth = 0
-    for j in range(start, len(line)):
-        if line[j] == opening:
-            depth += 1
-        elif line[j] == closing:
-            depth -= 1
-            if depth == 0:
-                return j
-    return -1
-
-
-def _dollar(line: str, i: int, script: _Script) -> tuple[str, int]:
-    """Expand the `$...` at line[i]; returns (text, index after it)."""
-    rest = line[i + 1:]
-    if rest.startswith("(("):
-        end = _closing(line, i + 1, "(", ")")  # the `)` that closes the outer `(`: `$(( ... ))`
-        if end < 0 or line[end - 1] != ")":
-            raise BadInput(f"--recipe {script.source}:{script.line}: unterminated $((")
-        return str(_arithmetic(line[i + 3:end - 1], script)), end + 1
-    if rest.startswith("("):
-        end = _closing(line, i + 1, "(", ")")
-        end = len(line) - 1 if end < 0 else end
-        text = line[i:end + 1]
-        script.note(f"command substitution {text} is not run; left as written")
-        return text, end + 1
-    if rest.startswith("{"):
-        end = line.find("}", i + 2)
-        if end < 0:
-            raise BadInput(f"--recipe {script.source}:{script.line}: unterminated ${{")
-        return _parameter(line[i + 2:end], script), end + 1
-    if rest[:1] in ("@", "*") or rest[:1].isdigit() or rest[:1] in ("#", "?", "$", "!"):
-        if rest[:1] in ("@", "*") or rest[:1].isdigit():
-            script.note(f"${rest[:1]}: the script's own arguments are not known; pass them after --")
-        return "\0", i + 2
-    found = _NAME.match(rest)
-    if not found:
-        return "$", i + 1
-    return _parameter(found[0], script), i + 1 + found.end()
-
-
-def _parameter(expression: str, script: _Script) -> str:
-    """`NAME`, `NAME:-default`, `NAME-default`, `NAME:=default` as bash expands them from the script's variables."""
-    found = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+?])?(.*)", expression, re.S)
-    if not found:
-        script.note(f"${{{expression}}}: not expanded; left as written")
-        return f"${{{expression}}}"
-    name, op, word = found.groups()
-    value = script.variables.get(name)
-    empty = value is None or (op or "").startswith(":") and value == ""
-    if op in ("-", ":-", "=", ":="):
-        if empty:
-            default = "".join(_expand_plain(word, script))
-            if op in ("=", ":="):
-                script.variables[name] = default
-            return default
-        return value
-    if op in ("+", ":+"):
-        return "" if empty else "".join(_expand_plain(word, script))
-    if value is None:
-        script.note(f"${name} is not set in the script; left as written")
-        return f"${{{name}}}"
-    return value
-
-
-def _expand_plain(word: str, script: _Script) -> list[str]:
-    """Expansions inside a ${NAME:-default} word (no quoting there)."""
-    out, i = [], 0
-    while i < len(word):
-        if word[i] == "$":
-            text, i = _dollar(word, i, script)
-            out.append(text.replace("\0", ""))
-        else:
-            out.append(word[i])
-            i += 1
-    return out
-
-
-_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-          ast.Div: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-
-
-def _arithmetic(expression: str, script: _Script) -> int:
-    """bash integer arithmetic ($((...))) over the script's variables: + - * / % ** and parentheses only."""
-    text = "".join(_expand_plain(expression, script))
-
-    def value(node) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.Name):
-            raw = script.variables.get(node.id, "0") or "0"
-            try:
-                return int(raw)
-            except ValueError:
-                raise BadInput(f"--recipe {script.source}:{script.line}: ${{{node.id}}}={raw!r} in $(( {text} )) "
-                               "is not a whole number") from None
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
-        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
-                raise BadInput(f"--recipe {script.source}:{script.line}: division by zero in $(( {text} ))")
-            if isinstance(node.op, ast.Pow) and (right < 0 or right > 64):
-                raise BadInput(f"--recipe {script.source}:{script.line}: exponent {right} in $(( {text} ))")
-            return _ARITH[type(node.op)](left, right)
-        raise BadInput(f"--recipe {script.source}:{script.line}: $(( {text} )) uses what the harness does not "
-                       "evaluate (only + - * / % ** on whole numbers and variables)")
-
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
-        raise BadInput(f"--recipe {script.source}:{script.line}: $(( {text} )) is not arithmetic") from None
-    return value(tree.body)

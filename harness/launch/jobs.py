@@ -56,7 +56,7 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
     harness.config.job), writing into `run_dir`. Every scale but tiny (whose job writes its own inputs into the run
     directory) needs absolute `shared_inputs`. `env` adds to the recipe's environment; `prelude`: commands (argv)
     the job runs first, each of which must succeed before verl starts."""
-    from harness.config.recipe import dapo_recipe
+    from harness.config.recipe import dapo_recipe, shell_word
 
     run_dir = Path(run_dir).resolve()
     if recipe is None:
@@ -74,7 +74,8 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                  f"global_profiler.save_path={run_dir / 'profiles'}",
                  *extra_overrides]
     commands = [*prelude, ("python3", "-m", recipe.entrypoint, *overrides)]
-    entrypoint = " && ".join(" ".join(shlex.quote(w) for w in argv) for argv in commands)
+    # shell_word: a recipe's `${HOME}` stays for the job's shell to expand (single-quoted, OmegaConf failed on it)
+    entrypoint = " && ".join(" ".join(shell_word(w) for w in argv) for argv in commands)
     return JobSpec(name=scale.name, entrypoint=entrypoint, run_dir=str(run_dir), total_steps=steps,
                    env={**recipe.env, **(env or {})}, resume=resume)
 
@@ -113,4 +114,8 @@ def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resum
     job = build_job(scale, user, model_path=model_path, data_dir=data_dir)
     if job.plan_error:
         raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
-    return verl_job(job.scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=resume, recipe=job.recipe)
+    # the recipe's own trainer.total_training_steps unless --steps says otherwise (the default was appended after it,
+    # and Hydra's last override won: a recipe's 10 became 20)
+    own = job.recipe.override_map().get("trainer.total_training_steps")
+    steps = steps or (int(own) if own and own.strip().isdigit() and int(own) > 0 else DEFAULT_STEPS_VERL)
+    return verl_job(job.scale, run_dir, steps=steps, resume=resume, recipe=job.recipe)

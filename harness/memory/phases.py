@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from harness.config.hardware import GiB
+from harness.config.job import check_world
 from harness.config.models import ModelSpec
 from harness.config.plans import Recompute
 from harness.config.platforms import platform_facts
@@ -40,9 +41,15 @@ class MemoryOptions:
     # per die (8 MoE layers, EP8), which fits 64 GB with bf16 grads and could not with fp32 ones.
     grad_bytes: int = BF16
     optimizer_bytes: int = 3 * FP32  # fp32 master weights + Adam m and v, sharded by the distributed optimizer
-    # Seed 001 counts the actor's logits as full-vocabulary fp32 [b, s, V] (35 GB at 5 x 14336); with
-    # vocab-parallel cross entropy they are split by TP (set True to model that).
-    vocab_parallel_logits: bool = False
+    # The actor's logits are vocab-parallel: [tokens, V/TP] on each TP rank. verl 0.9.1's Megatron engine, which every
+    # harness recipe runs (model_engine=megatron), computes log-probs and entropy on the TP-sharded logits:
+    # verl/workers/engine/megatron/transformer_impl.py `_lm_head_logits_processor` -> `vocab_parallel_entropy` and
+    # verl/utils/megatron/tensor_parallel.py `vocab_parallel_log_probs_from_logits` (megatron-core
+    # `tensor_parallel.vocab_parallel_cross_entropy`); no rank gathers the full vocabulary. Modelling the full
+    # vocabulary per rank (seed 001's 35 GB count) put seed 002's production A3 recipe (120 TPS/card) at 73 GiB in
+    # ref_log_prob, a FAIL for a job that ran (issue 30). False models an engine that gathers them (FSDP's TP-less
+    # logits are full anyway: shards = CP only).
+    vocab_parallel_logits: bool = True
     micro_batch: int | None = None  # None: scale.batch.micro_batch_size_per_device (dynamic bsz packs more)
     # The log-prob phases' own micro batches (verl: rollout.log_prob_micro_batch_size_per_gpu for old_log_prob,
     # ref.log_prob_micro_batch_size_per_gpu for ref_log_prob); None: the training micro batch.
@@ -422,6 +429,7 @@ def plan_memory(scale: Scale, options: MemoryOptions | None = None,
     unknown = [p for p in phases if p not in PHASES]
     if unknown:
         raise BadInput(f"phase {unknown[0]!r}: use one of {', '.join(PHASES)}")
+    check_world(scale)  # one line, not a ZeroDivisionError, for a world smaller than the plan (issue 30)
     o = (options or MemoryOptions()).resolve(scale)
     out = []
     if {"rollout", "prefill"} & set(phases):
