@@ -108,6 +108,10 @@ def test_install_script_builds_from_the_pinned_sources(stack):
     assert f"git clone --depth 1 -b v{vllm} https://github.com/vllm-project/vllm.git" in script
     assert 'VLLM_TARGET_DEVICE=empty python3 -m pip install -e "$SRC/vllm"' in script
     assert f"git clone --depth 1 -b {tag} https://github.com/vllm-project/vllm-ascend.git" in script
+    # its build requires triton-ascend (pyproject.toml), served only by Huawei's Ascend index (the Dockerfile's
+    # PIP_EXTRA_INDEX_URL for this step): a bare-metal / tox install failed without it
+    assert ('PIP_EXTRA_INDEX_URL=https://mirrors.huaweicloud.com/ascend/repos/pypi python3 -m pip install -e '
+            '"$SRC/vllm-ascend"') in script
     assert "pip install vllm==" not in script and "pip install vllm-ascend==" not in script
     assert f"have vllm {vllm} ||" in script and f"have vllm-ascend {tag[1:]} ||" in script  # skipped in the image
     cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu/"

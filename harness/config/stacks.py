@@ -41,6 +41,8 @@ class Pin:
 # torch-npu 2.10.0.post4's wheel requires torch==2.10.0+cpu (its METADATA), which only that index has; on aarch64
 # the PyPI torch is the CPU build already.
 TORCH_CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu/"
+# Huawei's Ascend index: the only one serving triton-ascend, which vllm-ascend's build requires
+ASCEND_INDEX = "https://mirrors.huaweicloud.com/ascend/repos/pypi"
 
 
 @dataclass(frozen=True)
@@ -133,16 +135,21 @@ def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_np
     # Both from source as the stack's Dockerfile does it: vLLM from a checkout with VLLM_TARGET_DEVICE=empty (the
     # variable only affects source builds: `pip install vllm==X` takes the CUDA wheel, which needs another torch),
     # triton uninstalled (it does not work on Ascend), vllm-ascend from its checkout with CANN and ATB sourced, then
-    # triton-ascend. vllm-ascend 0.20.2rc1 is not on the package index at all.
+    # triton-ascend. vllm-ascend 0.20.2rc1 is on the package index as an sdist only (no wheel), so it is built from
+    # the checkout like v0.23.0. Its build requires triton-ascend (v0.23.0 pyproject.toml: triton-ascend==3.2.2;
+    # v0.20.2rc1: 3.2.1), which only Huawei's Ascend index serves: the Dockerfile exports it as PIP_EXTRA_INDEX_URL
+    # for that step (vllm-project/vllm-ascend v0.23.0 Dockerfile, "Install vllm-ascend"); without it a bare-metal or
+    # tox install failed resolving the build requirements.
     vllm_install = (f'rm -rf "$SRC/vllm" && git clone --depth 1 -b v{vllm} '
                     'https://github.com/vllm-project/vllm.git "$SRC/vllm" && '
                     f'VLLM_TARGET_DEVICE=empty python3 -m pip install -e "$SRC/vllm" {TORCH_CPU_INDEX} && '
                     "python3 -m pip uninstall -y triton")
     ascend_install = (f'rm -rf "$SRC/vllm-ascend" && git clone --depth 1 -b {tag} '
                       'https://github.com/vllm-project/vllm-ascend.git "$SRC/vllm-ascend" && '
+                      f'PIP_EXTRA_INDEX_URL={ASCEND_INDEX} '
                       f'python3 -m pip install -e "$SRC/vllm-ascend" {TORCH_CPU_INDEX} && '
                       "python3 -m pip uninstall -y triton triton-ascend && python3 -m pip install "
-                      f"triton-ascend=={triton_ascend} --extra-index-url https://mirrors.huaweicloud.com/ascend/repos/pypi")
+                      f"triton-ascend=={triton_ascend} --extra-index-url {ASCEND_INDEX}")
     return Stack(
         name=f"vllm-ascend-{tag.lstrip('v')}", kind="npu", supported=True, python=python,
         env={"VLLM_TARGET_DEVICE": "empty"},
