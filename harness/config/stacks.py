@@ -244,7 +244,8 @@ def best_match(kind: str, installed: dict[str, str | None],
 # ---------------------------------------------------------------- what blocks verl's router replay (R3)
 R3_MIN_VLLM = "0.22.0"  # verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py refuses R3 below it
 # megatron-core's moe_utils must define every name verl 0.9.1 utils/megatron/router_replay_patch.py imports in ONE
-# try block; core_r0.12.1 lacks the last two, so all three stay unbound (measured: harness.engines.router_replay_probe)
+# try block; core_r0.12.1 .. core_v0.13.x lack the last two (first in core_v0.14.0), so all three stay unbound
+# (measured on 0.12.1: harness.engines.router_replay_probe)
 R3_MOE_UTILS_NAMES = ("group_limited_topk", "apply_router_token_dropping", "compute_routing_scores_for_aux_loss")
 
 
@@ -266,10 +267,20 @@ def missing_replay_names(moe_utils_source: str) -> list[str]:
     return [n for n in R3_MOE_UTILS_NAMES if f"def {n}(" not in moe_utils_source]
 
 
+def _before(version: str, bound: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(bound)
+    except InvalidVersion:
+        return False
+
+
 def r3_blockers(versions: dict[str, str | None], moe_utils_source: str | None = None) -> list[str]:
     """Why verl 0.9.1's rollout routing replay (R3: vLLM routes replayed in Megatron's TopKRouter) cannot work with
     these packages; empty when nothing known blocks it. `moe_utils_source` (the installed megatron-core's
-    moe_utils.py) decides the megatron-core case by source; without it, only the verified 0.12.1 is named."""
+    moe_utils.py) decides the megatron-core case by source; without it, a version before 0.14.0 is named
+    (Megatron-LM core_v0.13.x still lacks apply_router_token_dropping and compute_routing_scores_for_aux_loss)."""
     from packaging.version import InvalidVersion, Version
 
     out = []
@@ -282,7 +293,7 @@ def r3_blockers(versions: dict[str, str | None], moe_utils_source: str | None = 
         pass
     megatron = versions.get("megatron-core")
     missing = (missing_replay_names(moe_utils_source) if moe_utils_source is not None
-               else list(R3_MOE_UTILS_NAMES[1:]) if megatron and megatron.startswith("0.12.") else [])
+               else list(R3_MOE_UTILS_NAMES[1:]) if megatron and _before(megatron, "0.14.0") else [])
     if megatron and missing:
         out.append(f"megatron-core {megatron} moe_utils lacks {', '.join(missing)}: verl 0.9.1 "
                    "utils/megatron/router_replay_patch.py then leaves group_limited_topk unbound, and DeepSeek-V3's "
