@@ -45,7 +45,7 @@ def test_supported_npu_stacks_fit_verl():
     for stack in NPU_STACKS:
         major, minor, patch = (int(x) for x in stack.pin("transformers").version.split("."))
         assert (5, 5, 3) <= (major, minor, patch) < (5, 11, 0) and (major, minor, patch) != (5, 6, 0)
-        assert stack.pin("megatron-core").version == "0.12.1" and stack.pin("mindspeed").how == "source"
+        assert stack.pin("megatron-core").version in ("0.12.1", "0.16.0") and stack.pin("mindspeed").how == "source"
     assert not get_stack("vllm-ascend-0.19.1rc1").supported
 
 
@@ -116,13 +116,16 @@ def test_install_script_builds_from_the_pinned_sources(stack):
     assert f"have vllm {vllm} ||" in script and f"have vllm-ascend {tag[1:]} ||" in script  # skipped in the image
     cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu/"
     assert f"-r requirements/npu.txt -c {stack.constraints_file} {cpu_index}" in script
-    assert "git clone --depth 1 -b v2.3.0_core_r0.12.1 https://github.com/Ascend/MindSpeed.git" in script
+    mindspeed = "core_r0.16.0" if stack.pin("megatron-core").version == "0.16.0" else "v2.3.0_core_r0.12.1"
+    assert f"git clone --depth 1 -b {mindspeed} https://github.com/Ascend/MindSpeed.git" in script
     assert f"'mbridge @ git+https://github.com/ISEEKYAN/mbridge@{MBRIDGE_COMMIT}'" in script
     assert lines[-1] == "python3 -m pip install --no-deps -e ."
     # the order that works: the sources before the constraint set, MindSpeed / mbridge after it (--no-deps)
-    order = [script.index(s) for s in ("vllm.git", "vllm-ascend.git", "-r requirements/npu.txt", "MindSpeed.git",
-                                        "ISEEKYAN/mbridge@")]
+    steps = ("vllm.git", "vllm-ascend.git", "-r requirements/npu.txt", "ISEEKYAN/mbridge@")
+    order = [script.index(s) for s in steps]
     assert order == sorted(order)
+    if stack.pin("mindspeed").reports:  # a version that lies: reinstalled after the constraint set, every time
+        assert script.index("-r requirements/npu.txt") < script.index("MindSpeed.git")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
 
@@ -227,3 +230,20 @@ def test_r3_blockers_of_the_supported_stacks():
                                                          "vllm": "0.20.2"})}
     r3 = next(r for a, r in rows.items() if "R3" in a)
     assert r3["verdict"] == "break" and "0.22.0" in r3["reason"]
+
+
+def test_both_megatron_lines_are_rows():
+    """verl v0.9.0's own NPU install (install_guidance.rst, install_vllm_mcore_npu.sh) pairs vllm-ascend 0.23.0 with
+    Megatron-LM / MindSpeed core_r0.16.0 and transformers 5.10.4; seed 002's line is core_r0.12.1. Both are rows, the
+    0.16 one without R3's megatron-core blocker; doctor matches a machine of that line to its row."""
+    from harness.config.stacks import r3_blockers
+
+    old, new = get_stack("vllm-ascend-0.23.0"), get_stack("vllm-ascend-0.23.0-mcore-0.16")
+    assert (old.pin("megatron-core").version, new.pin("megatron-core").version) == ("0.12.1", "0.16.0")
+    assert new.pin("transformers").version == "5.10.4" and new.pin("mindspeed").version == "0.16.0"
+    assert len(r3_blockers({p.name: p.version for p in old.pins})) == 1
+    assert r3_blockers({p.name: p.version for p in new.pins}) == []
+    have = {p.name: p.reports or p.version for p in new.pins}
+    stack, diff = best_match("npu", have, {"mbridge": False})
+    assert (stack.name, diff) == (new.name, [])
+
