@@ -230,12 +230,16 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
             from harness.errors import PlanError
 
             raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
-        # the user's recipe rebuilt with the shared mount's inputs (absolute on every pod): the job `launch --k8s`
-        # hands over was built without them, so its recipe named the relative models/<name> and data/dapo
+        # the user's recipe rebuilt with the shared mount's inputs (absolute on every pod) where it names none itself:
+        # the job `launch --k8s` hands over was built without them, so its recipe named the relative models/<name>
+        # and data/dapo
         from harness.config.job import build_job
 
-        job = build_job(scale, job.user, model_path=f"{SHARED_MOUNT}/models/{scale.model.name}",
-                        data_dir=f"{SHARED_MOUNT}/data/dapo")
+        given = job.user.override_map() if job.user else {}
+        job = build_job(scale, job.user,
+                        model_path=None if given.get("actor_rollout_ref.model.path")
+                        else f"{SHARED_MOUNT}/models/{scale.model.name}",
+                        data_dir=None if given.get("data.train_files") else f"{SHARED_MOUNT}/data/dapo")
         scale, recipe = job.scale, job.recipe
     job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe,
                    model_path=f"{SHARED_MOUNT}/models/{scale.model.name}", data_dir=f"{SHARED_MOUNT}/data/dapo")
