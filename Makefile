@@ -1,5 +1,5 @@
 # The two commands of the README. Each sets up its own environment (scripts/bootstrap, idempotent).
-.PHONY: job test lint bootstrap
+.PHONY: job test lint bootstrap rehearse
 VENV ?= .venv
 
 bootstrap:
@@ -17,3 +17,13 @@ test: bootstrap
 lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# The NPU nightly's orchestration rehearsed on this CPU (no NPU kernels): the install set against verl's V1 imports,
+# the NPU container without iproute2, the nightly's tiny-verl split and shared run root, a strict-hardware batch-
+# invariance night, verl's ray.init merge on the launcher's local Ray cluster (root: unshare), each with its seeded
+# revert. Not here: the aarch64 resolution against the package index (`pytest tests -m registry`, network).
+rehearse: bootstrap
+	$(VENV)/bin/python -m pytest -p no:cacheprovider tests/test_rehearsal.py tests/test_requirements.py \
+	  tests/test_isolation.py tests/test_launch_local.py tests/test_ray_address.py \
+	  "tests/test_mla_seeded.py::test_no_claim_passes_under_strict_hardware"
+

@@ -12,6 +12,11 @@
 #   HARDWARE      a2 | a3 (default a3): picks the scales below and is passed as --hardware
 #   SCALES        override the scale list (space separated, in tier order)
 #   RAY_ADDRESS   the cluster's Ray dashboard (http://HEAD:8265) for the multi-node tiers
+#   HARNESS_RUN_ROOT  required with RAY_ADDRESS: an absolute directory on storage every cluster node and this host
+#                 mount (the launched jobs write their logs there on a cluster node; harness.launch.jobs)
+#   TINY_VERL     here | elsewhere | only (default here): where the tiny tier's verl runs go (`--tiny-verl`; they
+#                 need root, unshare and iproute2, which the NPU container lacks: the workflow sets elsewhere and
+#                 runs them in its tiny-verl-cpu job on a CPU runner)
 #   BASELINE_DIR  golden baselines (default baselines/)
 #   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
 #   PUBLISH_DIR   where the HTML goes (default ./public)
@@ -46,12 +51,22 @@ run() {  # run a command, or print it under NIGHTLY_DRY_RUN=1
   if [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
+if [ -n "${RAY_ADDRESS:-}" ]; then
+  # fail the night before the first tier, not after the tiny and layer tiers ran (the plugin refuses it too)
+  case "${HARNESS_RUN_ROOT:-}" in
+    /*) run mkdir -p "$HARNESS_RUN_ROOT" ;;
+    *) echo "ci/nightly.sh: error: RAY_ADDRESS is set but HARNESS_RUN_ROOT=${HARNESS_RUN_ROOT:-} is not an absolute" \
+            "path: set it to a directory every cluster node and this host mount" >&2; exit 2 ;;
+  esac
+fi
+
 status=0
 for scale in $SCALES; do
   out="$REPORTS/$scale"
   run mkdir -p "$out"
   extra=(--strict-hardware --hardware "$HARDWARE")
   [ -n "${RAY_ADDRESS:-}" ] && extra+=(--ray-address "$RAY_ADDRESS")
+  [ -n "${TINY_VERL:-}" ] && extra+=(--tiny-verl "$TINY_VERL")
   [ -d "$BASELINE_DIR/$HARDWARE" ] && extra+=(--baseline "$BASELINE_DIR/$HARDWARE")
   tier_status=0
   run "$HARNESS" run --scale "$scale" --report-dir "$out" -- "${extra[@]}" || tier_status=$?

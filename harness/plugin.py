@@ -154,6 +154,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--engine", default=None, metavar="MODULE:FACTORY",
                 help="the system under test: a factory returning a harness Engine (default: built-in engines); "
                      "imports and runs MODULE, so name only code you trust")
+    g.addoption("--tiny-verl", default="here", choices=("here", "elsewhere", "only"),
+                help="where the tiny verl runs (verl on vLLM CPU in a loopback-only Ray cluster: needs root, "
+                     "unshare and iproute2) go: here (default); elsewhere: deselected, another job runs them (the "
+                     "NPU nightly's container has no iproute2 and no privileges: the workflow's tiny-verl-cpu job "
+                     "on a CPU runner); only: nothing but them (that CPU job)")
     g.addoption("--ray-address", default=None,
                 help="the Ray dashboard of an existing cluster, http://HEAD:8265 (Jobs + state API; the launcher "
                      "submits there and device counts come from there)")
@@ -202,6 +207,10 @@ def pytest_configure(config: pytest.Config) -> None:
     address = config.getoption("ray_address")
     try:  # one meaning of --ray-address (the dashboard URL); a GCS or ray:// address is a usage error up front
         config.stash[CLUSTER_KEY] = {"address": dashboard_url(address) if address else None}
+        if address:  # the cluster's job writes where only a shared run root lets this host read it
+            from harness.launch.jobs import shared_run_root
+
+            shared_run_root()
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_input_paths(config)

@@ -42,3 +42,14 @@ def batch_invariant(spec, **kwargs):
 def split_k(spec, **kwargs):
     """Claims batch invariance, but layer 0's o_proj is a split-K GEMM split by the batch size (EngineFault.SPLIT_K)."""
     return make_reference_engine(spec, batch_invariant=True, fault=EngineFault.SPLIT_K, **kwargs)
+
+
+MODE_ENV = "HARNESS_SEEDED_BATCH_INVARIANT"  # a stand-in for VLLM_BATCH_INVARIANT=1 (self-tests only)
+
+
+def mode_invariant(spec, **kwargs):
+    """Claims batch invariance when its mode variable is set, as vLLM does with VLLM_BATCH_INVARIANT=1; the suite
+    builds it that way only in a fresh process (harness.consistency.invariance.measure_with_mode)."""
+    import os
+
+    return make_reference_engine(spec, batch_invariant=os.environ.get(MODE_ENV) == "1", **kwargs)

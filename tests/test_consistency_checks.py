@@ -67,3 +67,22 @@ def test_replay_layout_and_its_seeded_faults():
     assert torch.equal(reversed_[0, :4, 1], routes[0][:, 2])
     with pytest.raises(ValueError, match="expected 4"):
         replay_targets([routes[0][:3], routes[1]], [3, 1], [2, 2], SPEC)
+
+
+def test_a_claim_is_judged_in_its_own_process_with_the_mode_on():
+    """The platform's batch-invariant mode patches torch for the whole process (vllm-ascend v0.23.0
+    batch_invariant.py), so the suite turns it on in a fresh process only: there the engine claims and is judged;
+    this process never sees the mode."""
+    import os
+
+    from seeded_engines import MODE_ENV, mode_invariant
+
+    from harness.consistency.invariance import measure_with_mode
+    from harness.engines.isolation import in_fresh_process
+
+    others = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15]]
+    judged = in_fresh_process(measure_with_mode, mode_invariant, {MODE_ENV: "1"},
+                              dict(spec=TINY, weights=None, load_format="dummy", dtype=torch.float32, seed=0),
+                              [1, 2, 3, 4], others, 4)
+    assert judged.claimed and judged.invariant and len(judged.cases) == 3, judged.to_json()
+    assert MODE_ENV not in os.environ

@@ -40,6 +40,27 @@ def _reference_sleeps(level: int) -> dict:
                 "restored": torch.equal(kv_b, before)}
 
 
+def _camem_init() -> str:
+    """What vllm-ascend v0.23.0 device_allocator/camem.py CaMemAllocator.__init__ asserts, in the child."""
+    conf = os.environ.get("PYTORCH_NPU_ALLOC_CONF", "")
+    assert "expandable_segments:True" not in conf, f"Expandable segments are not compatible ({conf})"
+    return conf
+
+
+def test_child_gets_the_launch_allocator_setting_not_the_engines(monkeypatch):
+    """vllm-ascend v0.23.0 platform.py check_and_update_config writes PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
+    into this process whenever sleep mode is off; a sleep-mode engine built fresh afterwards must not inherit it
+    (seeded: without the restore the child's CaMemAllocator assert fires)."""
+    from harness.engines import isolation
+
+    monkeypatch.setitem(isolation.LAUNCH_ENV, "PYTORCH_NPU_ALLOC_CONF", "page_size:1g")  # the user's own setting
+    monkeypatch.setenv("PYTORCH_NPU_ALLOC_CONF", "page_size:1g,expandable_segments:True")  # what vllm-ascend leaves
+    assert in_fresh_process(_camem_init) == "page_size:1g"
+    monkeypatch.setitem(isolation.LAUNCH_ENV, "PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+    with pytest.raises(RuntimeError, match="AssertionError: Expandable segments are not compatible"):
+        in_fresh_process(_camem_init)  # the check can fail: a launch setting that breaks it is passed on
+
+
 def test_result_comes_from_another_process():
     assert in_fresh_process(_pid) != os.getpid()
 

@@ -155,7 +155,10 @@ def test_shm_bounded_and_no_capabilities(name):
 def test_pull_policy_by_reference():
     digest = "registry.local:5000/team/img@sha256:" + "0" * 64
     assert pull_policy(digest) == "IfNotPresent"
-    assert pull_policy("verl-ascend:latest") == pull_policy("img:1") == "Always"
+    assert pull_policy("verl-ascend:latest") == pull_policy("registry:5000/img") == "Always"
+    # a versioned tag as MindCluster's samples pull it; the default, built on the nodes, was ImagePullBackOff
+    assert pull_policy("img:1") == pull_policy("registry:5000/team/img:v2") == pull_policy(DEFAULT_IMAGE) == \
+        "IfNotPresent"
     assert ":latest" not in DEFAULT_IMAGE
     *_, job = _manifest("full-a3", image=digest)
     assert {c["imagePullPolicy"] for _, _, c in _containers(job)} == {"IfNotPresent"}
@@ -171,3 +174,20 @@ def test_no_reschedule_claim():
     assert job["spec"]["maxRetry"] == 0
     assert {p["action"] for p in job["spec"]["policies"]} == {"AbortJob"}
     assert "rescheduled head" not in open(k8s.__file__).read()
+
+
+def test_a_users_recipe_reads_its_inputs_from_the_shared_mount():
+    """`launch --k8s --recipe FILE` hands manifest() a job built without inputs: its recipe named the relative
+    models/<name> and data/dapo, which no pod has (seeded: the job's recipe used as it came)."""
+    from harness.config.job import build_job
+    from harness.config.user_recipe import read_recipe
+    from harness.launch.k8s import SHARED_MOUNT, manifest
+
+    scale = get_scale("full-a3")
+    user = read_recipe(overrides=["trainer.project_name=mine"])
+    (*_, job) = manifest(scale, image="img:1", namespace="rl", steps=3, job=build_job(scale, user))
+    command = " ".join(c["command"][-1] if isinstance(c.get("command"), list) else str(c.get("args", ""))
+                       for _, _, c in _containers(job))
+    assert f"actor_rollout_ref.model.path={SHARED_MOUNT}/models/{scale.model.name}" in command
+    assert f"data.train_files={SHARED_MOUNT}/data/dapo/train.parquet" in command
+    assert "trainer.project_name=mine" in command

@@ -39,9 +39,9 @@ CASES = {
     "router-replay-r3-needs-vllm-0.22": (
         ({**A3_STACK, "vllm": "0.20.2"}, {f"{_RO}.enable_rollout_routing_replay": "True"}, {}),
         (A3_STACK, {f"{_RO}.enable_rollout_routing_replay": "True"}, {})),
-    "router-replay-megatron-core-0.12": (
-        (A3_STACK, {f"{_MG}.router_replay.mode": "R2"}, {}),
-        (A3_STACK, {f"{_MG}.router_replay.mode": "disabled"}, {})),
+    "router-replay-megatron-core-before-0.14": (  # core_v0.13.x still lacks the names; core_v0.14.0 has them
+        ({**A3_STACK, "megatron-core": "0.13.1"}, {f"{_MG}.router_replay.mode": "R2"}, {}),
+        ({**A3_STACK, "megatron-core": "0.14.0"}, {f"{_MG}.router_replay.mode": "R2"}, {})),
     "mbridge-rope-theta-transformers-5": (
         ({**A3_STACK, "mbridge": "0.15.1"}, {f"{_MG}.vanilla_mbridge": "True"}, {}),
         (A3_STACK, {f"{_MG}.vanilla_mbridge": "True"}, {})),  # 0.15.1+680253f
@@ -54,9 +54,9 @@ CASES = {
     "vllm-ascend-0.19-numpy-conflict": (
         (stack_versions("vllm-ascend-0.19.1rc1"), {}, {}),
         (stack_versions("vllm-ascend-0.20.2rc1"), {}, {})),
-    "mla-vanilla-prefill-oom": (
-        (A3_STACK, {f"{_RO}.enable_chunked_prefill": "False"}, {}),
-        (A3_STACK, {}, {})),
+    "mla-vanilla-prefill-oom": (  # the vanilla path is gone from mla_v1.py since v0.11.0rc0
+        ({**A3_STACK, "vllm-ascend": "0.10.0rc1"}, {f"{_RO}.enable_chunked_prefill": "False"}, {}),
+        (A3_STACK, {f"{_RO}.enable_chunked_prefill": "False"}, {})),
     "logits-oom-long-responses": (
         (A3_STACK, {"data.max_response_length": "12288"}, {}),
         (A3_STACK, {"data.max_response_length": "12288", f"{_MG}.context_parallel_size": "2"}, {})),
@@ -195,3 +195,14 @@ def test_doctor_on_cpu_says_a_cluster_recipe_needs_stack(capsys):
     code, out, _ = _doctor(capsys, "--json", "--", "trainer.device=npu", "trainer.nnodes=16")
     doc = json.loads(out)
     assert "pass --stack NAME" in doc["known_bugs"]["note"] and "trainer.nnodes=16" in doc["known_bugs"]["note"]
+
+
+def test_doctor_checks_this_machines_environment(monkeypatch):
+    """The env rows of this machine's stack are judged against its environment (seeded: an empty one, so an
+    exported PYTORCH_NPU_ALLOC_CONF=expandable_segments:True never hit); a named stack has no machine to read."""
+    from harness.cli.doctor_cmd import known_bugs
+
+    monkeypatch.setenv("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+    row = "vllm-ascend-camem-expandable-segments"
+    assert row in {h["id"] for h in known_bugs(A3_STACK, None, installed=True)["hits"]}
+    assert row not in {h["id"] for h in known_bugs(A3_STACK, None, installed=False)["hits"]}

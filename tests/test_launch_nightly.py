@@ -26,7 +26,7 @@ def test_workflow_parses_and_runs_the_script_on_ascend_runners():
     assert triggers["schedule"][0]["cron"] and "workflow_dispatch" in triggers
     job = doc["jobs"]["nightly"]
     runners = {row["runner"] for row in job["strategy"]["matrix"]["include"]}
-    assert runners == {"linux-aarch64-a2-8", "linux-aarch64-a3-16"}
+    assert runners == {"linux-aarch64-a2b3-8", "linux-aarch64-a3-16"}  # A2: verl #5578
     assert {row["hardware"] for row in job["strategy"]["matrix"]["include"]} == {"a2", "a3"}
     runs = [step.get("run", "") for step in job["steps"]]
     assert any(r.strip() == "bash ci/nightly.sh" for r in runs)
@@ -50,6 +50,7 @@ def test_script_is_valid_bash():
 @pytest.mark.parametrize("hardware", ["a2", "a3"])
 def test_tiers_in_order_strict_trend_and_publish(hardware, tmp_path):
     env = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": hardware, "RAY_ADDRESS": "http://head:8265",
+           "HARNESS_RUN_ROOT": str(tmp_path / "runs"),  # required with RAY_ADDRESS
            "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public"),
            "GITHUB_STEP_SUMMARY": str(tmp_path / "step-summary.md")}
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -29,11 +29,11 @@ def _preload_heavy_modules():
     import harness.engines.training  # noqa: F401
 
 
-def run_suite(pytester: pytest.Pytester, suite: Path, engine: str, select: str) -> pytest.RunResult:
+def run_suite(pytester: pytest.Pytester, suite: Path, engine: str, select: str, *args: str) -> pytest.RunResult:
     # fp32: the seeded faults are fp32 bugs (a bf16 rounding is no fault in a bf16 engine); bf16 runs in the suites
     return pytester.runpytest_inprocess(str(suite), "--engine", f"seeded_engines:{engine}", "-m", "tiny",
                                         "-k", f"({select}) and not bf16", "-p", "no:cacheprovider",
-                                        f"--rootdir={ROOT}", "-q")
+                                        f"--rootdir={ROOT}", "-q", *args)
 
 
 # (engine, suite, -k selection, failures expected, words the failure output must contain)
@@ -92,3 +92,13 @@ def test_reference_engine_passes_suite(pytester, suite, select, engine):
     result = run_suite(pytester, suite, engine, select)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) > 0, result.stdout.str()[-3000:]
+
+
+def test_no_claim_passes_under_strict_hardware(pytester):
+    """The nightly passes --strict-hardware; an engine that claims no batch invariance on a platform without a
+    batch-invariant mode (vLLM CPU; here the plain reference engine) is recorded and passes. Seeded: the suite once
+    skip-or-failed there, which under --strict-hardware failed every night by design."""
+    result = run_suite(pytester, INVARIANCE_SUITE, "correct", "batched", "--strict-hardware")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 1, result.stdout.str()[-3000:]
+

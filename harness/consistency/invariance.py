@@ -132,3 +132,18 @@ def measure_batch_invariance(engine, target: list[int], others: Sequence[list[in
     if chunked is not None:
         cases.append(compare("prefill chunked", alone, chunked, judged=claimed))
     return BatchInvariance(engine=engine.name, claimed=claimed, cases=tuple(cases))
+
+
+def measure_with_mode(make, env: dict[str, str], make_kwargs: dict, target: list[int], others: Sequence[list[int]],
+                      max_tokens: int) -> BatchInvariance:
+    """In a fresh process (harness.engines.isolation.in_fresh_process): switch the platform's batch-invariant mode
+    on (`env`, e.g. VLLM_BATCH_INVARIANT=1), build the engine with `make(**make_kwargs)` and measure it. The mode
+    patches torch for the whole process (vllm-ascend v0.23.0 batch_invariant.py init_batch_invariance, called from
+    worker/worker.py; vLLM model_executor/determinism/batch_invariant.py), so it never runs in the suite's own
+    process; the engine then claims invariance (`Engine.batch_invariant`) and its claim is judged."""
+    import os
+
+    os.environ.update(env)
+    with make(**make_kwargs) as engine:
+        return measure_batch_invariance(engine, target, others, max_tokens)
+

@@ -6,6 +6,13 @@ in a process (harness.config.platforms `sleep_process_source`: vllm-ascend v0.20
 so a process builds at most one sleep-mode engine (`claim_sleep_slot` says so in one line instead of the upstream
 assert), and a suite that needs several builds each in `in_fresh_process`. Device memory measured by
 `mem_get_info` is device-wide, so a measurement taken in the child is the device's, not the child's.
+
+A fresh process starts from the environment this process was launched with, not the one engines left behind:
+vllm-ascend v0.23.0 `platform.py` `NPUPlatform.check_and_update_config` writes
+`PYTORCH_NPU_ALLOC_CONF=expandable_segments:True` into `os.environ` whenever sleep mode is off, and
+`device_allocator/camem.py` `CaMemAllocator.__init__` asserts that setting is absent; a spawned child inherits
+`os.environ`, so every sleep-mode engine built fresh after any non-sleep engine ran died on that assert.
+`ENGINE_WRITTEN_ENV` names what engines write; the child gets those keys as they were at launch.
 """
 from __future__ import annotations
 
@@ -19,6 +26,11 @@ from typing import Any
 
 _sleep_engines_built = 0  # sleep-mode engines built in this process
 
+# Variables an engine writes into its own process (the upstream code above; vLLM's Model Runner V2 switch, which
+# harness.engines.vllm sets for route capture and restores on close, too), restored to LAUNCH_ENV in a fresh child.
+ENGINE_WRITTEN_ENV = ("PYTORCH_NPU_ALLOC_CONF", "VLLM_USE_V2_MODEL_RUNNER")
+LAUNCH_ENV: dict[str, str | None] = {k: os.environ.get(k) for k in ENGINE_WRITTEN_ENV}  # read once, at import
+
 
 def claim_sleep_slot(limit: int | None, why: str) -> None:
     """Count a sleep-mode engine about to be built in this process; RuntimeError naming the upstream limit once
@@ -30,8 +42,15 @@ def claim_sleep_slot(limit: int | None, why: str) -> None:
     _sleep_engines_built += 1
 
 
-def _child(target: Callable, args: tuple, out: str) -> None:
+def _child(payload: bytes, env: dict[str, str | None], out: str) -> None:
+    # the launch environment before the target's module is even imported (it arrives pickled for that reason)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
+        target, args = pickle.loads(payload)
         result = ("ok", target(*args))
     except BaseException as exc:  # noqa: BLE001 -- reported to the parent, whatever it is
         result = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -44,11 +63,14 @@ def in_fresh_process(target: Callable, *args, timeout: float = 900) -> Any:
     `mp.Process` per call: a daemonic pool worker cannot start vLLM's own children, and two engines in one worker
     would share (and leak) the device. The child's exception comes back as a RuntimeError with its traceback; no
     result after `timeout` seconds kills the child (TimeoutError). The result travels as a pickle written by the
-    child into a private temporary directory this process created (mode 0700), never a file anyone else wrote."""
+    child into a private temporary directory this process created (mode 0700), never a file anyone else wrote.
+    The child's ENGINE_WRITTEN_ENV is this process's launch environment (LAUNCH_ENV), whatever engines set since."""
     name = getattr(target, "__qualname__", repr(target))
     with tempfile.TemporaryDirectory(prefix="harness-fresh-") as tmp:
         out = os.path.join(tmp, "result.pickle")
-        proc = mp.get_context("spawn").Process(target=_child, args=(target, args, out), name=f"harness-{name}")
+        payload = pickle.dumps((target, args))
+        proc = mp.get_context("spawn").Process(target=_child, args=(payload, dict(LAUNCH_ENV), out),
+                                               name=f"harness-{name}")
         proc.start()
         proc.join(timeout)
         if proc.is_alive():

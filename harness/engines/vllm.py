@@ -155,6 +155,7 @@ class VLLMEngine(Engine):
         dtype = dtype or getattr(torch, self.facts.engine_dtypes[0])
         self.spec, self.dtype, self.rederive_after_sync = spec, dtype, rederive_after_sync
         self._tmp: str | None = None
+        self._restore_env: dict[str, str | None] = {}  # variables set for this engine only (close restores them)
         self._threads = torch.get_num_threads()  # vLLM CPU lowers torch threads for serving; restored on close
         if isinstance(weights, (str, Path)):
             model_dir = Path(weights)
@@ -201,6 +202,9 @@ class VLLMEngine(Engine):
         if self.routes == "native":
             # vllm config/vllm.py _verify_aux_output_compatibility: prefix caching on (and Model Runner V2 for
             # in-tree platforms: routes_env); verl 0.9.1 vllm_async_server.py passes the same flag for R3
+            # only for this engine's lifetime (restored in close): left set, every later engine of this process
+            # silently ran Model Runner V2
+            self._restore_env = {k: os.environ.get(k) for k in self.facts.routes_env}
             os.environ.update(self.facts.routes_env)
             kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         kwargs.update(llm_kwargs)
@@ -210,7 +214,11 @@ class VLLMEngine(Engine):
         self.batch_invariant = bool(invariance) and all(os.environ.get(k) == v for k, v in invariance.items())
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
         self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except BaseException:
+            self._restore()
+            raise
         self._route_steps: list[torch.Tensor] = []
         if self.routes == "bind":
             self._apply(self._bind_route_capture)
@@ -237,8 +245,18 @@ class VLLMEngine(Engine):
         model.register_forward_hook(keep_step, with_kwargs=True)
 
     # ------------------------------------------------------------ lifetime
+    def _restore(self) -> None:
+        """Put back what this engine set for itself only (VLLM_USE_V2_MODEL_RUNNER for route capture)."""
+        for key, value in getattr(self, "_restore_env", {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._restore_env = {}
+
     def close(self) -> None:
         if getattr(self, "llm", None) is None:
+            self._restore()
             return
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -257,6 +275,7 @@ class VLLMEngine(Engine):
             destroy_ascend_model_parallel()
         cleanup_dist_env_and_memory()
         torch.set_num_threads(self._threads)
+        self._restore()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

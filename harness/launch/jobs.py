@@ -31,6 +31,44 @@ def lab_job(run_dir: str | Path, *, steps: int, seed: int = 0, python: str = "py
                               f"--out {shlex.quote(str(run_dir))}")
 
 
+RUN_ROOT_ENV = "HARNESS_RUN_ROOT"
+# What verl 0.9.1 puts into the runtime env of its own `ray.init` from the driver's environment
+# (trainer/constants_ppo.py get_ppo_ray_runtime_env: the first three always, the next five when set, the NVTX one
+# with the torch profiler; trainer/main_ppo.py run_ppo: TRANSFER_QUEUE_ENABLE with the V1 trainer). Ray 2.60
+# `ray.init` in a job driver merges that with the job's runtime env (ray/_private/worker.py, through
+# runtime_env/runtime_env.py `_merge_runtime_env`), which refuses any env var key in both: "Failed to merge the
+# Job's runtime env". A recipe exporting one (a BYO recipe with PYTHONHASHSEED, verl's determinism variables) died
+# at verl's ray.init. So these travel in the entrypoint's own environment (`env K=V python3 -m verl...`), from
+# where verl forwards them to every worker itself; the job's runtime env carries the rest.
+VERL_RAY_INIT_ENV = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INSIGHT_ENABLE", "PYTHONHASHSEED",
+                     "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC", "NCCL_DETERMINISTIC", "NCCL_ALGO",
+                     "NVTX_INJECTION64_PATH", "TRANSFER_QUEUE_ENABLE")
+
+
+def split_verl_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the job's runtime env, the verl entrypoint's own env): VERL_RAY_INIT_ENV goes to the entrypoint."""
+    return ({k: v for k, v in env.items() if k not in VERL_RAY_INIT_ENV},
+            {k: v for k, v in env.items() if k in VERL_RAY_INIT_ENV})
+
+
+def with_env(argv: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
+    """`argv` run under `env K=V ...` (unchanged when `env` is empty)."""
+    return ("env", *(f"{k}={v}" for k, v in env.items()), *argv) if env else tuple(argv)
+
+
+def shared_run_root(env: Mapping[str, str] | None = None) -> Path:
+    """The run root of a cluster run: $HARNESS_RUN_ROOT, an absolute, existing directory on storage the cluster's
+    nodes and this host both mount. verl's FileLogger writes the run's metrics from the node the job runs on; a run
+    directory under this host's relative `runs/` exists only here, so the harness ingested 0 steps, a whole 256-card
+    night ended FAILED and --abort-on-fail never saw a step. BadInput naming the variable otherwise."""
+    value = (os.environ if env is None else env).get(RUN_ROOT_ENV, "")
+    if not value or not os.path.isabs(value) or not os.path.isdir(value):
+        what = f"{RUN_ROOT_ENV}={value!r} is not an absolute existing directory" if value else f"{RUN_ROOT_ENV} unset"
+        raise BadInput(f"a cluster address is given but {what}: set it to a directory on storage every node and this "
+                       "host mount (the job writes its logs there on a cluster node; the harness reads them here)")
+    return Path(value)
+
+
 def shared_inputs(scale, model_path: str | None, data_dir: str | None) -> tuple[str, str]:
     """(model path, data dir) of a cluster scale, both absolute: Ray uploads the working directory without models/
     and data/ (harness.launch.ray_job.WORKING_DIR_EXCLUDES) and runs the job from a copy of it, so the recipe's
@@ -73,11 +111,12 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                  f"hydra.run.dir={run_dir / HYDRA_DIR}",
                  f"global_profiler.save_path={run_dir / 'profiles'}",
                  *extra_overrides]
-    commands = [*prelude, ("python3", "-m", recipe.entrypoint, *overrides)]
+    job_env, verl_env = split_verl_env({**recipe.env, **(env or {})})
+    commands = [*prelude, with_env(("python3", "-m", recipe.entrypoint, *overrides), verl_env)]
     # shell_word: a recipe's `${HOME}` stays for the job's shell to expand (single-quoted, OmegaConf failed on it)
     entrypoint = " && ".join(" ".join(shell_word(w) for w in argv) for argv in commands)
     return JobSpec(name=scale.name, entrypoint=entrypoint, run_dir=str(run_dir), total_steps=steps,
-                   env={**recipe.env, **(env or {})}, resume=resume)
+                   env=job_env, resume=resume)
 
 
 def check_steps(steps: int | None) -> int | None:

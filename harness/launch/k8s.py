@@ -121,9 +121,15 @@ def _env(scale, run_dir: str, env: dict) -> list[dict]:
 
 
 def pull_policy(image: str) -> str:
-    """IfNotPresent for an image by digest (immutable), Always for a tag: a moved tag (`:latest`, a rebuilt
-    version) is re-resolved on every start instead of running whatever a node cached."""
-    return "IfNotPresent" if "@sha256:" in image else "Always"
+    """Always only for a moving tag (`:latest` or none: re-resolved on every start instead of whatever a node
+    cached); IfNotPresent for a digest or a versioned tag, as Ascend/mindcluster-deploy's training samples do
+    (samples/train/basic-training/ranktable/yaml/910b/a800_pytorch_vcjob.yaml: `image: torch:b030`,
+    `imagePullPolicy: IfNotPresent`). The default image is a tag built on the nodes (docker/npu.Dockerfile), in no
+    registry: with Always every pod stayed in ImagePullBackOff."""
+    if "@sha256:" in image:
+        return "IfNotPresent"
+    tag = image.rsplit("/", 1)[-1].partition(":")[2]
+    return "Always" if tag in ("", "latest") else "IfNotPresent"
 
 
 def pod_resources(scale) -> dict:
@@ -224,6 +230,16 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
             from harness.errors import PlanError
 
             raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+        # the user's recipe rebuilt with the shared mount's inputs (absolute on every pod) where it names none itself:
+        # the job `launch --k8s` hands over was built without them, so its recipe named the relative models/<name>
+        # and data/dapo
+        from harness.config.job import build_job
+
+        given = job.user.override_map() if job.user else {}
+        job = build_job(scale, job.user,
+                        model_path=None if given.get("actor_rollout_ref.model.path")
+                        else f"{SHARED_MOUNT}/models/{scale.model.name}",
+                        data_dir=None if given.get("data.train_files") else f"{SHARED_MOUNT}/data/dapo")
         scale, recipe = job.scale, job.recipe
     job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe,
                    model_path=f"{SHARED_MOUNT}/models/{scale.model.name}", data_dir=f"{SHARED_MOUNT}/data/dapo")

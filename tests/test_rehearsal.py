@@ -1,0 +1,87 @@
+"""The NPU nightly's orchestration rehearsed on this CPU: what the container, the workflow and ci/nightly.sh give a
+night, checked without NPU kernels. Each case reproduces a blocker of the third NPU review and fails with its fix
+reverted (the install set: tests/test_requirements.py; the batch-invariance claim: tests/test_mla_seeded.py; verl's
+ray.init merge on a local Ray cluster: tests/test_launch_local.py)."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.errors import BadInput
+from harness.launch import local
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = yaml.safe_load((ROOT / ".github/workflows/nightly-npu.yml").read_text())
+VERL_SUITE = ROOT / "suites/precision/test_reward_alignment.py"  # its tiny cases wait for a tiny verl run
+
+
+def _nightly_commands(tmp_path: Path, **env: str) -> list[list[str]]:
+    """ci/nightly.sh's commands (NIGHTLY_DRY_RUN) with the NPU job's environment from the workflow."""
+    job = WORKFLOW["jobs"]["nightly"]["env"]
+    base = {k: str(v).replace("${{ matrix.hardware }}", "a2") for k, v in job.items()}
+    base = {k: v for k, v in base.items() if "${{" not in v}
+    run_env = {**os.environ, **base, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "a2", "RAY_ADDRESS": "http://head:8265",
+               "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public"),
+               "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), **env}
+    done = subprocess.run(["bash", str(ROOT / "ci/nightly.sh")], capture_output=True, text=True, env=run_env,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [shlex.split(line) for line in done.stdout.splitlines()]
+
+
+def test_the_npu_container_cannot_start_the_local_ray_cluster(monkeypatch, tmp_path):
+    """The vllm-ascend / CANN images have no iproute2: the loopback-only Ray cluster the tiny verl runs need cannot
+    start there (one clear line, not a hang)."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv(local.ISOLATED_ENV, raising=False)
+    with pytest.raises(BadInput, match="unshare and ip not found"):
+        local.run_isolated(["true"])
+
+
+def test_the_night_sends_the_tiny_verl_runs_to_a_cpu_runner(tmp_path):
+    """Blocker 5: the NPU job passes --tiny-verl elsewhere to every tier, and a CPU job with root runs them
+    (--tiny-verl only, --strict-hardware). Seeded: without TINY_VERL the tiny tier keeps them (and fails them)."""
+    runs = [c for c in _nightly_commands(tmp_path) if c[:2] == ["ascend-rl-harness", "run"]]
+    assert runs and all(c[c.index("--tiny-verl") + 1] == "elsewhere" for c in runs)
+    seeded = [c for c in _nightly_commands(tmp_path, TINY_VERL="") if c[:2] == ["ascend-rl-harness", "run"]]
+    assert not any("--tiny-verl" in c for c in seeded)
+    cpu = WORKFLOW["jobs"]["tiny-verl-cpu"]
+    step = next(s["run"] for s in cpu["steps"] if "--tiny-verl only" in s.get("run", ""))
+    assert "sudo -E" in step and "--strict-hardware" in step and "iproute2" in step
+    assert not cpu["runs-on"].startswith("linux-aarch64"), "a CPU runner, not an NPU one"
+    assert "tiny-verl-cpu" in WORKFLOW["jobs"]["publish"]["needs"]
+
+
+@pytest.mark.parametrize("where, kept", [("elsewhere", False), ("only", True)])
+def test_tiny_verl_selection(pytester, where, kept):
+    """--tiny-verl elsewhere deselects exactly the tests of a tiny verl run (named on the terminal, not skipped:
+    --strict-hardware turns a skip into a failure); only keeps nothing else. Collected, not run."""
+    result = pytester.runpytest_inprocess(str(VERL_SUITE), "--strict-hardware", "--tiny-verl", where,
+                                          "--collect-only", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}")
+    out = result.stdout.str()
+    ids = [line for line in out.splitlines() if "::" in line]
+    assert f"--tiny-verl {where}:" in out and "deselected" in out, out[-2000:]
+    assert ids and all(line.endswith("[tiny]") == kept for line in ids), out[-2000:]
+
+
+def test_a_cluster_night_sets_a_shared_run_root(tmp_path):
+    """Blocker 6: the workflow gives the night an absolute run root on the storage the cluster mounts (beside the
+    models); ci/nightly.sh refuses a cluster night without one (seeded: HARNESS_RUN_ROOT unset)."""
+    env = WORKFLOW["jobs"]["nightly"]["env"]
+    assert env["HARNESS_RUN_ROOT"].startswith("/data/ascend-rl-harness/"), env
+    assert os.path.commonpath([env["HARNESS_RUN_ROOT"], env["HARNESS_MODEL_DIR"]]) == "/data/ascend-rl-harness"
+    assert env["RAY_AUTH_TOKEN"] == "${{ secrets.RAY_AUTH_TOKEN }}"
+    made = [c for c in _nightly_commands(tmp_path, HARNESS_RUN_ROOT=str(tmp_path / "runs")) if c[:2] == ["mkdir",
+                                                                                                      "-p"]]
+    assert [str(tmp_path / "runs")] in [c[2:] for c in made]
+    run_env = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "a2", "RAY_ADDRESS": "http://head:8265"}
+    run_env.pop("HARNESS_RUN_ROOT", None)
+    done = subprocess.run(["bash", str(ROOT / "ci/nightly.sh")], capture_output=True, text=True, env=run_env,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "HARNESS_RUN_ROOT" in done.stderr
