@@ -75,20 +75,37 @@ def test_the_five_run_golden_passes_the_held_out_seed_and_its_own_self_check(gol
     assert check["runs"] == golden.n_runs and check["false_alarm_rate"] <= MAX_FALSE_ALARM_RATE[3]
 
 
-def test_the_inflation_in_code_is_the_measured_one_and_meets_the_targets():
-    """harness.metrics.baseline.NOISE_INFLATION is what scripts/calibrate-curves measured on the calibration seeds
-    (baselines/tiny/curve_calibration.json), and that measurement, on seeds the calibration never saw, met the
-    targets: mean false alarms within MAX_FALSE_ALARM_RATE, no golden above 2 in 10 from 3 runs on, every lab fault
-    caught at N = 5."""
+# Issue 31's targets for the full measurement: <= 5 % mean false alarms at every N, with and without seeded spikes,
+# and no golden flagging more than 2 candidates in 10.
+HELD_OUT_MAX_FALSE_ALARM_RATE = 0.05
+
+
+def test_the_inflation_in_code_is_the_measured_one():
     doc = json.loads(CALIBRATION.read_text())
     assert {m: tuple(v) for m, v in doc["inflation"].items()} == NOISE_INFLATION
     assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
-    rows = {row["n_runs"]: row for row in doc["measurements"]}
-    for n, limit in MAX_FALSE_ALARM_RATE.items():
-        assert rows[n]["false_alarm_mean"] <= limit, rows[n]
-        if n >= 3:
-            assert rows[n]["goldens_above_2_in_10"] == 0, rows[n]
-    assert rows[5]["detection"] and all(rate == 1.0 for rate in rows[5]["detection"].values()), rows[5]
+
+
+@pytest.mark.xfail(strict=True, reason="held-out lab seeds 200-219 false-alarm 21 / 14 / 11 / 8 % at N = 1, 2, 3, 5 "
+                   "(the same with seeded spikes): RL paths of other seeds (reward window-mean, grad_norm trend), "
+                   "not spikes; the calibration seeds 0-9 spread less (baselines/tiny/curve_calibration.json)")
+def test_the_measured_calibration_meets_the_targets():
+    """scripts/calibrate-curves' measurement (baselines/tiny/curve_calibration.json) on seeds the calibration never
+    saw meets issue 31's targets, with and without seeded spikes: mean false alarms <= 5 % at every N, no golden
+    above 2 in 10, every lab fault caught at N = 5."""
+    doc = json.loads(CALIBRATION.read_text())
+    # issue 31: the same targets with one seeded spike (3-10x the median) in 1 of 5 runs, and over the spiked
+    # candidates alone (one grad-norm spike made 40 % of them false-alarm at N=5)
+    for key in ("measurements", "measurements_spiked"):
+        rows = {row["n_runs"]: row for row in doc[key]}
+        for n in MAX_FALSE_ALARM_RATE:
+            limit = HELD_OUT_MAX_FALSE_ALARM_RATE
+            assert rows[n]["false_alarm_mean"] <= limit, (key, rows[n])
+            assert rows[n]["goldens_above_2_in_10"] == 0, (key, rows[n])
+            if key == "measurements_spiked":
+                assert rows[n]["false_alarm_spiked_candidates"] <= limit, (key, rows[n])
+        assert rows[5]["detection"] and all(rate == 1.0 for rate in rows[5]["detection"].values()), (key, rows[5])
+    assert doc["spikes"]["seeded"] and all(3 <= s["factor"] <= 10 for s in doc["spikes"]["seeded"])
 
 
 @pytest.mark.parametrize("fault, reproduces", [("none", True), ("stale-absorbed", False)])

@@ -8,6 +8,11 @@ sanity limits and an exact mode for same-seed runs.
   mean of steps 5-14, |d reward| <= 0.05; a run resumed at step 101 is judged on 105-114).
 - trend: slope over the first k logged steps. Seed 001: after two fixes the 671B reward went -0.9 -> -0.8 in 10
   steps while the GPU baseline reached -0.6: "still misaligned". Per-step noise hides that; the slope does not.
+- spikes: a spike (one step far outside its neighbours: harness.metrics.stats.find_spikes) is an event, not noise:
+  counted and bounded in rate and size against the golden's runs, named in the verdict, and replaced by its
+  neighbours' median before the band, window and trend are taken (one grad-norm step of 11.6 among ~2.5s moved the
+  window mean of clean runs into 7.8 % false alarms). Where the golden's runs are heavy-tailed (decided from them:
+  a spike or a high kurtosis) the window takes a trimmed mean and the trend a Theil-Sen slope.
 - sanity: absolute limits that need no baseline (NeMo-RL style), e.g. rollout_probs_diff below the precision's
   limit, a DAPO reward inside [-2, 1].
 - exact: a run with the seed of one reference run must reproduce it value for value (Megatron's deterministic
@@ -36,6 +41,7 @@ from harness.metrics.baseline import (
     SanityLimit,
     algorithm_config,
     default_tolerance,
+    despiked,
     run_precision,
     run_seed,
     sanity_limits,
@@ -54,7 +60,7 @@ class CurveVerdict:
     or the references do not cover it); `detail` says why."""
 
     metric: str
-    statistic: str  # band | window-mean | window-median | trend | coverage | sanity | exact
+    statistic: str  # band | window-mean | window-median | trend | spikes | coverage | sanity | exact
     passed: bool | None
     where: str  # "step 12", "steps 5-14", ...
     detail: str
@@ -128,7 +134,7 @@ class CurveAlignment:
 def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     """Per-step band with up to max_outliers (fraction, at least 1) steps outside."""
     cmap = cand.as_dict()
-    rows = [(s, cmap[s], ref.center[i], ref.half_width(i)) for i, s in enumerate(ref.steps) if s in cmap]
+    rows = [(s, cmap[s], ref.band_center[i], ref.half_width(i)) for i, s in enumerate(ref.steps) if s in cmap]
     if not rows:
         return CurveVerdict(metric=metric, statistic="band", passed=None, where="-",
                             detail=f"no common steps (candidate {_span(cand)}, baseline {_span(ref.series())})")
@@ -180,7 +186,8 @@ def window(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     tol = ref.tolerance
     first, last = window_steps(cand.steps[0], tol)
     name, where = f"window-{tol.window_stat}", f"steps {first}-{last}"
-    value = window_stat(cand, first, last, tol.window_stat)
+    robust = ref.heavy_tailed
+    value = window_stat(cand, first, last, tol.window_stat, robust)
     have = cand.window(first, last)
     if len(have) < last - first + 1:
         return _unfilled(metric, name, where, f"candidate logged {_span(cand)}: it cannot fill the window "
@@ -189,7 +196,7 @@ def window(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     if value is None:
         return CurveVerdict(metric=metric, statistic=name, passed=False, where=where,
                             detail="candidate window holds non-finite values")
-    per_run = ref.run_statistics(lambda s: window_stat(s, first, last, tol.window_stat))
+    per_run = ref.run_statistics(lambda s: window_stat(s, first, last, tol.window_stat, robust))
     known = [v for v in per_run if v is not None]
     if len(known) < len(per_run):
         return CurveVerdict(metric=metric, statistic=name, passed=None, where=where,
@@ -198,7 +205,16 @@ def window(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     prior = tol.window_inflation * ref.noise.mean_sd(last - first + 1)
     reference, half, how = ref.predict(known, prior)
     bound = max(tol.window_atol, tol.window_rtol * abs(reference), half)
-    return _judged(metric, name, where, value, reference, bound, f"{value:.4g} vs {reference:.4g} ({how})")
+    return _judged(metric, name, where, value, reference, bound,
+                   f"{value:.4g} vs {reference:.4g} ({_centre_kind(ref, 'window')}; {how})")
+
+
+def _centre_kind(ref: MetricBaseline, statistic: str) -> str:
+    """How a window or trend was taken: robust where the golden's runs are heavy-tailed; spikes always replaced."""
+    if not ref.heavy_tailed:
+        return "spikes replaced" if statistic == "window" else "least squares, spikes replaced"
+    how = f"{stats.TRIM:.0%}-trimmed mean" if statistic == "window" else "Theil-Sen slope"
+    return f"{how}: the golden's runs are heavy-tailed; spikes replaced"
 
 
 def trend(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
@@ -210,9 +226,10 @@ def trend(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     if len(head) < tol.trend_steps:
         return _unfilled(metric, "trend", where, f"candidate has {len(head)} of the first {tol.trend_steps} "
                          "logged steps the slope is taken over")
-    value = slope(head)
-    per_run = ref.run_statistics(lambda s: slope(s.window(first, last)) if s.window(first, last).steps == head.steps
-                                 else None)
+    robust = ref.heavy_tailed
+    value = slope(head, robust)
+    per_run = ref.run_statistics(lambda s: slope(s.window(first, last), robust)
+                                 if s.window(first, last).steps == head.steps else None)
     known = [v for v in per_run if v is not None]
     if len(known) < len(per_run):
         return CurveVerdict(metric=metric, statistic="trend", passed=None, where=where,
@@ -225,7 +242,29 @@ def trend(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     reference, half, how = ref.predict(known, prior)
     bound = max(tol.trend_atol, half)
     return _judged(metric, "trend", where, value, reference, bound,
-                   f"slope {value:+.4g}/step vs {reference:+.4g}/step ({how})")
+                   f"slope {value:+.4g}/step vs {reference:+.4g}/step ({_centre_kind(ref, 'trend')}; {how})")
+
+
+def spikes(metric: str, cand: Series, found: tuple[stats.Spike, ...], ref: MetricBaseline) -> CurveVerdict:
+    """The candidate's spikes (harness.metrics.stats.find_spikes) as events: their number within what the golden's
+    runs' spike rate predicts for a run this long (harness.metrics.stats.spike_allowance), and the largest within
+    SPIKE_SIZE_LIMIT x the metric's level (or twice the golden's own largest). Every spike is named, pass or fail:
+    the band, window and trend saw each replaced by its neighbours' median."""
+    tol = ref.tolerance
+    golden, golden_steps = ref.spikes
+    allowed = stats.spike_allowance(golden, golden_steps, len(cand), tol.confidence)
+    limit = max(stats.SPIKE_SIZE_LIMIT, 2 * ref.largest_spike)
+    sizes = [s.excess / ref.level for s in found]
+    largest = max(range(len(found)), key=lambda i: sizes[i], default=None)
+    passed = len(found) <= allowed and (largest is None or sizes[largest] <= limit)
+    shown = ", ".join(f"step {cand.steps[s.index]}: {s.value:.4g} vs {s.local:.4g} around it ({size:.2g}x the level)"
+                      for s, size in list(zip(found, sizes, strict=True))[:4]) + (", ..." if len(found) > 4 else "")
+    detail = (f"{len(found)} spike{'s' * (len(found) != 1)} in {len(cand)} steps" + (f" ({shown})" if found else "")
+              + f"; the golden's {ref.n_runs} run{'s' * (ref.n_runs != 1)} had {golden} in {golden_steps} steps: up to "
+                f"{allowed} allowed; each at most {limit:.3g}x the level {ref.level:.3g}")
+    where = f"step {cand.steps[found[largest].index]}" if largest is not None else _span(cand)
+    return CurveVerdict(metric=metric, statistic="spikes", passed=passed, where=where, detail=detail,
+                        value=float(len(found)), reference=float(golden), tolerance=float(allowed))
 
 
 def sanity(limit: SanityLimit, series: Series) -> CurveVerdict:
@@ -282,8 +321,10 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
             verdicts.append(CurveVerdict(metric=metric, statistic="coverage", passed=False, where="-",
                                          detail=f"candidate {candidate.name} does not log {metric}"))
             continue
-        cand = candidate[metric]
-        verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref)]
+        raw = candidate[metric]
+        cand, found = despiked(raw, ref.tolerance)  # spikes are judged as events, the rest without them
+        verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref),
+                     spikes(metric, raw, found, ref)]
     verdicts += check_sanity(candidate, baseline.precision or run_precision(candidate), metrics)
     same = algorithm(candidate, baseline)
     return CurveAlignment(candidate=candidate.name, baseline=baseline.name,
@@ -488,12 +529,12 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
         ref = baseline.metrics[metric]
         half = [ref.half_width(i) for i in range(len(ref.steps))]
         cand = candidate[metric] if metric in candidate else Series((), ())
-        cmap = cand.as_dict()
-        outside = [s for s, c, h in zip(ref.steps, ref.center, half, strict=True)
+        cmap = despiked(cand, ref.tolerance)[0].as_dict()  # what the band verdict judged
+        outside = [s for s, c, h in zip(ref.steps, ref.band_center, half, strict=True)
                    if s in cmap and not abs(cmap[s] - c) <= h]
-        out[metric] = {"steps": list(ref.steps), "center": list(ref.center),
-                       "lo": [c - h for c, h in zip(ref.center, half, strict=True)],
-                       "hi": [c + h for c, h in zip(ref.center, half, strict=True)],
+        out[metric] = {"steps": list(ref.steps), "center": list(ref.band_center),
+                       "lo": [c - h for c, h in zip(ref.band_center, half, strict=True)],
+                       "hi": [c + h for c, h in zip(ref.band_center, half, strict=True)],
                        "candidate_steps": list(cand.steps),
                        "candidate": [v if math.isfinite(v) else None for v in cand.values],
                        "candidate_name": candidate.name, "baseline_name": f"{baseline.name} ({ref.n_runs} runs)",
