@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.lab import LabConfig, run_lab
+from harness.markers import upstream_failure
 from harness.metrics import curves
 from harness.metrics.baseline import NOISE_INFLATION, Baseline, load_baseline
 from harness.metrics.ingest import load_run
@@ -86,9 +87,11 @@ def test_the_inflation_in_code_is_the_measured_one():
     assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
 
 
-@pytest.mark.xfail(strict=True, reason="held-out lab seeds 200-219 false-alarm 21 / 14 / 11 / 8 % at N = 1, 2, 3, 5 "
-                   "(the same with seeded spikes): RL paths of other seeds (reward window-mean, grad_norm trend), "
-                   "not spikes; the calibration seeds 0-9 spread less (baselines/tiny/curve_calibration.json)")
+@upstream_failure(AssertionError, r"\('measurements', \{'n_runs': 1, [\s\S]*assert 0\.\d+ <= 0\.05",
+                  reason="held-out lab seeds 200-219 false-alarm 21 / 14 / 11 / 8 % at N = 1, 2, 3, 5 "
+                         "(the same with seeded spikes): RL paths of other seeds (reward window-mean, grad_norm "
+                         "trend), not spikes; the calibration seeds 0-9 spread less "
+                         "(baselines/tiny/curve_calibration.json)")
 def test_the_measured_calibration_meets_the_targets():
     """scripts/calibrate-curves' measurement (baselines/tiny/curve_calibration.json) on seeds the calibration never
     saw meets issue 31's targets, with and without seeded spikes: mean false alarms <= 5 % at every N, no golden
