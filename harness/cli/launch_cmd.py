@@ -124,7 +124,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(result.job_id)
         return 0
     style = "green" if result.ok else "red"
-    console.print(f"[bold {style}]{result.line()}[/]")
+    from rich.markup import escape
+
+    console.print(f"[bold {style}]{escape(result.line())}[/]")  # the job's message is text, not rich markup
     return 0 if result.ok else 1
 
 
