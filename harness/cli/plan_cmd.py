@@ -56,6 +56,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.config import recipe as recipes
     from harness.config.recipe import VERL_VERSION, validate_recipe
     from harness.errors import PlanError
+    from harness.redact import redact, redact_doc
 
     job = job_from_args(args)
     scale, recipe = job.scale, job.recipe
@@ -73,11 +74,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             validate_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2
     doc["validated_against_verl"] = VERL_VERSION if validate else None
     doc.update(_recipe_section(job))
+    # a recipe's exports can hold a token or a password: what plan prints goes through harness.redact (a CI log
+    # or a pasted plan once carried HF_TOKEN in clear)
+    doc = redact_doc(doc)
     if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
         valid = job.plan_error is None
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
-        print(recipe.command_line())
+        print(redact(recipe.command_line()))
     else:
         _print_plan(job, doc, validate)
     return 1 if job.plan_error else 0
@@ -111,6 +115,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
 
     from harness.cli.output import console as output_console
     from harness.config.recipe import VERL_VERSION
+    from harness.redact import redact
 
     scale = job.scale
     console = output_console()
@@ -120,7 +125,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
         console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
                       f"{len(job.user.env)} environment variable(s); its settings win over the scale's")
         for note in job.notes:
-            console.print(f"  note: {note}", markup=False, soft_wrap=True)
+            console.print(f"  note: {redact(note)}", markup=False, soft_wrap=True)
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
                   f"{scale.model.total_params() / 1e9:.1f}B params "
                   f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
