@@ -388,3 +388,89 @@ def test_an_address_with_whitespace_is_one_line(address):
     with pytest.raises(BadInput, match="space or control character") as err:
         dashboard_url(address, "RAY_ADDRESS")
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ 4. no write onto an input
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], deadline=None,
+          max_examples=6)
+@given(target=st.sampled_from(["candidate-file", "candidate-in-dir", "reference", "link-to-candidate"]),
+       command=st.sampled_from(["compare --plot", "baseline record --out"]))
+def test_no_output_lands_on_an_input(tmp_path_factory, target, command):
+    # seeded: `compare --plot` onto the candidate's metrics.jsonl and `baseline record --out` (even --force) onto
+    # one of its runs overwrote the data they had just read
+    from faults import write_runs
+
+    root = tmp_path_factory.mktemp("inputs")
+    runs = write_runs(root / "logs", n=3)
+    run_dir = root / "cand"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(Path(runs[0]).read_text())
+    (root / "link.jsonl").symlink_to(runs[0])
+    out = {"candidate-file": runs[0], "candidate-in-dir": run_dir / "metrics.jsonl", "reference": runs[1],
+           "link-to-candidate": root / "link.jsonl"}[target]
+    candidate = run_dir if target == "candidate-in-dir" else runs[0]
+    before = _tree(root)
+    if command == "compare --plot":
+        proc = cli("compare", candidate, runs[1], runs[2], "--plot", out, cwd=root, timeout=120)
+    else:
+        proc = cli("baseline", "record", candidate, runs[1], runs[2], "--out", out, "--force", cwd=root,
+                   timeout=120)
+    one_line_exit_2(proc, "is one of the inputs")
+    assert _tree(root) == before
+
+
+def test_lab_out_never_truncates_a_run_and_names_a_file(tmp_path):
+    # seeded: a second `lab --out` onto a run truncated its metrics.jsonl; --out naming a file was a traceback
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "data": {"critic/rewards/mean": 0.5}}\n')
+    (tmp_path / "file").write_text("keep")
+    before = _tree(tmp_path)
+    one_line_exit_2(cli("lab", "--steps", "1", "--out", run, cwd=tmp_path), "--out", "already holds a run")
+    one_line_exit_2(cli("lab", "--steps", "1", "--out", tmp_path / "file", cwd=tmp_path), "--out", "not a directory")
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("option", ["--gbs", "--n"])
+def test_lab_sizes_are_bounded_like_the_scales(tmp_path, option):
+    # seeded: --gbs/--n were bounded only at 2**31 (9.4 GB of RSS after 200 s)
+    from harness.cli.lab_cmd import MAX_GBS, MAX_N
+
+    too_big = (MAX_GBS if option == "--gbs" else MAX_N) + 1
+    start = time.monotonic()
+    one_line_exit_2(cli("lab", option, too_big, "--out", tmp_path / "new", cwd=tmp_path), option)
+    assert time.monotonic() - start < 60 and not (tmp_path / "new").exists()
+
+
+def test_a_refused_launch_touches_nothing_of_the_run(tmp_path):
+    # seeded: `launch --local` onto a run directory prepared the tiny job's inputs -- rewriting meta.json -- before
+    # the launcher refused the directory
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    (run / "meta.json").write_text('{"name": "theirs"}\n')
+    before = _tree(tmp_path)
+    for extra in (["--local"], ["--ray-address", "http://127.0.0.1:9"]):
+        proc = cli("launch", "--scale", "tiny", "--run-dir", run, *extra, cwd=tmp_path, timeout=120)
+        one_line_exit_2(proc, "--run-dir", "already holds a run")
+    assert _tree(tmp_path) == before
+
+
+@FAST
+@given(form=st.sampled_from(["--report-dir", "--report-dir=", "--scale", "--scale="]))
+def test_run_refuses_its_own_options_after_the_separator(tmp_path_factory, form):
+    # seeded: `run --report-dir A -- --report-dir B` swapped A's previous report out while pytest wrote B, and the
+    # JSON named A's files
+    root = tmp_path_factory.mktemp("run")
+    (root / "A").mkdir()
+    (root / "A" / "report.json").write_text("{}")
+    value = "B" if form.startswith("--report") else "tiny"
+    extra = [form + value] if form.endswith("=") else [form, value]
+    proc = cli("run", "--scale", "tiny", "--report-dir", "A", "--", *extra, cwd=root, timeout=120)
+    one_line_exit_2(proc, form.rstrip("="), "after `--`")
+    assert (root / "A" / "report.json").read_text() == "{}" and not (root / "B").exists()
