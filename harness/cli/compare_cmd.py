@@ -96,7 +96,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         verdicts = curves.check_sanity(candidate, metrics=metrics)
         if not verdicts:
             raise BadInput(f"{args.candidate}: logs none of the metrics with sanity limits; pass a BASELINE")
-        alignment = curves.CurveAlignment(candidate=candidate.name, baseline="sanity limits", verdicts=verdicts)
+        alignment = curves.CurveAlignment(candidate=candidate.name, baseline="sanity limits", verdicts=verdicts,
+                                          against_reference=False)
     elif args.exact:
         alignment = curves.compare_exact(candidate, baseline, metrics, allow_partial=args.allow_partial)
     else:
