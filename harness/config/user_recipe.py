@@ -94,6 +94,10 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise BadInput(f"--recipe {source}: not YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # 5000 nested `[` or mappings: PyYAML's composer recurses per level
+        raise BadInput(f"--recipe {source}: nested too deeply to be a Hydra config") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's int() limit, in PyYAML's constructor)
+        raise BadInput(f"--recipe {source}: a value no config takes ({str(exc).split(';')[0][:80]})") from None
     if not isinstance(doc, dict):
         raise BadInput(f"--recipe {source}: a Hydra config is a mapping of verl's config keys, got "
                        f"{type(doc).__name__}")
@@ -103,7 +107,12 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
             notes.append(f"{source}: its `{skipped}:` section is not applied (the overrides compose in verl's own "
                          "ppo_trainer config)")
     out: list[str] = []
-    _flatten("", doc, out, source)
+    try:
+        _flatten("", doc, out, source)
+    except RecursionError:
+        raise BadInput(f"--recipe {source}: nested too deeply to be a Hydra config") from None
+    except ValueError as exc:  # 0xfff... of 5000 digits: an int Python will not print back (repr's 4300 limit)
+        raise BadInput(f"--recipe {source}: a value no config takes ({str(exc).split(';')[0][:80]})") from None
     return UserRecipe(source=source, overrides=tuple(out), notes=tuple(notes))
 
 
