@@ -16,12 +16,13 @@ import http.server
 import json
 import re
 import shlex
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from faults import cli, env, one_line_exit_2
+from faults import cli, cli_argv, env, one_line_exit_2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -474,3 +475,157 @@ def test_run_refuses_its_own_options_after_the_separator(tmp_path_factory, form)
     proc = cli("run", "--scale", "tiny", "--report-dir", "A", "--", *extra, cwd=root, timeout=120)
     one_line_exit_2(proc, form.rstrip("="), "after `--`")
     assert (root / "A" / "report.json").read_text() == "{}" and not (root / "B").exists()
+
+
+# ---------------------------------------------------------------------------------------------- 5. silent verdicts
+
+MG = "actor_rollout_ref.actor.megatron"
+SIZE_KEYS = [f"{MG}.tensor_model_parallel_size", f"{MG}.pipeline_model_parallel_size",
+             f"{MG}.expert_model_parallel_size", f"{MG}.context_parallel_size", f"{MG}.expert_tensor_parallel_size",
+             "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.n",
+             "data.train_batch_size", "trainer.nnodes", "trainer.n_gpus_per_node",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "data.max_response_length"]
+IMPOSSIBLE = st.one_of(st.sampled_from([0, -1, 10**23, 10**9, 2**63]), st.integers(max_value=0),
+                       st.integers(min_value=2**24 + 1, max_value=10**30))
+
+
+def _main(argv: list[str]) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from harness.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@FAST
+@given(key=st.sampled_from(SIZE_KEYS), value=IMPOSSIBLE, command=st.sampled_from(["plan", "memory"]))
+def test_an_impossible_size_is_never_a_pass(key, value, command):
+    # seeded: tp=0 / nnodes=0 / tp=10**23 were ZeroDivisionError tracebacks, ep=10**23 a memory PASS, rollout.n=0 a
+    # valid plan, pp=1e9 built a list of 1e9 stages (minutes, GBs)
+    start = time.monotonic()
+    code, out, err = _main([command, "--scale", "full-a3", "--json", "--", f"{key}={value}"])
+    assert time.monotonic() - start < 20
+    if code == 2:
+        assert err.count("\n") == 1 and key in err and "Traceback" not in err, err
+    else:
+        doc = json.loads(out)
+        assert code == 1 and doc["passed"] is False, (code, doc.get("state"))
+
+
+@pytest.mark.parametrize("command", ["plan", "memory"])
+def test_stage_lists_of_zeros_are_an_invalid_plan_not_a_traceback(command):
+    # seeded: `max() arg is an empty sequence` from the memory model of a plan with zero-layer stages
+    code, out, err = _main([command, "--scale", "full-a3", "--json", "--",
+                            f"{MG}.pipeline_parallel_num_layer_list=[0,0,0,0,0,0,0,0]"])
+    if command == "plan":  # the plan rule is named, and the memory verdict says it has nothing to model
+        doc = json.loads(out)
+        assert code == 1 and doc["passed"] is False and "stage-nonempty" in doc["plan_error"], (code, err)
+        assert doc["memory"]["fits"] is None and "no memory to model" in doc["memory"]["error"]
+    else:
+        assert code == 2 and out == "" and err.count("\n") == 1 and "no memory to model" in err, (code, err)
+
+
+@pytest.mark.parametrize("nodes", [10**8, 5008])  # 5008 x 16 dies: a valid plan
+def test_no_manifest_for_more_nodes_than_a_cluster_holds(nodes):
+    # seeded: a manifest with a 1e8-replica worker task was written
+    code, out, err = _main(["launch", "--scale", "full-a3", "--k8s", "--", f"trainer.nnodes={nodes}"])
+    assert code == 2 and out == "" and err.count("\n") == 1 and "nodes" in err, (code, err)
+
+
+def _golden():
+    from harness.metrics.baseline import load_baseline
+
+    return load_baseline(Path(__file__).resolve().parents[1] / "baselines" / "tiny" / "dapo_verl.json")
+
+
+@FAST
+@given(offset=st.integers(min_value=16, max_value=10**6), n=st.integers(min_value=1, max_value=20))
+def test_a_run_with_no_step_in_common_is_not_aligned(offset, n):
+    # seeded: a run logging steps the golden never reached was ALIGNED on its sanity limits alone
+    from harness.metrics import curves
+    from harness.metrics.run import Run, Series
+
+    golden = _golden()
+    run = Run("late", {m: Series(tuple(range(offset, offset + n)), tuple(ref.center[i % len(ref.center)]
+                                                                         for i in range(n)))
+                       for m, ref in golden.metrics.items()})
+    alignment = curves.compare(run, golden)
+    assert alignment.state != curves.ALIGNED and not alignment.passed, alignment.summary()
+
+
+@FAST
+@given(pick=st.integers(min_value=0, max_value=14), scale=st.floats(0.5, 1.5))
+def test_a_run_whose_every_metric_is_constant_is_not_aligned(pick, scale):
+    # seeded: every metric constant (a frozen logger, a stuck job) sat inside the bands: ALIGNED with no word
+    from harness.metrics import curves
+    from harness.metrics.run import Run, Series
+
+    golden = _golden()
+    run = Run("frozen", {m: Series(ref.steps, tuple(ref.center[min(pick, len(ref.center) - 1)] * scale
+                                                    for _ in ref.steps)) for m, ref in golden.metrics.items()})
+    alignment = curves.compare(run, golden)
+    assert not alignment.passed and any(v.statistic == "liveness" for v in alignment.failures), alignment.summary()
+
+
+def test_a_giant_single_line_costs_a_bounded_amount_of_memory(tmp_path):
+    # seeded: a 1 GB single-line JSONL peaked at ~5x its size in RSS; here 64 MiB in one line, read at a cost
+    # bounded by MAX_LINE (the cut line's parse), not by the line
+    import tracemalloc
+
+    from harness.metrics.ingest import MAX_LINE, load_run
+
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        f.write('{"step": 1, "data": {"critic/rewards/mean": 0.5}}\n{"step": 2, "data": {"x": "')
+        chunk = "a" * (1 << 20)
+        for _ in range(64):
+            f.write(chunk)
+        f.write('"}}\n{"step": 3, "data": {"critic/rewards/mean": 0.6}}\n')
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadInput, match=r"metrics.jsonl:2: corrupt line"):
+            load_run(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * MAX_LINE < 64 << 20, peak  # measured: ~14 MiB for a 1 MiB cut line
+    run = load_run(path, strict=False)  # lenient: the cut line is skipped, the steps around it are kept
+    assert run["critic/rewards/mean"].steps == (1, 3)
+
+
+# ---------------------------------------------------------------------------------------------- 6. tracebacks
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=6)
+@given(depth=st.integers(min_value=1100, max_value=1500), form=st.sampled_from(["list", "map", "flow-map"]),
+       digits=st.integers(min_value=4301, max_value=9000), radix=st.sampled_from(["", "0x"]),
+       which=st.sampled_from(["deep", "big"]))
+def test_deep_or_big_int_yaml_is_one_line(depth, form, digits, radix, which):
+    # seeded: 5000 nested `[` or mappings were RecursionError tracebacks, an integer of 5000 digits a ValueError one
+    from harness.config.user_recipe import parse_hydra_yaml
+
+    if which == "deep":
+        text = {"list": "a: " + "[" * depth + "]" * depth,
+                "map": "".join("  " * i + f"k{i}:\n" for i in range(depth)) + "  " * depth + "x: 1",
+                "flow-map": "a: " + "{b: " * depth + "1" + "}" * depth}[form]
+    else:
+        text = f"data:\n  train_batch_size: {radix}{'7' * digits}\n"
+    with pytest.raises(BadInput, match="recipe.yaml") as err:
+        parse_hydra_yaml(text + "\n")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("argv", [["run", "--scale", "tiny"], ["lab", "--steps", "1", "--out", "r"],
+                                  ["plan", "--scale", "tiny"]])
+def test_a_deleted_working_directory_is_one_line(tmp_path, argv):
+    # seeded: `run` died with FileNotFoundError, `lab` with oneMKL's "Cannot load libtorch_cpu.so"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.Popen(["bash", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "x", str(gone),
+                             *cli_argv(*argv)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    out, err = proc.communicate(timeout=120)
+    one_line_exit_2(subprocess.CompletedProcess(argv, proc.returncode, out, err), "working directory")
