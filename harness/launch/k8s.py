@@ -79,11 +79,12 @@ CPU_PER_DEVICE = {"requests": 2, "limits": 8}
 BASE_MEMORY_GIB = 32  # Ray's raylet / GCS, verl's driver and data loaders, the Python processes of the workers
 MEMORY_LIMIT_FACTOR = 1.25  # headroom over the modelled need: pinned staging copies during sleep/wake
 # RFC 1123 DNS label (Kubernetes namespace names), and an OCI image reference (registry[:port]/path[:tag][@digest]).
-# RFC 1123 subdomain (object names such as PVCs): dot-separated labels, each a DNS label -- `a..b`, `a-.b` and a
-# 64-character label are none (kubernetes apimachinery pkg/util/validation/validation.go IsDNS1123Subdomain).
-_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+# RFC 1123 subdomain (object names such as PVCs) as Kubernetes checks it (apimachinery
+# pkg/util/validation/validation.go IsDNS1123Subdomain: dot-separated `[a-z0-9]([-a-z0-9]*[a-z0-9])?` labels, at most
+# 253 in all) -- `a..b`, `a-.b` and `-a` are none; a namespace is one label of at most 63 (IsDNS1123Label).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _PVC = re.compile(rf"{_LABEL}(\.{_LABEL})*")
-_NAMESPACE = re.compile(_LABEL)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # Kubernetes' documented limit of one cluster (kubernetes.io/docs/setup/best-practices/cluster-large: at most 5,000
 # nodes): a manifest for more is for no cluster (a recipe's 1e8 nodes once printed a 1e8-replica task).
 MAX_NODES = 5000
@@ -114,7 +115,7 @@ def check_pvc(pvc: str) -> str:
     """A PersistentVolumeClaim name (RFC 1123 subdomain, at most 253) or BadInput naming --pvc."""
     if not isinstance(pvc, str) or len(pvc) > 253 or not _PVC.fullmatch(pvc):
         raise BadInput(f"--pvc {pvc!r}: not a PersistentVolumeClaim name (RFC 1123 subdomain: dot-separated labels "
-                       "of lowercase letters, digits and '-', each starting and ending alphanumeric, at most 63)")
+                       "of lowercase letters, digits and '-', each starting and ending alphanumeric; at most 253)")
     return pvc
 
 
