@@ -64,6 +64,27 @@ def open_input(path: str | os.PathLike, mode: str = "rb", **kwargs):
         raise
 
 
+def refuse_input(out: str | os.PathLike, inputs, option: str) -> Path:
+    """`out` when writing it cannot touch an input: BadInput naming `option` when it is one of `inputs` (the same
+    file, through any link), or an existing file inside an input directory (a run directory's metrics.jsonl,
+    meta.json, logs). `compare --plot` onto the candidate's metrics.jsonl and `baseline record --out` onto one of
+    its runs overwrote the very data they read."""
+    target = Path(out)
+    if not target.exists():
+        return target
+    real = target.resolve()
+    for given in inputs:
+        source = Path(given)
+        try:
+            same = source.exists() and (real.is_relative_to(source.resolve()) if source.is_dir()
+                                        else os.path.samefile(source, target))
+        except OSError:
+            same = False
+        if same:
+            raise BadInput(f"{option} {out}: is one of the inputs ({given}); write to a new file")
+    return target
+
+
 def size_text(n: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:

@@ -19,6 +19,7 @@ _SECRET_QUERY = re.compile(r"(?i)([?&](?:token|access_token|auth|key|password|se
 _SECRET_WORD = r"(?:token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?)"
 _SECRET_ASSIGNMENT = re.compile(rf"(?i)(?<![\w.-])((?:--)?[\w.-]*?{_SECRET_WORD}=)[^\s&#'\"]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\"]+")
+_SECRET_NAME = re.compile(rf"(?i)[\w.-]*{_SECRET_WORD}")  # a variable or key that holds a secret: HF_TOKEN
 _SECRET_OPTION = re.compile(rf"(?i)^--?[\w.-]*{_SECRET_WORD}$")  # `--token VALUE`: the next word is the secret
 
 
@@ -41,12 +42,39 @@ def redact_argv(argv) -> list[str]:
     return out
 
 
+def redact_value(name: str, value: str) -> str:
+    """`value` as `redact` shows it when it is assigned to `name` (an environment variable, a mapping's key): MASK
+    for a secret name (HF_TOKEN, WANDB_API_KEY, ...), else the value redacted on its own. A mapping {"HF_TOKEN":
+    "hf_x"} split the assignment in two, and neither half looked like a secret."""
+    if _SECRET_NAME.fullmatch(name.lstrip("-")):
+        return MASK if value else value
+    return redact(value)
+
+
 def redact_doc(value):
-    """A JSON value with `redact` applied to every string in it (record_property values may hold a URL)."""
+    """A JSON value with `redact` applied to every string in it (record_property values may hold a URL), and a
+    string under a secret key (`redact_value`) masked."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {redact(k) if isinstance(k, str) else k: redact_doc(v) for k, v in value.items()}
+        return {redact(k) if isinstance(k, str) else k:
+                redact_value(k, v) if isinstance(k, str) and isinstance(v, str) else redact_doc(v)
+                for k, v in value.items()}
     if isinstance(value, list):
         return [redact_doc(v) for v in value]
     return value
+
+
+# Terminal control: CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), other ESC sequences (ECMA-48: ESC,
+# intermediates 0x20-0x2F, a final 0x30-0x7E), the 8-bit CSI and OSC introducers, then any C0/C1 control character
+# left but newline and tab. A job's log or a run directory's name can carry them (`\x1b]0;title\x07`, `\x1b[2J`,
+# a cursor move that hides a FAILED line): printed raw, they
+# rewrite the reader's terminal.
+_TERMINAL_CONTROL = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                               r"|\x1b[ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def for_terminal(text: str) -> str:
+    """`text` as it may leave the process for a terminal or a shared log: `redact`ed, and with every terminal
+    escape sequence and control character (but newline and tab) removed. Idempotent."""
+    return _TERMINAL_CONTROL.sub("", redact(text.replace("\r\n", "\n")))

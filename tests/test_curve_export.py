@@ -201,3 +201,27 @@ def test_reports_keep_a_bounded_share_of_a_large_golden():
     small = tuple(dataclasses.replace(r, series=Series(r.series.steps[:15], r.series.values[:15])) for r in runs[:5])
     assert curves.reference_runs(MetricBaseline(small, tol)) == [  # a golden of the tiny one's size is kept whole
         {"name": r.name, "seed": r.seed, "steps": list(range(15)), "values": list(r.series.values)} for r in small]
+
+
+@pytest.mark.parametrize("kind", ["tb", "csv"])
+def test_a_re_export_keeps_no_stale_run_and_follows_no_planted_link(tmp_path, capsys, curve_report, kind):
+    # seeded: an export into the same -o kept the previous export's runs (read back as this export's), and a
+    # directory symlink planted under -o/<format>/ was followed: the export wrote into its target
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    assert main(["report", str(curve_report), "-o", str(out), "--export", kind]) == 0
+    first = sorted(p.relative_to(out) for p in (out / KINDS[kind]).rglob("*") if p.is_file())
+    stale = out / KINDS[kind] / "old-report" / "t" / "candidate" / ("gone.csv" if kind == "csv" else "gone")
+    stale.parent.mkdir(parents=True)
+    stale.write_text("a run of an earlier export")
+    (report_dir,) = [p for p in (out / KINDS[kind]).iterdir() if p.name != "old-report"]
+    moved = report_dir.with_name(report_dir.name + ".real")
+    report_dir.rename(moved)
+    report_dir.symlink_to(victim, target_is_directory=True)  # planted where this export writes
+    capsys.readouterr()
+    assert main(["report", str(curve_report), "-o", str(out), "--export", kind]) == 0
+    assert sorted(p.relative_to(out) for p in (out / KINDS[kind]).rglob("*") if p.is_file()) == first
+    assert not (out / KINDS[kind] / report_dir.name).is_symlink()
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and (victim / "keep.txt").read_text() == "mine"
+    assert mismatches(curve_report, out / KINDS[kind]) == []

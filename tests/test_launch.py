@@ -180,7 +180,8 @@ def test_k8s_manifest(name):
         labels = task["template"]["metadata"]["labels"]
         if task["name"] == "head":
             assert service["spec"]["selector"].items() <= labels.items()
-    head = tasks["head"]["template"]["spec"]["containers"][0]["command"][2]
+    # what bash runs: kubelet reduces the manifest's `$$` to `$` (harness.launch.k8s.kubelet_literal)
+    head = tasks["head"]["template"]["spec"]["containers"][0]["command"][2].replace("$$", "$")
     assert f"-ge {scale.nodes} ]" in head, "the head must wait for every node before starting verl"
     words = shlex.split(head.split("&& python3 -m", 1)[1].split("2>&1")[0])
     assert words[0] == recipe.entrypoint and set(recipe.overrides) <= set(words)

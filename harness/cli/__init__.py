@@ -20,7 +20,7 @@ from harness import __version__
 from harness.cli.args import Parser, UsageError
 from harness.cli.help import HELP
 from harness.config.host import apply_isa_mask
-from harness.errors import HarnessError, exit_code, termination_raises
+from harness.errors import BadInput, HarnessError, exit_code, termination_raises
 from harness.io import WRITE_ERRNOS, write_error
 
 PROG = "ascend-rl-harness"
@@ -87,6 +87,7 @@ def _main(argv: list[str] | None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        _check_working_directory()
         apply_isa_mask()  # HARNESS_CPU_ISA: before the command runs a kernel (harness.config.host)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
@@ -117,6 +118,17 @@ def _main(argv: list[str] | None) -> int:
         if exc.code == 1 and _stdout_is_devnull():
             return CLOSED_PIPE
         raise
+
+
+def _check_working_directory() -> None:
+    """A deleted working directory (a shell left in a removed run directory) is bad input, said before anything
+    resolves a relative path: `run` died with FileNotFoundError and `lab` with oneMKL's "Cannot load
+    libtorch_cpu.so" (torch's loader resolves relative to it)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise BadInput("the working directory no longer exists (deleted while this shell was in it); cd to an "
+                       "existing directory and run the command again") from None
 
 
 def _where(args) -> str:

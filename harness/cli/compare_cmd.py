@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness.cli.output import emit, verdict
 from harness.errors import BadInput
+from harness.io import refuse_input
 
 MAX_PRINTED_WARNINGS = 20
 
@@ -78,6 +79,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.candidate}: a golden baseline or nightly summary cannot be the candidate; pass a run's "
                        "logs or directory")
     plot = output_file(args.plot, "--plot") if args.plot else None
+    if plot:
+        refuse_input(plot, [args.candidate, *args.baselines], "--plot")
     metrics = tuple(args.metric) if args.metric else None
     with console.status("loading runs") as status:
         (candidate,) = _load_runs([args.candidate], args.lenient, status)
@@ -93,7 +96,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         verdicts = curves.check_sanity(candidate, metrics=metrics)
         if not verdicts:
             raise BadInput(f"{args.candidate}: logs none of the metrics with sanity limits; pass a BASELINE")
-        alignment = curves.CurveAlignment(candidate=candidate.name, baseline="sanity limits", verdicts=verdicts)
+        alignment = curves.CurveAlignment(candidate=candidate.name, baseline="sanity limits", verdicts=verdicts,
+                                          against_reference=False)
     elif args.exact:
         alignment = curves.compare_exact(candidate, baseline, metrics, allow_partial=args.allow_partial)
     else:
@@ -175,7 +179,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     from harness.metrics.baseline import ALIGN_METRICS, Baseline
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
-    out = output_file(args.out, "--out")
+    out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:

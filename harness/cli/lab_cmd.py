@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from pathlib import Path
 
 from harness.cli.args import SEED, whole
+from harness.config.scales import SCALES
 from harness.errors import BadInput
 from harness.lab import FAULTS, LabConfig
+
+# The lab's batch is bounded as the registered scales' batches are: at most the largest GBS and group any scale runs
+# (full-a3's 512 x 16). --gbs/--n were bounded only at 2**31 (9.4 GB of RSS after 200 s for one step).
+MAX_GBS = max(s.batch.gbs for s in SCALES.values())
+MAX_N = max(s.batch.n for s in SCALES.values())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,9 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the policy init, the prompts and the rollout sampling (default %(default)s)")
     p.add_argument("--fault", default="none", choices=sorted(FAULTS),
                    help="rollout fault to inject (default %(default)s; see harness/lab/loop.py)")
-    p.add_argument("--gbs", type=whole(1), default=LabConfig.gbs, help="prompts per step (default %(default)s)")
-    p.add_argument("--n", type=whole(2), default=LabConfig.n,
-                   help="samples per prompt, a GRPO group (default %(default)s)")
+    p.add_argument("--gbs", type=whole(1, MAX_GBS), default=LabConfig.gbs,
+                   help=f"prompts per step (default %(default)s, at most {MAX_GBS})")
+    p.add_argument("--n", type=whole(2, MAX_N), default=LabConfig.n,
+                   help=f"samples per prompt, a GRPO group (default %(default)s, at most {MAX_N})")
     p.add_argument("--engine", metavar="MODULE:FACTORY",
                    help="rollout engine factory (default: the reference engine); imports and runs MODULE, so "
                         "name only code you trust")
@@ -29,8 +37,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print JSON: `passed`, `state` FINISHED, the run directory and the last step's metrics")
 
 
+def check_out(out: str) -> Path:
+    """`--out`: a new or empty directory, or one without a run in it. A run's metrics.jsonl was truncated by a second
+    `lab --out` onto it, and a file as --out was a NotADirectoryError traceback."""
+    from harness.metrics.keys import META_FILE, METRICS_FILE
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--out {out}: exists and is not a directory; pass a new run directory")
+    held = [name for name in (METRICS_FILE, META_FILE) if (path / name).exists()]
+    if held:
+        raise BadInput(f"--out {out}: already holds a run ({', '.join(held)}); pass a new run directory")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the lab as the options say; bad input raises BadInput (the caller prints it as one line, exit 2)."""
+    check_out(args.out)
     config = LabConfig(steps=args.steps, seed=args.seed, fault=args.fault, gbs=args.gbs, n=args.n)
     make_engine = None
     if args.engine:

@@ -110,6 +110,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else shared_run_root() / name
     else:
         run_dir = Path(args.run_dir or f"runs/{name}").resolve()
+    _refuse_a_held_run(run_dir, args.resume)
     from harness.launch import local
 
     if args.local and not local.isolated():
@@ -145,8 +146,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(result.job_id)
         return 0
     style = "green" if result.ok else "red"
-    console.print(f"[bold {style}]{result.line()}[/]")
+    from rich.markup import escape
+
+    console.print(f"[bold {style}]{escape(result.line())}[/]")  # the job's message is text, not rich markup
     return 0 if result.ok else 1
+
+
+def _refuse_a_held_run(run_dir: Path, resume: bool) -> None:
+    """Before anything is prepared or started: a run directory that holds a run is refused unless --resume. The
+    refusal came from the launcher, after the tiny job's inputs (meta.json among them) had been rewritten."""
+    from harness.metrics.keys import LAUNCH_FILE, META_FILE, METRICS_FILE
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BadInput(f"--run-dir {run_dir}: exists and is not a directory; pass a new run directory")
+    held = [name for name in (METRICS_FILE, META_FILE, LAUNCH_FILE) if (run_dir / name).exists()]
+    if held and not resume:
+        raise BadInput(f"--run-dir {run_dir}: already holds a run ({', '.join(held)}); pass a new --run-dir or "
+                       "--resume")
 
 
 def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[str]:

@@ -32,6 +32,15 @@ def console(*, stderr: bool = False, **kwargs):
 
     from rich.console import Console
 
+    from harness.redact import for_terminal
+
+    class Console(Console):  # noqa: PLW0621 -- rich's, with every text it renders made terminal-safe
+        """Every string rendered (print arguments, table cells) through harness.redact.for_terminal: a run
+        directory's name or a job's text with ESC sequences (`\x1b]0;...`, `\x1b[2J`) reached the terminal raw."""
+
+        def render_str(self, text: str, **kw):
+            return super().render_str(for_terminal(text), **kw)
+
     stream = sys.stderr if stderr else sys.stdout
     try:
         tty = stream.isatty()

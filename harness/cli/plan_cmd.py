@@ -56,6 +56,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.config import recipe as recipes
     from harness.config.recipe import VERL_VERSION, check_recipe
     from harness.errors import PlanError
+    from harness.redact import redact, redact_doc
 
     job = job_from_args(args)
     scale, recipe = job.scale, job.recipe
@@ -77,10 +78,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # One verdict: a plan whose memory does not fit is not valid (`plan` said "plan valid" while `memory` exited 1
     # on the same input).
     valid = doc["valid"]
+    # a recipe's exports can hold a token or a password: what plan prints goes through harness.redact (a CI log
+    # or a pasted plan once carried HF_TOKEN in clear)
+    doc = redact_doc(doc)
     if args.format == "json":  # `passed`: the plan holds (a user's recipe can break a rule: exit 1, plan_error says)
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
-        print(recipe.command_line())
+        print(redact(recipe.command_line()))
     else:
         _print_plan(job, doc, validate)
     return 0 if valid else 1
@@ -156,6 +160,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
 
     from harness.cli.output import console as output_console
     from harness.config.recipe import VERL_VERSION
+    from harness.redact import redact
 
     scale = job.scale
     console = output_console()
@@ -167,7 +172,7 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
         console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
                       f"{len(job.user.env)} environment variable(s); {role}")
         for note in job.notes:
-            console.print(f"  note: {note}", markup=False, soft_wrap=True)
+            console.print(f"  note: {redact(note)}", markup=False, soft_wrap=True)
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
                   f"{scale.model.total_params() / 1e9:.1f}B params "
                   f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")

@@ -218,6 +218,19 @@ class _Log(io.TextIOBase):
                 self.error = self.error or exc
 
 
+# pytest options the runner sets itself (pytest_args): given again after `--`, pytest's last one won, so
+# `run --report-dir A -- --report-dir B` wrote B while A's previous report was swapped out and the JSON named A's
+# files.
+OWNED_OPTIONS = ("--report-dir", "--scale")
+
+
+def _refuse_owned_options(extra: list[str]) -> None:
+    for word in extra:
+        option = word.partition("=")[0]
+        if option in OWNED_OPTIONS:
+            raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {option} ...` before the `--`")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.cli.args import scale_arg
     from harness.io import exclusive
@@ -225,6 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scale = scale_arg(args.scale)
     root = project_root()
+    _refuse_owned_options(args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
     report_dir = Path(args.report_dir)
     if report_dir.exists() and not report_dir.is_dir():
         raise BadInput(f"--report-dir {report_dir}: is a file; pass a directory")

@@ -393,13 +393,34 @@ def _value(key: str, text: str | None):
     return t
 
 
-def _int(key: str, text: str | None, default: int | None = None) -> int | None:
+# Bounds of every size a recipe sets, checked before anything is built from it: tp=0 and trainer.nnodes=0 were
+# ZeroDivisionError tracebacks, tp=10**23 one too, ep=10**23 and rollout.n=0 a memory PASS / a valid plan, and
+# pipeline_model_parallel_size=1e9 built a list of 1e9 stages. 2**16 devices in one parallel group, node or job is
+# beyond any cluster the harness targets (A2 256 cards, A3 128 cards x 2 dies); a batch, a group or a length stays
+# within what verl's dataloader and vLLM's scheduler take as one step.
+MAX_PARALLEL = 2**16  # tp, pp, ep, etp, cp and the rollout's tp/dp/ep; nodes
+MAX_DEVICES_PER_NODE = 256
+MAX_BATCH = 2**20  # prompts per step, per mini batch, per micro batch
+MAX_GROUP = 2**12  # samples per prompt (rollout.n)
+MAX_TOKENS = 2**24  # prompt / response length
+
+
+def _int(key: str, text: str | None, default: int | None = None, *, low: int | None = None,
+         high: int | None = None) -> int | None:
+    """A whole-number override, or `default` when unset; BadInput naming the override when it is not one, or when it
+    lies outside [low, high]."""
     value = _value(key, text)
     if value is None:
         return default
     if type(value) is not int:
-        raise BadInput(f"override {key}={text}: a whole number expected")
+        raise BadInput(f"override {key}={str(text)[:40]}: a whole number expected")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadInput(f"override {key}={str(text)[:40]}: must be a whole number in [{low}, {high}]")
     return value
+
+
+def _size(key: str, text: str | None, default: int | None, high: int = MAX_PARALLEL) -> int | None:
+    return _int(key, text, default, low=1, high=high)
 
 
 def _int_list(key: str, text: str) -> tuple[int, ...]:
@@ -440,32 +461,37 @@ def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
         return None
 
     t, r, b = scale.plan.train, scale.plan.rollout, scale.batch
-    tp = _int(f"{_MG}.tensor_model_parallel_size", get(f"{_MG}.tensor_model_parallel_size"), t.tp)
-    pp = _int(f"{_MG}.pipeline_model_parallel_size", get(f"{_MG}.pipeline_model_parallel_size"), t.pp)
-    ep = _int(f"{_MG}.expert_model_parallel_size", get(f"{_MG}.expert_model_parallel_size"), t.ep)
+    tp = _size(f"{_MG}.tensor_model_parallel_size", get(f"{_MG}.tensor_model_parallel_size"), t.tp)
+    pp = _size(f"{_MG}.pipeline_model_parallel_size", get(f"{_MG}.pipeline_model_parallel_size"), t.pp)
+    ep = _size(f"{_MG}.expert_model_parallel_size", get(f"{_MG}.expert_model_parallel_size"), t.ep)
     # Megatron: expert_tensor_parallel_size None means "= tensor_model_parallel_size"
-    etp = _int(f"{_MG}.expert_tensor_parallel_size", get(f"{_MG}.expert_tensor_parallel_size"), None)
+    etp = _size(f"{_MG}.expert_tensor_parallel_size", get(f"{_MG}.expert_tensor_parallel_size"), None)
     # (a recipe's job starts from etp None: verl's null default, = TP)
     etp = etp if etp is not None else (t.etp if f"{_MG}.expert_tensor_parallel_size" not in values and t.etp is not None
                                        else tp)
-    cp = _int(f"{_MG}.context_parallel_size", get(f"{_MG}.context_parallel_size"), t.cp)
+    cp = _size(f"{_MG}.context_parallel_size", get(f"{_MG}.context_parallel_size"), t.cp)
     stages = _stage_layers(scale, pp, values, get, out)
     train = TrainParallel(tp, pp, ep, etp, cp, stages, _recompute(t.recompute, values, get, out))
-    rollout = RolloutParallel(_int(f"{_RO}.tensor_model_parallel_size", get(f"{_RO}.tensor_model_parallel_size"), r.tp),
-                              _int(f"{_RO}.data_parallel_size", get(f"{_RO}.data_parallel_size"), r.dp),
-                              _int(f"{_RO}.expert_parallel_size", get(f"{_RO}.expert_parallel_size"), r.ep))
-    gbs = _int("data.train_batch_size", get("data.train_batch_size"), b.gbs)
+    rollout = RolloutParallel(_size(f"{_RO}.tensor_model_parallel_size", get(f"{_RO}.tensor_model_parallel_size"),
+                                    r.tp),
+                              _size(f"{_RO}.data_parallel_size", get(f"{_RO}.data_parallel_size"), r.dp),
+                              _size(f"{_RO}.expert_parallel_size", get(f"{_RO}.expert_parallel_size"), r.ep))
+    gbs = _size("data.train_batch_size", get("data.train_batch_size"), b.gbs, MAX_BATCH)
     batch = dataclasses.replace(
-        b, gbs=gbs, n=_int(f"{_RO}.n", get(f"{_RO}.n"), b.n),
-        max_prompt_length=_int("data.max_prompt_length", get("data.max_prompt_length"), b.max_prompt_length),
-        max_response_length=_int("data.max_response_length", get("data.max_response_length"), b.max_response_length),
-        ppo_mini_batch_size=_int(f"{_A}.ppo_mini_batch_size", get(f"{_A}.ppo_mini_batch_size"),
-                                 b.ppo_mini_batch_size or gbs),
-        micro_batch_size_per_device=_int(f"{_A}.ppo_micro_batch_size_per_gpu",
-                                         get(f"{_A}.ppo_micro_batch_size_per_gpu"), b.micro_batch_size_per_device),
-        overlong_buffer_len=_int(OVERLONG_LEN, get(OVERLONG_LEN), b.overlong_buffer_len))
-    nodes = _int("trainer.nnodes", get("trainer.nnodes"), scale.nodes)
-    per_node = _int("trainer.n_gpus_per_node", get("trainer.n_gpus_per_node"), scale.devices_per_node)
+        b, gbs=gbs, n=_size(f"{_RO}.n", get(f"{_RO}.n"), b.n, MAX_GROUP),
+        max_prompt_length=_size("data.max_prompt_length", get("data.max_prompt_length"), b.max_prompt_length,
+                                MAX_TOKENS),
+        max_response_length=_size("data.max_response_length", get("data.max_response_length"),
+                                  b.max_response_length, MAX_TOKENS),
+        ppo_mini_batch_size=_size(f"{_A}.ppo_mini_batch_size", get(f"{_A}.ppo_mini_batch_size"),
+                                  b.ppo_mini_batch_size or gbs, MAX_BATCH),
+        micro_batch_size_per_device=_size(f"{_A}.ppo_micro_batch_size_per_gpu",
+                                          get(f"{_A}.ppo_micro_batch_size_per_gpu"), b.micro_batch_size_per_device,
+                                          MAX_BATCH),
+        overlong_buffer_len=_int(OVERLONG_LEN, get(OVERLONG_LEN), b.overlong_buffer_len, low=0, high=MAX_TOKENS))
+    nodes = _size("trainer.nnodes", get("trainer.nnodes"), scale.nodes)
+    per_node = _size("trainer.n_gpus_per_node", get("trainer.n_gpus_per_node"), scale.devices_per_node,
+                     MAX_DEVICES_PER_NODE)
     eager = _value(f"{_RO}.enforce_eager", get(f"{_RO}.enforce_eager"))
     chunked = _value(f"{_RO}.enable_chunked_prefill", get(f"{_RO}.enable_chunked_prefill"))
     load_format = _value(f"{_RO}.load_format", get(f"{_RO}.load_format"))
@@ -483,8 +509,8 @@ def _stage_layers(scale: Scale, pp: int, values: Mapping[str, str], get, out: De
     counts with the middle stages even (megatron-core core_r0.12.1 TransformerConfig), else uniform."""
     if FORK_STAGE_LIST in values:
         return _int_list(FORK_STAGE_LIST, get(FORK_STAGE_LIST))
-    first = _int(FIRST_STAGE, get(FIRST_STAGE))
-    last = _int(LAST_STAGE, get(LAST_STAGE))
+    first = _int(FIRST_STAGE, get(FIRST_STAGE), low=0, high=MAX_PARALLEL)
+    last = _int(LAST_STAGE, get(LAST_STAGE), low=0, high=MAX_PARALLEL)
     if first is None and last is None:
         return ()
     layers = scale.model.num_hidden_layers

@@ -113,9 +113,10 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise BadInput(f"--recipe {source}: not YAML ({str(exc).splitlines()[0]})") from None
-    except (RecursionError, ValueError) as exc:  # nesting deeper than the parser's stack; a 5,000-digit integer
-        raise BadInput(f"--recipe {source}: not a YAML the harness reads ({type(exc).__name__}: "
-                       f"{str(exc)[:80]})") from None
+    except RecursionError:  # 5000 nested `[` or mappings: PyYAML's composer recurses per level
+        raise BadInput(f"--recipe {source}: nested too deeply to be a Hydra config") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's int() limit, in PyYAML's constructor)
+        raise BadInput(f"--recipe {source}: a value no config takes ({str(exc).split(';')[0][:80]})") from None
     if not isinstance(doc, dict):
         raise BadInput(f"--recipe {source}: a Hydra config is a mapping of verl's config keys, got "
                        f"{type(doc).__name__}")
@@ -128,7 +129,9 @@ def parse_hydra_yaml(text: str, source: str = "recipe.yaml") -> UserRecipe:
     try:
         _flatten("", doc, out, source)
     except RecursionError:
-        raise BadInput(f"--recipe {source}: nested too deep for a Hydra config") from None
+        raise BadInput(f"--recipe {source}: nested too deeply to be a Hydra config") from None
+    except ValueError as exc:  # 0xfff... of 5000 digits: an int Python will not print back (repr's 4300 limit)
+        raise BadInput(f"--recipe {source}: a value no config takes ({str(exc).split(';')[0][:80]})") from None
     return UserRecipe(source=source, overrides=tuple(out), notes=tuple(notes))
 
 

@@ -39,6 +39,9 @@ The containers drop every capability, may not escalate privileges and run under 
 profile (the securityContext of MindCluster's NPU pod sample samples/inference/volcano/mindie-ms/server.yaml): Ray
 needs none (its ports are above 1024) and the NPUs come as devices, not capabilities. CPU and memory are requested
 and limited (`pod_resources`), /dev/shm is bounded, and the image is pulled by digest or re-resolved every start.
+Every `$` in a command or env value is doubled (kubelet's `$(VAR)` expansion, `kubelet_literal`), names are checked
+against their grammar (RFC 1123), and a recipe's secret exports come from the Secret ENV_SECRET (one key per variable:
+`kubectl -n NS create secret generic ascend-rl-harness-env --from-literal=HF_TOKEN=...`), never in clear.
 """
 from __future__ import annotations
 
@@ -76,8 +79,18 @@ CPU_PER_DEVICE = {"requests": 2, "limits": 8}
 BASE_MEMORY_GIB = 32  # Ray's raylet / GCS, verl's driver and data loaders, the Python processes of the workers
 MEMORY_LIMIT_FACTOR = 1.25  # headroom over the modelled need: pinned staging copies during sleep/wake
 # RFC 1123 DNS label (Kubernetes namespace names), and an OCI image reference (registry[:port]/path[:tag][@digest]).
-_PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # RFC 1123 subdomain (object names such as PVCs)
+# RFC 1123 subdomain (object names such as PVCs) as Kubernetes checks it (apimachinery
+# pkg/util/validation/validation.go IsDNS1123Subdomain: dot-separated `[a-z0-9]([-a-z0-9]*[a-z0-9])?` labels, at most
+# 253 in all) -- `a..b`, `a-.b` and `-a` are none; a namespace is one label of at most 63 (IsDNS1123Label).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_PVC = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# Kubernetes' documented limit of one cluster (kubernetes.io/docs/setup/best-practices/cluster-large: at most 5,000
+# nodes): a manifest for more is for no cluster (a recipe's 1e8 nodes once printed a 1e8-replica task).
+MAX_NODES = 5000
+# Secret holding a recipe's secret exports (HF_TOKEN, WANDB_API_KEY, ...), one key per variable: a manifest is
+# applied, committed and pasted, so the values never stand in it in clear.
+ENV_SECRET = "ascend-rl-harness-env"
 _IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9-]+)*(:[0-9]{1,5})?"
                     r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 
@@ -98,12 +111,44 @@ def check_image(image: str) -> str:
     return image
 
 
+def check_pvc(pvc: str) -> str:
+    """A PersistentVolumeClaim name (RFC 1123 subdomain, at most 253) or BadInput naming --pvc."""
+    if not isinstance(pvc, str) or len(pvc) > 253 or not _PVC.fullmatch(pvc):
+        raise BadInput(f"--pvc {pvc!r}: not a PersistentVolumeClaim name (RFC 1123 subdomain: dot-separated labels "
+                       "of lowercase letters, digits and '-', each starting and ending alphanumeric; at most 253)")
+    return pvc
+
+
 def _name(scale) -> str:
-    return f"dapo-{scale.name}".lower().replace("_", "-")
+    """The job's name, which also names its Service (`<name>-head`, a DNS label: at most 63) and ConfigMap."""
+    name = f"dapo-{scale.name}".lower().replace("_", "-")
+    if not _NAMESPACE.fullmatch(f"rings-config-{name}-head"):
+        raise BadInput(f"--scale {scale.name!r}: its job name {name!r} is not a Kubernetes name (RFC 1123 label of "
+                       "lowercase letters, digits and '-', short enough for `rings-config-<name>-head`)")
+    return name
+
+
+def kubelet_literal(text: str) -> str:
+    """`text` as kubelet must pass it on: kubelet expands `$(VAR)` in a container's command, args and env values
+    and reduces `$$` to `$` (kubernetes third_party/forked/golang/expansion/expand.go Expand), so every `$` is
+    doubled. A recipe value `$(RAY_AUTH_TOKEN)` otherwise became the cluster token inside the command line."""
+    return text.replace("$", "$$")
+
+
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")  # a container env var name (IsEnvVarName); also a Secret key
 
 
 def _env(scale, run_dir: str, env: dict) -> list[dict]:
-    out = [{"name": k, "value": str(v)} for k, v in env.items()]
+    from harness.redact import redact_value
+
+    out = []
+    for k, v in env.items():
+        if not ENV_NAME.fullmatch(str(k)):
+            raise BadInput(f"recipe export {k!r}: not an environment variable name Kubernetes accepts")
+        if redact_value(str(k), str(v)) != str(v):  # a secret (harness.redact): from the Secret, never in clear
+            out.append({"name": k, "valueFrom": {"secretKeyRef": {"name": ENV_SECRET, "key": k}}})
+        else:
+            out.append({"name": k, "value": kubelet_literal(str(v))})
     out += [{"name": "VERL_FILE_LOGGER_PATH", "value": f"{run_dir}/metrics.jsonl"},
             {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
             # HCCL binds to the pod's host IP on the host network; known only at run time
@@ -171,7 +216,7 @@ def _container(scale, image: str, role: str, command: str, env: list[dict]) -> d
         mounts += [{"name": "ascend-driver", "mountPath": ASCEND_DRIVER, "readOnly": True},
                    {"name": "ascend-910-config", "mountPath": RINGS_CONFIG_MOUNT}]
     return {"name": role, "image": image, "imagePullPolicy": pull_policy(image), "workingDir": SHARED_MOUNT,
-            "command": ["bash", "-c", " && ".join([*_prelude(scale), command])],
+            "command": ["bash", "-c", kubelet_literal(" && ".join([*_prelude(scale), command]))],
             "env": copy.deepcopy(env),  # no YAML aliases
             "resources": pod_resources(scale),
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
@@ -215,9 +260,7 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
 
     check_namespace(namespace)
     check_image(image)
-    if not isinstance(pvc, str) or len(pvc) > 253 or not _PVC.fullmatch(pvc):
-        raise BadInput(f"--pvc {pvc!r}: not a PersistentVolumeClaim name (RFC 1123 subdomain: lowercase letters, "
-                       "digits, '-' and '.', starting and ending alphanumeric)")
+    check_pvc(pvc)
     steps = check_steps(steps)
     name = _name(scale)
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
@@ -247,6 +290,9 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
     env = _env(scale, run_dir, dict(job.env))
     head_host = f"{name}-head.{namespace}.svc.cluster.local"
     nodes = scale.nodes
+    if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise BadInput(f"{job.name}: {nodes} nodes; a Kubernetes cluster holds at most {MAX_NODES} "
+                       "(kubernetes.io cluster-large): check the recipe's trainer.nnodes")
     wait = (f"until [ \"$(python3 -c 'import ray; ray.init(address=\"auto\", logging_level=\"ERROR\"); "
             f"print(sum(n[\"Alive\"] for n in ray.nodes()))')\" -ge {nodes} ]; do sleep 10; done")
     head_cmd = " && ".join([

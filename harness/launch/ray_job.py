@@ -22,9 +22,9 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
-from harness.launch.address import check_dashboard, dashboard_url
+from harness.launch.address import call_timeout, check_dashboard, dashboard_url, stalled, within
 from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
-from harness.redact import redact, redact_doc
+from harness.redact import for_terminal, redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
@@ -34,6 +34,19 @@ WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "d
 VERDICTS = ("succeeded", "failed", "timeout", "node-lost", "stopped", "aborted")
 LAUNCH_SCHEMA = "ascend-rl-harness/launch"  # launch.json (harness.metrics.keys.LAUNCH_FILE)
 LAUNCH_VERSION = 1
+# A job id as it may reach the Jobs API's URL path (/api/jobs/<id>): the harness's own submission ids
+# (harness-<scale>-<date>-<n>) and Ray's (raysubmit_<base62>, ray/dashboard/modules/job/common.py
+# generate_job_id) are letters, digits, '_', '-' and '.', starting alphanumeric. Anything else -- `my-job/../victim`
+# (which stopped another job), `%2e%2e`, `?`, `#`, a space -- would address a different resource.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_job_id(job_id: str, option: str = "JOB_ID") -> str:
+    """`job_id` when it is a job id (_JOB_ID), else BadInput naming `option`: never sent anywhere otherwise."""
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or ".." in job_id:
+        raise BadInput(f"{option} {for_terminal(repr(job_id))[:200]}: not a Ray job id (letters, digits, '_', '-', "
+                       "'.', starting with a letter or digit, at most 128); pass the id `launch` printed")
+    return job_id
 
 
 @dataclass(frozen=True)
@@ -144,10 +157,30 @@ def _client(address: str):
     check_dashboard(url)
     headers = {"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"} if os.environ.get("RAY_AUTH_TOKEN") else None
     try:
-        return JobSubmissionClient(url, headers=headers), url
+        client = within(call_timeout(), stalled(f"--ray-address {redact(url)}"), JobSubmissionClient, url,
+                        headers=headers)
+    except BadInput:
+        raise
     except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
         raise BadInput(f"--ray-address {redact(url)}: no Ray job server answers there ({type(exc).__name__}); "
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
+    return _Deadlined(client, f"the Ray job server at {redact(url)}"), url
+
+
+class _Deadlined:
+    """A JobSubmissionClient whose every call has a total deadline (harness.launch.address.within): Ray's client
+    sends its requests without a timeout (ray 2.60.0 ray/dashboard/modules/dashboard_sdk.py
+    SubmissionClient._do_request: `requests.request(...)` with no `timeout`), so a Jobs API that stalled after the
+    version check hung `launch` (even with --timeout) and `launch --status` forever."""
+
+    def __init__(self, client, what: str):
+        self._client, self._what = client, what
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **kw: within(call_timeout(), stalled(f"{self._what} ({name})"), attr, *a, **kw)
 
 
 def _alive_nodes(url: str, attempts: int = 3) -> set[str] | None:
@@ -295,7 +328,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                         time.sleep(1.0)
                         watch.observe(_alive_nodes(url))
                 timed_out = now - start > timeout_s and not status.is_terminal()
-                message = (client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
+                # the job's message reaches the verdict line and launch.json: redacted, without terminal escapes
+                message = for_terminal(client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
                 lost = watch.lost(ended=timed_out or status == JobStatus.FAILED,
                                   exited=bool(ENTRYPOINT_EXIT.search(message)))
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
@@ -400,38 +434,50 @@ def _known_job(client, url: str, job_id: str):
     try:
         return client.get_job_info(job_id)
     except Exception as exc:  # RuntimeError "Job ... does not exist" (404), connection errors
+        if isinstance(exc, BadInput):  # the deadline: the server stopped answering
+            raise
+        first = for_terminal(str(exc)).splitlines()[0] if str(exc).strip() else ""
         raise BadInput(f"job {job_id}: not known to the Ray job server at {redact(url)} "
-                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                       f"({type(exc).__name__}: {first})") from None
 
 
 def job_status(address: str, job_id: str) -> dict:
     """The job's status, message, entrypoint, run directory and (when that directory is readable here) the steps it
     logged; `launch.json`'s verdict when the launcher that watched it recorded one."""
+    check_job_id(job_id, "--status")
     client, url = _client(address)
     info = _known_job(client, url, job_id)
     status = str(getattr(info.status, "value", info.status))
     run_dir = (info.metadata or {}).get("harness.run_dir")
-    doc = {"job_id": job_id, "address": redact(url), "status": status, "message": info.message or "",
-           "entrypoint": info.entrypoint, "run_dir": run_dir, "steps_done": None, "verdict": None}
+    # the job's own text (message, entrypoint, run dir) is printed and may go to a CI log: no secret, no escapes
+    doc = {"job_id": job_id, "address": redact(url), "status": for_terminal(status),
+           "message": for_terminal(info.message or ""), "entrypoint": for_terminal(info.entrypoint or ""),
+           "run_dir": run_dir, "steps_done": None, "verdict": None}
     if run_dir and Path(run_dir).is_dir():
         doc["steps_done"] = read_progress(Path(run_dir) / METRICS_FILE).steps_done
         try:
             doc["verdict"] = read_launch(run_dir).get("verdict")
         except BadInput:
             pass
+    if run_dir is not None:
+        doc["run_dir"] = for_terminal(str(run_dir))
     return doc
 
 
 def job_logs(address: str, job_id: str) -> str:
+    """The job's driver log as it may be printed: redacted (a token in the entrypoint or the log) and without
+    terminal escape sequences."""
+    check_job_id(job_id, "--logs")
     client, url = _client(address)
     _known_job(client, url, job_id)
-    return client.get_job_logs(job_id)
+    return for_terminal(client.get_job_logs(job_id))
 
 
 def stop_job(address: str, job_id: str) -> str:
     """Stop the job; returns its status afterwards (a job that already ended is left as it is)."""
     from ray.job_submission import JobStatus
 
+    check_job_id(job_id, "--stop")
     client, url = _client(address)
     info = _known_job(client, url, job_id)
     if not JobStatus(info.status).is_terminal():

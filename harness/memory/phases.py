@@ -423,6 +423,23 @@ def logits_fix(scale: Scale, o: MemoryOptions) -> str:
             f"or cap the max response length (data.max_response_length, now {o.max_response_length})")
 
 
+def _check_modelable(scale: Scale) -> None:
+    """PlanError when the plan has no shape to model: a parallel size below 1, or pipeline stages that are not
+    pp non-empty stages. A plan that breaks an expressibility rule (seed 002's MindSpeed stage list) is still
+    modelled as written; one with a zero-layer stage or a zero-way group divided by zero or maxed an empty list."""
+    from harness.errors import PlanError
+
+    t, r = scale.plan.train, scale.plan.rollout
+    sizes = {"tp": t.tp, "pp": t.pp, "ep": t.ep, "etp": t.etp, "cp": t.cp, "rollout.tp": r.tp, "rollout.dp": r.dp,
+             "rollout.ep": r.ep, "devices": scale.devices}
+    bad = next((f"{k}={v}" for k, v in sizes.items() if not (isinstance(v, int) and v >= 1)), None)
+    if bad is None and t.stage_layers and (len(t.stage_layers) != t.pp or min(t.stage_layers) < 1):
+        bad = f"stage layers {list(t.stage_layers)[:16]} for pp={t.pp}"
+    if bad is not None:
+        raise PlanError(f"{scale.name}: no memory to model for {bad}: every group needs >= 1 device and every "
+                        "pipeline stage >= 1 layer")
+
+
 def plan_memory(scale: Scale, options: MemoryOptions | None = None,
                 phases: tuple[str, ...] = PHASES) -> list[PhaseMemory]:
     """Per-phase peak memory of `scale` on its worst device; one PhaseMemory per requested phase."""
@@ -430,6 +447,7 @@ def plan_memory(scale: Scale, options: MemoryOptions | None = None,
     if unknown:
         raise BadInput(f"phase {unknown[0]!r}: use one of {', '.join(PHASES)}")
     check_world(scale)  # one line, not a ZeroDivisionError, for a world smaller than the plan (issue 30)
+    _check_modelable(scale)
     o = (options or MemoryOptions()).resolve(scale)
     out = []
     if {"rollout", "prefill"} & set(phases):

@@ -52,6 +52,9 @@ from harness.metrics.baseline import (
 from harness.metrics.run import Run, Series, Summary
 
 ALIGNED, MISALIGNED, NOT_COMPARED = "ALIGNED", "MISALIGNED", "NOT COMPARED"
+# Statistics that judge the candidate against nothing but itself or its config: they may fail a comparison, never
+# carry it. A run with no step in common with the golden was ALIGNED on its sanity limits alone.
+SELF_STATISTICS = ("sanity", "coverage", "algorithm", "liveness")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class CurveAlignment:
     verdicts: tuple[CurveVerdict, ...]
     n_runs: int = 0  # reference runs behind the bands
     notes: tuple[str, ...] = ()
+    against_reference: bool = True  # False: only the sanity limits were asked for (`compare RUN` without BASELINE)
 
     @property
     def failures(self) -> tuple[CurveVerdict, ...]:
@@ -96,7 +100,9 @@ class CurveAlignment:
     def state(self) -> str:
         if self.failures:
             return MISALIGNED
-        return ALIGNED if any(v.passed for v in self.verdicts) else NOT_COMPARED
+        judged = [v for v in self.verdicts if v.passed and (v.statistic not in SELF_STATISTICS
+                                                            or not self.against_reference)]
+        return ALIGNED if judged else NOT_COMPARED
 
     @property
     def passed(self) -> bool:
@@ -325,11 +331,31 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
         cand, found = despiked(raw, ref.tolerance)  # spikes are judged as events, the rest without them
         verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref),
                      spikes(metric, raw, found, ref)]
+    frozen = liveness(candidate, baseline, metrics)
+    verdicts += [frozen] if frozen else []
     verdicts += check_sanity(candidate, baseline.precision or run_precision(candidate), metrics)
     same = algorithm(candidate, baseline)
     return CurveAlignment(candidate=candidate.name, baseline=baseline.name,
                           verdicts=tuple(verdicts) + ((same,) if same else ()), n_runs=baseline.n_runs,
                           notes=_notes(candidate, baseline))
+
+
+def liveness(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> CurveVerdict | None:
+    """A failing verdict when every compared metric of the candidate is constant over its steps while the golden's
+    are not: a run that logged one value per metric throughout (a frozen logger, a stuck job replaying a step)
+    trains nothing, yet sat inside wide bands and was ALIGNED with no word. None when the candidate moves or the
+    golden is itself flat."""
+    logged = [m for m in metrics if m in candidate and len(candidate[m].values) >= 3]
+    if len(logged) < 2:
+        return None
+    flat = [m for m in logged if len(set(candidate[m].values)) == 1]
+    golden_moves = any(len(set(baseline.metrics[m].center)) > 1 for m in logged)
+    if len(flat) < len(logged) or not golden_moves:
+        return None
+    steps = len(candidate[logged[0]].values)
+    return CurveVerdict(metric="run", statistic="liveness", passed=False, where=f"{steps} steps",
+                        detail=f"every compared metric ({', '.join(logged[:4])}{', ...' if len(logged) > 4 else ''}) "
+                               f"is constant over {steps} steps while the golden's move: the run trains nothing")
 
 
 def algorithm(candidate: Run, baseline: Baseline) -> CurveVerdict | None:

@@ -206,6 +206,11 @@ def _valid_step(step) -> bool:
     return type(step) is int and 0 <= step < MAX_STEP
 
 
+# The longest line read as a line: verl's FileLogger writes ~3 KB per step (a few hundred metrics stay under 64 KB),
+# its console line is shorter still; 1 MiB leaves a wide margin and bounds what one line can cost.
+MAX_LINE = 1 << 20
+
+
 def _lines(path: Path, mode: str = "rb") -> Iterator[tuple[int, bytes | str, bool]]:
     """(line number, line without its newline, complete) streamed; the last line is incomplete when the file
     does not end with a newline (a crash mid-write, or a job still running). A UTF-8 byte-order mark is dropped
@@ -213,9 +218,19 @@ def _lines(path: Path, mode: str = "rb") -> Iterator[tuple[int, bytes | str, boo
     with open_input(path, mode, **({} if mode == "rb" else {"encoding": "utf-8-sig", "errors": "replace",
                                                              "newline": ""})) as f:
         newline = b"\n" if mode == "rb" else "\n"
-        for number, line in enumerate(f, 1):
+        number = 0
+        while line := f.readline(MAX_LINE + 1):
+            number += 1
             if number == 1 and mode == "rb":
                 line = line.removeprefix(BOM)
+            if len(line) > MAX_LINE and not line.endswith(newline):
+                # an over-long line is read no further than MAX_LINE: the rest is skipped in bounded pieces, and
+                # the cut line fails to parse where it stands (path:line named). A 1 GB single-line JSONL once
+                # peaked at ~5x its size in RSS (the line, its decode, the parse).
+                while (rest := f.readline(MAX_LINE)) and not rest.endswith(newline):
+                    pass
+                yield number, line[:MAX_LINE], bool(rest)
+                continue
             complete = line.endswith(newline)
             yield number, (line[:-1] if complete else line), complete
 

@@ -17,6 +17,7 @@ import csv
 import io
 import itertools
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,15 +139,52 @@ def events_bytes(curves: Curves) -> bytes:
 
 
 def export(curves: list[Curves], out: str | Path, kind: str) -> list[dict]:
-    """Write every run of `curves` under `out`/FORMATS[kind] (see the module docstring), each file atomically;
-    returns one entry per run: report, test, role, run, path, metrics, points."""
-    root = Path(out) / FORMATS[kind]
+    """Write every run of `curves` under `out`/FORMATS[kind] (see the module docstring); returns one entry per run:
+    report, test, role, run, path, metrics, points. The export is written into a new directory beside it and then
+    swapped in whole: an export into the same -o kept the previous export's runs beside the new ones (and ingest read
+    them back as this export's), and a directory symlink planted under -o was followed out of it. A failure leaves
+    the previous export as it was."""
+    import shutil
+
+    from harness.io import current_umask, write_error
+
+    out = Path(out)
+    root = out / FORMATS[kind]
+    if root.exists() and not root.is_symlink() and not root.is_dir():  # someone's file: never replaced
+        raise BadInput(f"{root}: cannot write the export there (a file, not a directory); move it or pass another -o")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=out, prefix=f".{root.name}.", suffix=".tmp"))  # new, empty, ours alone
+        os.chmod(stage, 0o777 & ~current_umask())
+    except OSError as exc:  # a full or read-only -o: one line naming it
+        raise write_error(root, exc) from None
     written = []
-    for c in curves:
-        base = root.joinpath(*c.where)
-        path = write_atomic(base / EVENTS_NAME, events_bytes(c)) if kind == "tb" else \
-            write_atomic(base.with_name(base.name + ".csv"), csv_text(c))
-        written.append({"report": c.report, "test": c.test, "role": c.role, "run": c.run,
-                        "path": str(path.parent if kind == "tb" else path), "metrics": len(c.metrics),
-                        "points": c.points})
+    try:
+        for c in curves:
+            base, shown = stage.joinpath(*c.where), root.joinpath(*c.where)
+            if kind == "tb":
+                write_atomic(base / EVENTS_NAME, events_bytes(c))
+            else:
+                write_atomic(base.with_name(base.name + ".csv"), csv_text(c))
+            written.append({"report": c.report, "test": c.test, "role": c.role, "run": c.run,
+                            "path": str(shown if kind == "tb" else shown.with_name(shown.name + ".csv")),
+                            "metrics": len(c.metrics), "points": c.points})
+        old = None
+        if root.exists() or root.is_symlink():
+            old = out / f".{root.name}.old-{os.getpid()}"
+            os.rename(root, old)  # the link itself, never its target
+        try:
+            os.rename(stage, root)
+        except OSError:
+            if old is not None:
+                os.rename(old, root)
+            raise
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if old is not None:
+        if old.is_symlink() or not old.is_dir():
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     return written
