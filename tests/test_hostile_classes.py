@@ -234,7 +234,9 @@ def test_plan_prints_no_secret(tmp_path):
     token = "hf_Zz9SECRETvalue42"
     recipe = tmp_path / "run.sh"
     recipe.write_text(f"export HF_TOKEN={token}\nexport WANDB_API_KEY=k3y-{token}\n"
-                      "python3 -m verl.trainer.main_ppo data.train_batch_size=16\n")
+                      "python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer "
+                      "actor_rollout_ref.model.path=deepseek-ai/DeepSeek-V3 trainer.device=npu trainer.nnodes=32 "
+                      "trainer.n_gpus_per_node=8 data.train_batch_size=16\n")
     for fmt in ("--json", "--format=text", "--format=verl-cli"):
         proc = cli("plan", "--scale", "reduced-a2", "--recipe", recipe, fmt, "--no-validate", cwd=tmp_path,
                    timeout=120)

@@ -68,6 +68,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     check_steps(args.steps)
     job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
+    if args.k8s:  # the manifest's own checks (names, node count) cost nothing: before composing in verl's schema
+        from harness.launch.k8s import manifest, manifest_yaml
+
+        options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
+        documents = manifest(scale, **options)
     if scale.tier != "tiny":
         # Validate before booking, in every mode (Ray, --k8s, --local): a misspelled or unknown key or a <placeholder>
         # got a 64-node manifest, exit 0 (issue 30). The tiny job is the rehearsal, composed when it runs.
@@ -80,12 +85,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         with output_console(stderr=True).status(f"validating the job in verl {VERL_VERSION}'s config"):
             check_recipe(job.recipe)
     if args.k8s:
-        from harness.launch.k8s import manifest, manifest_yaml
-
-
-        options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
         if args.json:  # the documents as a JSON list (`kubectl apply -f` takes YAML: print it without --json)
-            return emit(verdict(True, "MANIFEST", {"scale": scale.name, "manifest": manifest(scale, **options)}))
+            return emit(verdict(True, "MANIFEST", {"scale": scale.name, "manifest": documents}))
         print(manifest_yaml(scale, **options), end="")
         return 0
     address = None if args.local else _cluster_address(args)

@@ -54,7 +54,8 @@ from harness.metrics.run import Run, Series, Summary
 ALIGNED, MISALIGNED, NOT_COMPARED = "ALIGNED", "MISALIGNED", "NOT COMPARED"
 # Statistics that judge the candidate against nothing but itself or its config: they may fail a comparison, never
 # carry it. A run with no step in common with the golden was ALIGNED on its sanity limits alone.
-SELF_STATISTICS = ("sanity", "coverage", "algorithm", "liveness")
+# spikes: the candidate's own events against the golden's rate, not a step compared with the reference
+SELF_STATISTICS = ("sanity", "coverage", "algorithm", "liveness", "spikes")
 
 
 @dataclass(frozen=True)
