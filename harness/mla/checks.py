@@ -465,10 +465,10 @@ def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torc
 
 
 # bf16 rounding of the hidden state can move a token to a near-tied expert, and that step's whole distribution
-# then differs (measured on the tiny MoE model: the reference engine in bf16 vs transformers, 4 of 24 steps off, one
-# by up to 2.4; in fp32 none). A step count, not a looser tolerance: a routing bug moves most steps (plain top-k
-# instead of grouped moves every step in fp32, where the judgement is strict).
-ROUTE_FLIP_STEPS: dict[torch.dtype, float] = {torch.float32: 0.0, torch.float16: 1 / 4, torch.bfloat16: 1 / 4}
+# then differs (measured on the tiny MoE model, 24 steps: the reference engine in bf16 vs transformers, 1 step off
+# by up to 0.74; in fp32 none). A step count, not a looser tolerance: a routing bug moves many steps (plain top-k
+# instead of grouped: 23 of 24 in bf16; gating weights from the bias-corrected scores: 7 of 24; all 24 in fp32).
+ROUTE_FLIP_STEPS: dict[torch.dtype, float] = {torch.float32: 0.0, torch.float16: 1 / 8, torch.bfloat16: 1 / 8}
 
 
 @dataclass(frozen=True)
