@@ -15,6 +15,7 @@ from fixtures.engines import MOE_SPEC, PROMPTS
 from harness.mla.checks import compare_moe_logprobs
 
 
+@pytest.mark.tiny
 def test_grouped_routing_differs_from_plain_topk():
     """The sensitivity guard: with one group, or all groups kept, grouped top-k is plain top-k and the plain
     top-k bug could not show."""
