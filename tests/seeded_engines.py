@@ -53,3 +53,11 @@ def mode_invariant(spec, **kwargs):
     import os
 
     return make_reference_engine(spec, batch_invariant=os.environ.get(MODE_ENV) == "1", **kwargs)
+
+
+# MoE routing and sync (issue 31): each passed every suite under --engine before the MoE forward alignment and the
+# MoE sync suite over fp32/bf16 x real/dummy
+plain_topk = _seeded(EngineFault.PLAIN_TOPK)  # plain top-k, no group limit (n_group / topk_group ignored)
+biased_weights = _seeded(EngineFault.BIASED_WEIGHTS)  # gating weights from the bias-corrected scores
+stale_router_fp32 = _seeded(EngineFault.STALE_ROUTER_FP32)  # router fp32 copy made once: stale in bf16
+dummy_experts = _seeded(EngineFault.DUMMY_EXPERTS)  # a dummy build's syncs drop the routed experts

@@ -86,3 +86,22 @@ def test_a_claim_is_judged_in_its_own_process_with_the_mode_on():
                               [1, 2, 3, 4], others, 4)
     assert judged.claimed and judged.invariant and len(judged.cases) == 3, judged.to_json()
     assert MODE_ENV not in os.environ
+
+
+def test_determinism_and_invariance_are_separate_verdicts():
+    """An engine that claims invariance and breaks it in a batch is deterministic still (issue 31: its batch
+    difference also failed the determinism test); a repeat that differs fails determinism, not invariance."""
+    from harness.consistency.invariance import REPEAT, BatchInvariance
+
+    alone = Generation((1, 2), (-0.5, -1.0))
+    nudged = Generation((1, 2), (-0.5, -1.0000001))
+    batch_variant = BatchInvariance("e", True, (compare(REPEAT, alone, alone, judged=True),
+                                                compare("first of a batch of 8", alone, nudged, judged=True)))
+    assert batch_variant.determinism().ok, batch_variant.determinism().message()
+    inv = batch_variant.invariance()
+    assert not inv.ok and "claims batch invariance, but" in inv.message() and len(inv.findings()) == 1
+    flaky = BatchInvariance("e", True, (compare(REPEAT, alone, nudged, judged=True),
+                                        compare("first of a batch of 8", alone, alone, judged=True)))
+    det = flaky.determinism()
+    assert not det.ok and "not deterministic" in det.message() and len(det.findings()) == 1
+    assert flaky.invariance().ok

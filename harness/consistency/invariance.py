@@ -104,12 +104,55 @@ class BatchInvariance:
         return head
 
     def findings(self) -> tuple[Finding, ...]:
-        return tuple(Finding("consistency.batch_invariance", "log-probs",
-                             f"{c.case}: position {c.first_token if c.first_token is not None else c.first_bits}",
-                             c.describe()) for c in self.cases if c.judged and not c.equal)
+        return tuple(_finding(c) for c in self.cases if c.judged and not c.equal)
+
+    def determinism(self) -> Verdict:
+        """The determinism verdict alone (alone vs alone again): a batch-dependent difference of an engine that
+        claims invariance is no evidence against determinism, and must not fail this one."""
+        return Verdict(self, "determinism")
+
+    def invariance(self) -> Verdict:
+        """The batch-invariance verdict alone (every batched / moved / chunked case bit-equal to alone), meaningful
+        where the engine claims it."""
+        return Verdict(self, "invariance")
 
     def to_json(self) -> dict:
         return {"engine": self.engine, "claimed": self.claimed, "cases": [c.to_json() for c in self.cases]}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One of a BatchInvariance's two verdicts (a CheckResult): "determinism" judges only the same prompt alone
+    twice; "invariance" only the batched cases."""
+
+    of: BatchInvariance
+    what: str
+
+    def _cases(self) -> tuple[CaseComparison, ...]:
+        return tuple(c for c in self.of.cases if (c.case == REPEAT) == (self.what == "determinism"))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.equal for c in self._cases())
+
+    def message(self) -> str:
+        of = self.of
+        claim = "claims batch invariance" if of.claimed else "claims no batch invariance"
+        head = f"{of.engine} ({claim}): " + "; ".join(c.describe() for c in self._cases())
+        if self.ok:
+            return head
+        if self.what == "determinism":
+            return head + ". The same prompt alone twice is not bit-equal: the engine is not deterministic"
+        return head + (". The engine claims batch invariance, but the batch changed the prompt's outputs"
+                       if of.claimed else ". The batch changed the prompt's outputs (no invariance claimed)")
+
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(_finding(c) for c in self._cases() if c.judged and not c.equal)
+
+
+def _finding(c: CaseComparison) -> Finding:
+    return Finding("consistency.batch_invariance", "log-probs",
+                   f"{c.case}: position {c.first_token if c.first_token is not None else c.first_bits}", c.describe())
 
 
 def _generation(rollout, row: int) -> Generation:

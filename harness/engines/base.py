@@ -43,7 +43,8 @@ class Rollout:
     distribution it was sampled from (logits / temperature; plain logits when greedy) — verl compares these
     rollout log-probs with the actor's (training/rollout_probs_diff_mean). dist_logprobs: with
     `full_logprobs=True`, the full log-softmax [T, vocab] at each generated step (for forward alignment).
-    routed_experts: from an engine built to return them, the experts each token was routed to, per prompt
+    routed_experts: from an engine built to return them (the factory called with `return_routed_experts=True`, as
+    the routing suites call it; vLLM and the reference engine fill it), the experts each token was routed to, per prompt
     [prompt + output - 1, num_hidden_layers, top_k] int (vLLM's `CompletionOutput.routed_experts` layout: absolute
     layer index, dense layers zero, no row for the last generated token, which is never fed forward).
     """

@@ -57,6 +57,15 @@ class EngineFault(str, enum.Enum):
                     shows the fresh parameters: only the outputs can show it.
     STALE_ROUTER_BIAS  `load_weights` skips `e_score_correction_bias` (a buffer in transformers: a sync of
                     `named_parameters()` alone never sends it), so expert choices follow the initial bias.
+    PLAIN_TOPK      the router takes a plain top-k over all experts instead of DeepSeek's group-limited top-k (the
+                    best `topk_group` of `n_group` groups first): a kernel or port that ignores n_group / topk_group.
+    BIASED_WEIGHTS  the gating weights are gathered from the bias-corrected choice scores (sigmoid +
+                    e_score_correction_bias) instead of the plain sigmoid scores: the bias is meant for the choice only.
+    STALE_ROUTER_FP32  the router computes from an fp32 copy of gate.weight made once at build (`.float()`): a no-op
+                    alias in an fp32 engine, a copy that no sync refreshes in a bf16 one.
+    DUMMY_EXPERTS   built with load_format="dummy" (verl's flow), the engine never sets up its routed-expert weight
+                    loader (the real loader does), so every sync drops the routed experts silently and they stay at
+                    their dummy init; a real build is right.
     SPLIT_K         layer 0's o_proj is a split-K GEMM whose split count follows the batch size (the cuBLAS split-K
                     batch variance vLLM's batch-invariant mode turns off): the same prompt's log-probs change in
                     their last bits with the batch it runs in.
@@ -79,6 +88,10 @@ class EngineFault(str, enum.Enum):
     PACKED_EXPERTS = "packed_experts"
     STALE_ROUTER_BIAS = "stale_router_bias"
     SPLIT_K = "split_k"
+    PLAIN_TOPK = "plain_topk"
+    BIASED_WEIGHTS = "biased_weights"
+    STALE_ROUTER_FP32 = "stale_router_fp32"
+    DUMMY_EXPERTS = "dummy_experts"
 
 
 # Faults whose absorbed weights are copies the engine re-derives itself after a sync (correctly or not).
@@ -151,6 +164,7 @@ class ReferenceEngine(Engine):
                    loader, to be overwritten by `load_weights` (the verl flow with load_format=dummy).
       fault        None, or a `EngineFault` (or its string value) reproducing a real bug, for seeded self-tests and the
                    tiny DAPO lab's fault injection.
+      return_routed_experts  fill `Rollout.routed_experts` (vLLM's layout, harness.engines.base.Rollout).
       batch_invariant  decode every sequence of a batch on its own (one row per GEMM), so a prompt's tokens and
                    log-probs are bit-equal whatever batch it runs in (prefill is per prompt already): the claim the
                    batch-invariance suite judges (`Engine.batch_invariant`).
@@ -164,11 +178,16 @@ class ReferenceEngine(Engine):
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor] | str | Path | None = None, *,
                  load_format: str = "real", dtype: torch.dtype = torch.float32, seed: int = 0,
-                 fault: EngineFault | str | None = None, batch_invariant: bool = False):
+                 fault: EngineFault | str | None = None, batch_invariant: bool = False,
+                 return_routed_experts: bool = False):
         self.spec, self.dtype, self.batch_invariant = spec, dtype, batch_invariant
+        self.return_routed_experts = return_routed_experts
+        self._capture: dict[int, torch.Tensor] | None = None  # layer -> expert ids [T, top_k] of the forward running
         self._batch_rows = 1  # rows of the current `sample` call (SPLIT_K's split count)
         self.fault = EngineFault(fault) if fault is not None else None
         self.name = "reference" + (f"[{self.fault.value}]" if self.fault else "")
+        # DUMMY_EXPERTS: a dummy build never sets up the routed-expert loader, so syncs drop those weights
+        self._drops_experts = self.fault is EngineFault.DUMMY_EXPERTS and load_format == "dummy"
         self._asleep = False
         self._pool: list[torch.UntypedStorage] = []  # storages released while asleep (see sleep)...
         self._pool_nbytes: list[int] = []  # ...and their sizes, to reallocate on wake-up
@@ -199,6 +218,9 @@ class ReferenceEngine(Engine):
         # PACKED_EXPERTS: the experts' kernel copy, made once at build (see EngineFault)
         self._packed_experts = {n: p.detach().clone() for n, p in self.params.items() if ".mlp.experts." in n} \
             if self.fault is EngineFault.PACKED_EXPERTS else {}
+        # STALE_ROUTER_FP32: the router's fp32 copy, made once (an alias of the parameter when it is fp32 already)
+        self._router_fp32 = {n: p.data.float() for n, p in self.params.items() if n.endswith("mlp.gate.weight")} \
+            if self.fault is EngineFault.STALE_ROUTER_FP32 else {}
 
     # ------------------------------------------------------------ weights
     def _process_weights_after_loading(self) -> None:
@@ -225,6 +247,8 @@ class ReferenceEngine(Engine):
         with torch.no_grad():
             for pname, tensor in weights:
                 if self.fault is EngineFault.DROP_KV_A and "kv_a_proj_with_mqa" in pname:
+                    continue
+                if self._drops_experts and ".mlp.experts." in pname:
                     continue
                 param = self.params.get(pname)
                 if param is None:
@@ -353,13 +377,20 @@ class ReferenceEngine(Engine):
         """DeepSeek-V3 noaux_tc routing: sigmoid scores, bias only for choice, group-limited top-k, normalised
         weights times routed_scaling_factor; plus the shared experts."""
         s = self.spec
-        scores = F.linear(x.float(), self._p(prefix + "gate.weight").float()).sigmoid()
+        gate = self._router_fp32.get(prefix + "gate.weight") if self._router_fp32 else None
+        gate = self._p(prefix + "gate.weight").float() if gate is None else gate
+        scores = F.linear(x.float(), gate).sigmoid()
         choice = scores + self._p(prefix + "gate.e_score_correction_bias").float()
-        groups = choice.view(-1, s.n_group, s.n_routed_experts // s.n_group).topk(2, dim=-1)[0].sum(-1)
-        keep = torch.zeros_like(groups).scatter_(1, groups.topk(s.topk_group, dim=-1)[1], 1.0)
-        keep = keep.unsqueeze(-1).expand(-1, s.n_group, s.n_routed_experts // s.n_group).reshape(len(x), -1)
-        idx = choice.masked_fill(keep == 0, float("-inf")).topk(s.num_experts_per_tok, dim=-1)[1]
-        w = scores.gather(1, idx)
+        if self.fault is EngineFault.PLAIN_TOPK:
+            idx = choice.topk(s.num_experts_per_tok, dim=-1)[1]
+        else:
+            groups = choice.view(-1, s.n_group, s.n_routed_experts // s.n_group).topk(2, dim=-1)[0].sum(-1)
+            keep = torch.zeros_like(groups).scatter_(1, groups.topk(s.topk_group, dim=-1)[1], 1.0)
+            keep = keep.unsqueeze(-1).expand(-1, s.n_group, s.n_routed_experts // s.n_group).reshape(len(x), -1)
+            idx = choice.masked_fill(keep == 0, float("-inf")).topk(s.num_experts_per_tok, dim=-1)[1]
+        if self._capture is not None:
+            self._capture[int(prefix.split(".")[2])] = idx
+        w = (choice if self.fault is EngineFault.BIASED_WEIGHTS else scores).gather(1, idx)
         w = w / (w.sum(-1, keepdim=True) + 1e-20) * s.routed_scaling_factor
         out = torch.zeros_like(x)
         for e in idx.unique().tolist():
@@ -408,15 +439,18 @@ class ReferenceEngine(Engine):
         q_nope, q_pe, latent = self._qkv(i, x, pos)
         rows = torch.arange(len(x))
         cache[rows, lengths] = latent
-        c, k_pe = cache.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
-        w_uk_t, w_uv = (w.to(x.dtype) for w in (self._packed or self._absorbed)[i])
-        q_lat = torch.einsum("bnp,npl->bnl", q_nope, w_uk_t)
-        scores = (torch.einsum("bnl,bsl->bns", q_lat, c) + torch.einsum("bnr,bsr->bns", q_pe, k_pe)) \
+        # The absorbed products run in fp32 (cache and weights stay in the engine's dtype): rounding q_lat and o_lat
+        # to bf16 at 512 latent dims moved a route of the tiny MoE model at a 0.21 set-score gap from the trainer's
+        # naive bf16 forward (measured; this engine's naive prefill path agreed on every route).
+        c, k_pe = (t.float() for t in cache.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1))
+        w_uk_t, w_uv = (w.to(x.dtype).float() for w in (self._packed or self._absorbed)[i])
+        q_lat = torch.einsum("bnp,npl->bnl", q_nope.float(), w_uk_t)
+        scores = (torch.einsum("bnl,bsl->bns", q_lat, c) + torch.einsum("bnr,bsr->bns", q_pe.float(), k_pe)) \
             * self._decode_scale
         valid = torch.arange(cache.shape[1])[None, :] <= lengths[:, None]
-        probs = scores.float().masked_fill(~valid[:, None, :], float("-inf")).softmax(-1).to(x.dtype)
+        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(-1)
         o_lat = torch.einsum("bns,bsl->bnl", probs, c)
-        out = torch.einsum("bnl,nlv->bnv", o_lat, w_uv).reshape(len(x), -1)
+        out = torch.einsum("bnl,nlv->bnv", o_lat, w_uv).reshape(len(x), -1).to(x.dtype)
         return self._o_proj(i, out)
 
     def _decode_layer(self, i: int, y: torch.Tensor, *, pos, caches, lengths) -> torch.Tensor:
@@ -431,6 +465,16 @@ class ReferenceEngine(Engine):
             h = h + (self._mlp(p + "mlp.", y) if i < s.first_k_dense_replace else self._moe(p + "mlp.", y))
         h = _rms(h, self._p("model.norm.weight"), s.rms_norm_eps)
         return F.linear(h, self._p("lm_head.weight")).float()
+
+    def _routed(self, rows: int) -> torch.Tensor:
+        """The expert ids the forward just run chose: [rows, num_hidden_layers, top_k], dense layers zero (vLLM's
+        `routed_experts` layout); resets the capture."""
+        s = self.spec
+        out = torch.zeros(rows, s.num_hidden_layers, s.num_experts_per_tok, dtype=torch.int32)
+        for layer, idx in (self._capture or {}).items():
+            out[:, layer] = idx.to(torch.int32)
+        self._capture = {}
+        return out
 
     def prefill_logits(self, token_ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits [T, vocab] of one sequence through the naive path, and the per-layer latent cache [T, L+R]."""
@@ -463,13 +507,19 @@ class ReferenceEngine(Engine):
         caches = [torch.zeros(b, int(lengths.max()) + max_tokens, width, dtype=self.dtype)
                   for _ in range(s.num_hidden_layers)]
         last, prefilled = [], {}
+        # routed experts (return_routed_experts): per row, one [L, top_k] entry per token fed forward
+        routes: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        self._capture = {} if self.return_routed_experts else None
         for row, prompt in enumerate(prompt_token_ids):
             # GRPO samples n responses per prompt: prefill each distinct prompt once (prefill_logits is a pure
             # function of the tokens, so the rows get the very same values; the tiny lab ran ~3x faster)
             key = tuple(prompt)
             if key not in prefilled:
-                prefilled[key] = self.prefill_logits(prompt)
-            logits, latents = prefilled[key]
+                prefilled[key] = (*self.prefill_logits(prompt),
+                                  self._routed(len(prompt)) if self.return_routed_experts else None)
+            logits, latents, prompt_routes = prefilled[key]
+            if prompt_routes is not None:
+                routes[row].append(prompt_routes)
             for cache, lat in zip(caches, latents, strict=True):
                 cache[row, : len(prompt)] = lat
             last.append(logits[-1])
@@ -495,17 +545,27 @@ class ReferenceEngine(Engine):
                 break
             x = self._p("model.embed_tokens.weight")[nxt]
             rows = [slice(r, r + 1) for r in range(b)] if self.batch_invariant else [slice(None)]
-            logits = torch.cat([self._layers(x[r], functools.partial(
-                self._decode_layer, pos=lengths[r].clone(), caches=[c[r] for c in caches], lengths=lengths[r]))
-                for r in rows])
+            outs = []
+            for r in rows:
+                outs.append(self._layers(x[r], functools.partial(
+                    self._decode_layer, pos=lengths[r].clone(), caches=[c[r] for c in caches], lengths=lengths[r])))
+                if self.return_routed_experts:
+                    fed = self._routed(outs[-1].shape[0])
+                    for k, row in enumerate(range(b)[r]):
+                        if not done[row]:  # a finished sequence's last token is not fed forward (no row for it)
+                            routes[row].append(fed[k:k + 1])
+            logits = torch.cat(outs)
             lengths = lengths + 1
+        self._capture = None
         return Rollout(token_ids=tokens, logprobs=logps,
-                       dist_logprobs=[torch.stack(d) for d in dists] if full_logprobs else None)
+                       dist_logprobs=[torch.stack(d) for d in dists] if full_logprobs else None,
+                       routed_experts=[torch.cat(r) for r in routes] if self.return_routed_experts else None)
 
 
 def make_reference_engine(spec: ModelSpec, *, weights=None, load_format: str = "real",
                           dtype: torch.dtype = torch.float32, seed: int = 0, fault: EngineFault | str | None = None,
-                          batch_invariant: bool = False) -> ReferenceEngine:
-    """Factory with the `--engine` signature (see `harness.engines.base.load_factory`)."""
+                          batch_invariant: bool = False, return_routed_experts: bool = False) -> ReferenceEngine:
+    """Factory with the `--engine` signature (see `harness.engines.base.load_factory`); `return_routed_experts`
+    fills `Rollout.routed_experts`, as vLLM's `enable_return_routed_experts`."""
     return ReferenceEngine(spec, weights, load_format=load_format, dtype=dtype, seed=seed, fault=fault,
-                           batch_invariant=batch_invariant)
+                           batch_invariant=batch_invariant, return_routed_experts=return_routed_experts)

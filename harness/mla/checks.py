@@ -462,3 +462,43 @@ def compare_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torc
             if d > worst:
                 worst, where = d, (i, first_step + step, tok)
     return LogprobAlignment(name=name, tol=tol, count=count, numel=numel, worst=max(worst, 0.0), where=where)
+
+
+# bf16 rounding of the hidden state can move a token to a near-tied expert, and that step's whole distribution
+# then differs (measured on the tiny MoE model, 24 steps: the reference engine in bf16 vs transformers, 1 step off
+# by up to 0.74; in fp32 none). A step count, not a looser tolerance: a routing bug moves many steps (plain top-k
+# instead of grouped: 23 of 24 in bf16; gating weights from the bias-corrected scores: 7 of 24; all 24 in fp32).
+ROUTE_FLIP_STEPS: dict[torch.dtype, float] = {torch.float32: 0.0, torch.float16: 1 / 8, torch.bfloat16: 1 / 8}
+
+
+@dataclass(frozen=True)
+class MoELogprobAlignment:
+    """`compare_logprobs` on an MoE model, with up to `allowed` whole steps outside tolerance (the ROUTE_FLIP_STEPS
+    share of the steps for the dtype: near-tie route flips); `off_steps` is how many steps had any entry outside."""
+
+    alignment: LogprobAlignment
+    off_steps: int
+    steps: int
+    allowed: int
+
+    @property
+    def ok(self) -> bool:
+        return self.off_steps <= self.allowed
+
+    def message(self) -> str:
+        return (f"{self.alignment.message()}; {self.off_steps}/{self.steps} steps outside, {self.allowed} allowed "
+                "(near-tie route flips)")
+
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.ok else self.alignment.findings()
+
+
+def compare_moe_logprobs(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                         dtype: torch.dtype, first_step: int = 0) -> MoELogprobAlignment:
+    """`compare_logprobs`, judged by the number of steps outside tolerance (see ROUTE_FLIP_STEPS)."""
+    alignment = compare_logprobs(name, got, want, dtype, first_step)
+    tol = tolerance(LOGPROB_TOL, dtype)
+    off = sum(int(mismatches(g, w, tol)[0].any(-1).sum()) for g, w in zip(got, want, strict=True))
+    steps = sum(len(g) for g in got)
+    return MoELogprobAlignment(alignment=alignment, off_steps=off, steps=steps,
+                               allowed=int(ROUTE_FLIP_STEPS.get(dtype, 0.0) * steps))

@@ -18,9 +18,13 @@ def _layer(name: str) -> str:
     return ".".join(parts[:3]) if name.startswith("model.layers.") else name
 
 
-def buckets(weights: dict[str, torch.Tensor], n: int = 3) -> list[list[tuple[str, torch.Tensor]]]:
+def buckets(weights: dict[str, torch.Tensor], n: int = 3,
+            split: tuple[str, ...] = ()) -> list[list[tuple[str, torch.Tensor]]]:
     """`weights` in checkpoint order, cut into `n` buckets, each cut moved to the middle of a layer (between its
-    attention and its MLP weights) so a layer's weights arrive in two buckets, as verl's size-bounded buckets do."""
+    attention and its MLP weights) so a layer's weights arrive in two buckets, as verl's size-bounded buckets do.
+    `split`: layers ("model.layers.3") cut once more, half-way through their MLP weights (between two routed
+    experts in an MoE layer), so each of them arrives in two buckets too: an engine that re-packs or re-maps
+    experts per bucket, or only for the layers a bucket completes, shows on every MoE layer."""
     items = list(weights.items())
     if n < 2 or len(items) < 2 * n:
         raise ValueError(f"buckets: need n >= 2 and at least {2 * n} weights, got n={n}, {len(items)} weights")
@@ -31,6 +35,11 @@ def buckets(weights: dict[str, torch.Tensor], n: int = 3) -> list[list[tuple[str
         while at < len(items) - 1 and _layer(items[at - 1][0]) != _layer(items[at][0]):
             at += 1
         cuts.append(at)
+    for layer in split:
+        mlp = [i for i, (name, _) in enumerate(items) if name.startswith(f"{layer}.mlp.")]
+        if len(mlp) < 2:
+            raise ValueError(f"buckets: {layer} has {len(mlp)} MLP weights, cannot split it")
+        cuts.append(mlp[len(mlp) // 2])
     edges = [0, *sorted(set(cuts)), len(items)]
     return [items[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
@@ -44,15 +53,26 @@ def split_layers(parts: list[list[tuple[str, torch.Tensor]]]) -> set[str]:
     return {layer for layer, where in seen.items() if len(where) > 1 and layer.startswith("model.layers.")}
 
 
+def split_mlps(parts: list[list[tuple[str, torch.Tensor]]]) -> set[str]:
+    """The layers whose MLP weights (routed experts, router, shared experts) arrive in more than one bucket."""
+    seen: dict[str, set[int]] = {}
+    for i, part in enumerate(parts):
+        for name, _ in part:
+            if ".mlp." in name:
+                seen.setdefault(_layer(name), set()).add(i)
+    return {layer for layer, where in seen.items() if len(where) > 1}
+
+
 def one_shot(part: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """A generator over one bucket: iterable once, like verl's."""
     yield from part
 
 
-def sync(engine, weights: dict[str, torch.Tensor], n_buckets: int = 3) -> set[str]:
-    """Sync `weights` into `engine` the way verl does: one `load_weights(generator)` per bucket. Returns the
-    layers split across buckets (the caller asserts there is one, or the check could not catch a per-call bug)."""
-    parts = buckets(weights, n_buckets)
+def sync(engine, weights: dict[str, torch.Tensor], n_buckets: int = 3, split: tuple[str, ...] = ()) -> set[str]:
+    """Sync `weights` into `engine` the way verl does: one `load_weights(generator)` per bucket (`split`: layers
+    cut inside their MLP as well, see `buckets`). Returns the layers split across buckets (the caller asserts
+    there is one, or the check could not catch a per-call bug)."""
+    parts = buckets(weights, n_buckets, split)
     for part in parts:
         engine.load_weights(one_shot(part))
     return split_layers(parts)

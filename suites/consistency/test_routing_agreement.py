@@ -3,9 +3,10 @@
 MoE RL collapses when the rollout samples from another sub-network than the one trained: small numeric differences
 flip near-tied top-k choices (Rollout Routing Replay, R3, arXiv 2510.11370; verl PRs #4101 / #5185). vllm-ascend's
 own routed-experts e2e test only asserts `routed_experts.size > 0`. Here the tiny MoE DeepSeek-V3 (3 dense + 2 MoE
-layers, grouped routing, near-tied experts on purpose: fixtures/consistency.py) is rolled out by vLLM returning its
-routes, and the trainer's forward (transformers DeepseekV3) runs the same tokens: every route must be well formed,
-and per MoE layer the top-k sets must agree except at near ties (harness.consistency.routing).
+layers, grouped routing, near-tied experts on purpose: fixtures/consistency.py) is rolled out by the engine under
+test (reference, vLLM, or `--engine`) returning its routes, and the trainer's forward (transformers DeepseekV3) runs
+the same tokens: every route must be well formed, and per MoE layer the top-k sets must agree except at near ties
+(harness.consistency.routing).
 """
 import pytest
 
