@@ -97,3 +97,13 @@ def test_completion_check_fails_on_a_parser_without_the_commands(tmp_path):
 
     bare = shtab.complete(argparse.ArgumentParser(prog="ascend-rl-harness"), "bash")
     assert _completion("bash", tmp_path, bare) != ["registered", "report", "--scale", "tb csv"]
+
+
+def test_the_readme_test_command_exits_with_pytests_code(tmp_path):
+    """`make test` turned a failing test into 2 (GNU make's code for any failed recipe), the harness's code for bad
+    input: the README's `scripts/test` hands pytest's own code on -- 1 for a failing test."""
+    failing = tmp_path / "test_red.py"
+    failing.write_text("def test_red():\n    assert 0\n")
+    done = subprocess.run([str(ROOT / "scripts" / "test"), str(failing), "-p", "no:cacheprovider"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, (done.returncode, done.stdout[-1500:], done.stderr[-1500:])
