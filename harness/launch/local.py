@@ -211,7 +211,7 @@ def cpu_hog(processes: int):
             hog.wait()
 
 
-def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 90.0, hog: int = 0) -> dict:
+def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 240.0, hog: int = 0) -> dict:
     """Inside run_isolated: start the local cluster (plus a second, victim node), launch the tiny DAPO lab job
     and three seeded bad jobs (a crash, a hang, a job whose node is killed) through the launcher, concurrently,
     beside `hog` busy processes (the verdicts must hold on a loaded machine: at load 10-13 on 2 cores a crash was

@@ -176,11 +176,12 @@ def write_report(report: RunReport, path: str | os.PathLike, *, overwrite: bool 
 
 
 def report_name(prefix: str, created: str) -> str:
-    """A report's name: `<scale>-<created to the second>-<4 random hex>`, unique by construction (two sessions in
-    one second named their reports alike, and a trend keyed by name showed one of them)."""
+    """A report's name: `<scale>-<created to the second>-<8 random hex>`, unique by construction (two sessions in
+    one second named their reports alike, and a trend keyed by name showed one of them; 4 hex digits collided in 1
+    of 50 names about 2 % of the time)."""
     import secrets
 
-    return f"{prefix}-{created[:19].replace(':', '')}-{secrets.token_hex(2)}"
+    return f"{prefix}-{created[:19].replace(':', '')}-{secrets.token_hex(4)}"
 
 
 # The field table is the schema. Not jsonschema (in the stack through Ray and vLLM): its "number" takes the 1e308 s

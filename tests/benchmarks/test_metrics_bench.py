@@ -88,4 +88,4 @@ def test_bench_compare_2000_steps(benchmark, logs):
     benchmark.extra_info["target_s"] = 0.5
     alignment = benchmark.pedantic(curves.compare, args=(runs[0], baseline), rounds=5, iterations=1)
     curve_verdicts = [v for v in alignment.verdicts if v.statistic != "sanity"]
-    assert alignment.passed and len(curve_verdicts) == 3 * len(ALIGN_METRICS)
+    assert alignment.passed and len(curve_verdicts) == 4 * len(ALIGN_METRICS)  # band, window, trend, spikes
