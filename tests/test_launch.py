@@ -67,6 +67,7 @@ def test_one_missed_answer_on_a_loaded_machine_is_not_a_dead_node():
     ("FAILED", {"job_message": "Job entrypoint command failed with exit code 137, last logs:\nKilled"}, "failed"),
     ("STOPPED", {}, "stopped"),
     ("RUNNING", {"timed_out": True}, "timeout"),
+    ("RUNNING", {"timed_out": True, "stalled_s": 600.0}, "timeout"),  # no new step for the stall bound
     ("RUNNING", {"lost_nodes": ("abc",)}, "node-lost"),
     ("FAILED", {"lost_nodes": ("abc",)}, "node-lost"),  # the node loss is the cause, say so
 ])

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from harness.launch.local import HANG_TIMEOUT_S
+from harness.launch.local import HANG_TIMEOUT_S, STALL_S
 from harness.launch.ray_job import read_launch
 from harness.metrics.keys import JOB_LOG_FILE, METRICS_FILE
 
@@ -60,6 +60,15 @@ def test_hung_job_times_out_and_is_stopped(isolated_ray_proof):
                                                        f"{result['elapsed_s']:.0f} s")
     log = Path(result["run_dir"]) / JOB_LOG_FILE
     assert log.is_file(), f"{log}: the logs of a timed-out job must be kept"
+
+
+def test_a_job_that_stops_logging_steps_is_stopped_at_the_stall_bound(isolated_ray_proof):
+    """A hung weight sync after step 1: stopped STALL_S after its last step, not at its total timeout (240 s) --
+    which is what lets a slow host's healthy tiny run go on to its last step (harness.launch.tiny_verl)."""
+    result = isolated_ray_proof["results"]["stalled"]
+    assert result["verdict"] == "timeout" and result["steps_done"] == 1, result
+    assert "stall bound" in result["message"], result["message"]
+    assert result["elapsed_s"] < STALL_S + 90, f"the {STALL_S:.0f} s stall bound took {result['elapsed_s']:.0f} s"
 
 
 def test_no_ray_process_survives(isolated_ray_proof):

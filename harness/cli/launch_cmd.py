@@ -95,11 +95,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not args.local and not address:
         raise BadInput("--ray-address is required (the dashboard of an existing cluster, http://HEAD:8265; or set "
                        "RAY_ADDRESS), or --local for a throwaway loopback-only cluster, or --k8s for a manifest")
-    if args.timeout is None:
+    if scale.tier == "tiny":
         # every CPU-tier launch is bounded: verl's main_ppo hangs instead of exiting when a weight sync fails
-        from harness.launch.tiny_verl import TIMEOUT_S
+        from harness.launch.tiny_verl import STALL_S, TIMEOUT_S
 
-        args.timeout = TIMEOUT_S if scale.tier == "tiny" else 3600.0
+        args.timeout = TIMEOUT_S if args.timeout is None else args.timeout
+        args.stall_timeout = STALL_S if args.stall_timeout is None else args.stall_timeout
+    args.timeout = 3600.0 if args.timeout is None else args.timeout
     name = f"{scale.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if address:
         # a cluster job writes its logs on a cluster node: only storage both mount lets this host read them
@@ -129,7 +131,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
                          user=job.user, model_path=args.model_path, data_dir=args.data_dir)
     rules = stop_rules_for(job) if args.abort_on_fail else ()
-    kw = {"timeout_s": args.timeout, "console": console, "stop_rules": rules, "wait": not args.no_wait}
+    kw = {"timeout_s": args.timeout, "stall_s": args.stall_timeout, "console": console, "stop_rules": rules,
+          "wait": not args.no_wait}
     if args.local:
         # tiny: its inputs are written while the cluster starts (the job's own prepare step then finds them done)
         preparing = _prepare_tiny(run_dir, args) if scale.tier == "tiny" else None
@@ -170,6 +173,7 @@ def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[
     """This launch again, for the loopback-only namespace: every option that shapes the job, paths absolute."""
     argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", scale, "--local",
             "--run-dir", str(run_dir), "--timeout", str(args.timeout), "--seed", str(args.seed)]
+    argv += ["--stall-timeout", str(args.stall_timeout)] if args.stall_timeout is not None else []
     argv += ["--steps", str(args.steps)] if args.steps is not None else []
     argv += ["--resume"] if args.resume else []
     argv += ["--fault", args.fault] if args.fault else []
@@ -205,7 +209,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="where the job writes metrics, rollouts, profiles, logs (shared storage)")
     p.add_argument("--steps", type=whole(1), help="training steps (default: 15 for tiny, 20 otherwise)")
     p.add_argument("--timeout", type=positive_float, help="seconds before the job is stopped (verdict timeout; "
-                                                 "default 3600, tiny 600)")
+                                                 "default 3600)")
+    p.add_argument("--stall-timeout", type=positive_float,
+                   help="seconds without a new logged step (the first counted from submission) before the job is "
+                        "stopped (verdict timeout; default none, tiny 600: a hung weight sync never exits)")
     p.add_argument("--seed", type=SEED, default=0, help="tiny: seed of the model, data and rollout")
     p.add_argument("--fault", help="tiny: seed a rollout fault (the vLLM worker extension: stale-absorbed, "
                                    "frozen-rollout) or an algorithmic regression (harness.config.cpu_tier "

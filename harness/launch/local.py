@@ -168,12 +168,18 @@ def _wait_for_job_server(url: str, timeout_s: float = 60.0) -> None:
 
 FAILING_ENTRYPOINT = "python -c \"import sys; print('seeded failure: the trainer crashed'); sys.exit(3)\""
 HANG_TIMEOUT_S = 10.0
+STALL_S = 45.0  # the stalling job's bound: its first step comes a Ray job start after submission (beside the hog)
 HANGING_ENTRYPOINT = "python -c \"import time; print('seeded hang', flush=True); time.sleep(600)\""
 # A job whose gradient norm goes NaN at step 2 and that would then run on: --abort-on-fail must stop it there.
 DIVERGING_ENTRYPOINT = ("python -c \"import json, os, time; log = open(os.environ['VERL_FILE_LOGGER_PATH'], 'a'); "
                         "[print(json.dumps({'step': s, 'data': {'actor/grad_norm': g, 'actor/pg_loss': 0.1}}), "
                         "file=log, flush=True) or time.sleep(1.5) for s, g in ((1, 0.7), (2, float('nan')))]; "
                         "print('seeded divergence: still running', flush=True); time.sleep(600)\"")
+# A job that logs its first step and then hangs (a weight sync that never returns): the stall bound must stop it
+# long before its total timeout.
+STALLING_ENTRYPOINT = ("python -c \"import json, os, time; log = open(os.environ['VERL_FILE_LOGGER_PATH'], 'a'); "
+                       "print(json.dumps({'step': 1, 'data': {'actor/pg_loss': 0.1}}), file=log, flush=True); "
+                       "print('seeded stall after step 1', flush=True); time.sleep(600)\"")
 
 
 # verl 0.9.1's own `ray.init` runtime env (trainer/constants_ppo.py get_ppo_ray_runtime_env), as a job driver: with a
@@ -213,11 +219,11 @@ def cpu_hog(processes: int):
 
 def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 240.0, hog: int = 0) -> dict:
     """Inside run_isolated: start the local cluster (plus a second, victim node), launch the tiny DAPO lab job
-    and three seeded bad jobs (a crash, a hang, a job whose node is killed) through the launcher, concurrently,
-    beside `hog` busy processes (the verdicts must hold on a loaded machine: at load 10-13 on 2 cores a crash was
-    once called node-lost); stop the cluster; write and return `proof.json` in `out_dir`. The hog starts once the
-    cluster is up: `ray start` waits a fixed 30 s for its raylet (ray 2.60 _private/node.py), which is Ray's, not
-    a verdict."""
+    and seeded bad jobs (a crash, a hang, a stall after step 1, a divergence, a job whose node is killed) through
+    the launcher, concurrently, beside `hog` busy processes (the verdicts must hold on a loaded machine: at load
+    10-13 on 2 cores a crash was once called node-lost); stop the cluster; write and return `proof.json` in
+    `out_dir`. The hog starts once the cluster is up: `ray start` waits a fixed 30 s for its raylet (ray 2.60
+    _private/node.py), which is Ray's, not a verdict."""
     import io
     from concurrent.futures import ThreadPoolExecutor
 
@@ -246,7 +252,10 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 240.0, hog:
                 "diverged": (JobSpec("diverged", DIVERGING_ENTRYPOINT, str(out / "diverged"), 5, working_dir=None),
                              timeout_s),
                 "inspected": (JobSpec("inspected", HANGING_ENTRYPOINT, str(out / "inspected"), 1, working_dir=None),
-                              timeout_s)}
+                              timeout_s),
+                "stalled": (JobSpec("stalled", STALLING_ENTRYPOINT, str(out / "stalled"), 3, working_dir=None),
+                            timeout_s)}
+        stall_s = {"stalled": STALL_S}  # the rest run under their total bound only
         inspection: dict = {}
 
         def run(name: str) -> dict:
@@ -259,8 +268,8 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 240.0, hog:
                 done = helper.submit(lambda: kill_victim_node(url, _job_id(out / "victim")) if name == "victim"
                                      else inspect_job(url, _job_id(out / "inspected"), inspection))
             rules = stop_rules("fp32") if name == "diverged" else ()
-            result = launch(url, spec, timeout_s=timeout, poll_s=1.0, console=console, node_check_s=2.0,
-                            stop_rules=rules)
+            result = launch(url, spec, timeout_s=timeout, stall_s=stall_s.get(name), poll_s=1.0, console=console,
+                            node_check_s=2.0, stop_rules=rules)
             if name in ("victim", "inspected"):
                 if name == "victim":
                     times["victim_killed"] = done.result()

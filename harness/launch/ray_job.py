@@ -128,10 +128,13 @@ ENTRYPOINT_EXIT = re.compile(r"entrypoint command failed with exit code (-?\d+)"
 
 
 def verdict(status: str, *, steps_done: int, total: int, lost_nodes: tuple[str, ...] = (), timed_out: bool = False,
-            job_message: str = "") -> tuple[str, str] | None:
-    """The verdict for a job status (a ray JobStatus value) and what the harness saw; None while running."""
+            stalled_s: float | None = None, job_message: str = "") -> tuple[str, str] | None:
+    """The verdict for a job status (a ray JobStatus value) and what the harness saw; None while running.
+    `stalled_s`: the job logged no new step for that long (the stall bound), which is a timeout too."""
     if lost_nodes:
         return "node-lost", f"{len(lost_nodes)} node(s) died while the job ran: {', '.join(lost_nodes[:4])}"
+    if stalled_s is not None:
+        return "timeout", f"no new step in {stalled_s:.0f} s (the stall bound); stopped at step {steps_done} of {total}"
     if timed_out:
         return "timeout", f"no end after the timeout; stopped at step {steps_done} of {total}"
     if status == "SUCCEEDED":
@@ -259,10 +262,13 @@ def _job_nodes(client, url: str, job_id: str) -> set[str]:
     return nodes
 
 
-def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: float = 2.0,
-           console=None, node_check_s: float = 10.0, stop_rules: tuple = (), wait: bool = True) -> LaunchResult:
+def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, stall_s: float | None = None,
+           poll_s: float = 2.0, console=None, node_check_s: float = 10.0, stop_rules: tuple = (),
+           wait: bool = True) -> LaunchResult:
     """Submit `spec`, show progress until it ends, keep its logs; return the verdict (never raises on a
-    failed job -- the verdict says it). BadInput when the cluster cannot be reached. `stop_rules`
+    failed job -- the verdict says it). BadInput when the cluster cannot be reached. `timeout_s` bounds the whole
+    job; `stall_s` (None: no bound) the time without a new logged step, counted from submission for the first:
+    a hung job is stopped as soon as it stops making progress, a slow host's healthy one runs to its end. `stop_rules`
     (harness.metrics.early_stop) stop the job at the first verdict it can no longer pass ("aborted"); `wait=False`
     returns once the job is submitted (verdict "submitted": inspect it with `job_status` / `job_logs`)."""
     from ray.job_submission import JobStatus
@@ -302,6 +308,7 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
     watch = NodeWatch(frozenset(nodes_before))
     result = None
     progress = Progress(0)
+    last_step, last_step_at = 0, start
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[latest]}"))
     try:
@@ -315,6 +322,8 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                                   if v is not None) or str(status.value if hasattr(status, "value") else status).lower()
                 bar.update(task, completed=min(progress.steps_done, spec.total_steps), latest=latest)
                 now = time.monotonic()
+                if progress.steps_done > last_step:
+                    last_step, last_step_at = progress.steps_done, now
                 due = now - last_node_check >= node_check_s and status in (JobStatus.RUNNING, JobStatus.PENDING)
                 # a failed job is checked too: when its node died, that -- not "failed" -- is the verdict
                 if nodes_before and (due or status == JobStatus.FAILED):
@@ -327,14 +336,16 @@ def launch(address: str, spec: JobSpec, *, timeout_s: float = 3600.0, poll_s: fl
                             break
                         time.sleep(1.0)
                         watch.observe(_alive_nodes(url))
-                timed_out = now - start > timeout_s and not status.is_terminal()
+                no_progress = stall_s is not None and now - last_step_at > stall_s and not status.is_terminal()
+                timed_out = no_progress or (now - start > timeout_s and not status.is_terminal())
                 # the job's message reaches the verdict line and launch.json: redacted, without terminal escapes
                 message = for_terminal(client.get_job_info(job_id).message or "") if status == JobStatus.FAILED else ""
                 lost = watch.lost(ended=timed_out or status == JobStatus.FAILED,
                                   exited=bool(ENTRYPOINT_EXIT.search(message)))
                 decided = verdict(str(status.value if hasattr(status, "value") else status),
                                   steps_done=progress.steps_done, total=spec.total_steps, lost_nodes=lost,
-                                  timed_out=timed_out, job_message=message)
+                                  timed_out=timed_out, stalled_s=stall_s if no_progress else None,
+                                  job_message=message)
                 if decided is None and stop_rules and status == JobStatus.RUNNING:
                     stop = early_stop(spec.metrics_path, stop_rules)
                     if stop is not None:
