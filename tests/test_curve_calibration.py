@@ -4,11 +4,12 @@ reference run catches a fault, the calibration the code uses is the measured one
 reproduces that seed exactly (the lab is deterministic per seed) while a fault run of the same seed does not.
 
 Small but real: the candidates are the session's held-out lab run (seed 1234, shared with the suites) and each
-golden seed left out of its reference sets. The full measurement (calibration on seeds 0-9; every N-subset of 25
+golden seed left out of its reference sets. The full measurement (calibration on seeds 0-99; every N-subset of 20
 held-out seeds for N = 1, 2, 3, 5; every lab fault) is scripts/calibrate-curves; its numbers are in the README.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -20,7 +21,6 @@ from harness.markers import upstream_failure
 from harness.metrics import curves
 from harness.metrics.baseline import NOISE_INFLATION, Baseline, load_baseline
 from harness.metrics.ingest import load_run
-from harness.metrics.run import Run, RunMeta
 
 # The targets the calibration is held to (scripts/calibrate-curves measures them on 25 held-out seeds): mean false
 # alarms <= 5 % from 3 reference runs on, <= 10 % with 1 or 2.
@@ -36,13 +36,6 @@ def golden() -> Baseline:
     return load_baseline(TINY_LAB_GOLDEN)
 
 
-def _as_run(golden: Baseline, index: int) -> Run:
-    """A golden seed's stored curves as a Run (what its lab run logged)."""
-    first = next(iter(golden.metrics.values())).runs[index]
-    return Run(first.name, {m: b.runs[index].series for m, b in golden.metrics.items()},
-               RunMeta(extra={"seed": first.seed, "lab": golden.provenance.get("config", {})}))
-
-
 @pytest.mark.parametrize("n_runs", [1, 2, 3])
 def test_few_run_baselines_keep_false_alarms_low(golden, tiny_lab_run, n_runs):
     """Every n-subset of the golden's seeds against the session's held-out seed and each golden seed it leaves out:
@@ -51,7 +44,7 @@ def test_few_run_baselines_keep_false_alarms_low(golden, tiny_lab_run, n_runs):
     comparisons = [(keep, tiny_lab_run) for keep in itertools.combinations(range(n), n_runs)]  # seed 1234
     for left_out in range(n):
         others = [i for i in range(n) if i != left_out]
-        comparisons += [(keep, _as_run(golden, left_out)) for keep in itertools.combinations(others, n_runs)]
+        comparisons += [(keep, golden.as_runs()[left_out]) for keep in itertools.combinations(others, n_runs)]
     alarms = []
     for keep, candidate in comparisons:
         alignment = curves.compare(candidate, golden.subset(keep))
@@ -81,17 +74,49 @@ def test_the_five_run_golden_passes_the_held_out_seed_and_its_own_self_check(gol
 HELD_OUT_MAX_FALSE_ALARM_RATE = 0.05
 
 
-def test_the_inflation_in_code_is_the_measured_one():
+def test_the_tiny_goldens_judge_with_the_measured_inflation():
+    """The tiny recipe's calibration (curve_calibration.json, measured on seeds the held-out ones are not) is what
+    its goldens judge with: a golden stores the tolerances it was recorded with, and dapo_verl.json kept a
+    reward-trend inflation of 1.2 after the calibration moved; a clean verl run of a CI host failed that trend by
+    0.0006 (scripts/calibrate-curves --golden retunes them)."""
+    from fixtures.dapo import TINY_GOLDEN, TINY_LAB_GOLDEN
+    from harness.metrics.baseline import INFLATED_STATISTICS
+
     doc = json.loads(CALIBRATION.read_text())
-    assert {m: tuple(v) for m, v in doc["inflation"].items()} == NOISE_INFLATION
     assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
+    for path in (TINY_LAB_GOLDEN, TINY_GOLDEN):
+        for metric, ref in load_baseline(path).metrics.items():
+            stored = [getattr(ref.tolerance, f"{k}_inflation") for k in INFLATED_STATISTICS]
+            assert stored == doc["inflation"][metric], (path.name, metric, stored)
+
+
+def test_the_default_prior_is_narrower_than_the_tiny_recipes_own():
+    """NOISE_INFLATION is the prior of a recipe nobody calibrated (seed 001's one-run case must stay detectable:
+    tests/test_curves.py); the tiny recipe's bimodal seeds measured wider on every reward statistic."""
+    doc = json.loads(CALIBRATION.read_text())
+    reward = "critic/rewards/mean"
+    assert all(d <= m for d, m in zip(NOISE_INFLATION[reward], doc["inflation"][reward], strict=True))
+
+
+def test_a_retuned_golden_keeps_every_other_tolerance(golden):
+    inflation = {m: (9.0, 8.0, 7.0) for m in golden.metrics}
+    retuned = golden.retuned(inflation)
+    for metric, ref in retuned.metrics.items():
+        before = golden.metrics[metric].tolerance
+        assert (ref.tolerance.band_inflation, ref.tolerance.window_inflation, ref.tolerance.trend_inflation) == \
+            (9.0, 8.0, 7.0)
+        assert dataclasses.replace(ref.tolerance, band_inflation=before.band_inflation, window_inflation=before.
+                                   window_inflation, trend_inflation=before.trend_inflation) == before
+        assert ref.runs == golden.metrics[metric].runs
+    assert [r.meta.extra["seed"] for r in retuned.as_runs()] == golden.provenance["seeds"]
 
 
 @upstream_failure(AssertionError, r"\('measurements', \{'n_runs': 1, [\s\S]*assert 0\.\d+ <= 0\.05",
-                  reason="held-out lab seeds 200-219 false-alarm 21 / 14 / 11 / 8 % at N = 1, 2, 3, 5 "
-                         "(the same with seeded spikes): RL paths of other seeds (reward window-mean, grad_norm "
-                         "trend), not spikes; the calibration seeds 0-9 spread less "
-                         "(baselines/tiny/curve_calibration.json)")
+                  reason="held-out lab seeds 200-219 false-alarm 5.8 / 3.9 / 3.2 / 1.5 % at N = 1, 2, 3, 5 "
+                         "(inflation matched at the 0.995 quantile on seeds 0-99; 21 / 14 / 11 / 8 % at the 0.9 "
+                         "quantile on 0-9): N = 1 is above 5 % and 1 / 6 / 5 goldens of 1-3 runs flag more than "
+                         "2 in 10 -- a golden of one seed that took the rare RL path (baselines/tiny/"
+                         "curve_calibration.json)")
 def test_the_measured_calibration_meets_the_targets():
     """scripts/calibrate-curves' measurement (baselines/tiny/curve_calibration.json) on seeds the calibration never
     saw meets issue 31's targets, with and without seeded spikes: mean false alarms <= 5 % at every N, no golden

@@ -25,7 +25,7 @@ from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_json_atomic
 from harness.metrics import stats
 from harness.metrics.keys import GRAD_NORM, PG_LOSS, RESPONSE_LENGTH, REWARD, ROLLOUT_PROBS_DIFF
-from harness.metrics.run import Run, Series
+from harness.metrics.run import Run, RunMeta, Series
 from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
@@ -153,8 +153,13 @@ ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 
 
 # How much wider than their step noise clean runs of other seeds spread, per metric and statistic (band, window,
-# trend): measured by scripts/calibrate-curves on the tiny lab's calibration seeds (baselines/tiny/
-# curve_calibration.json records the measurement; tests/test_curve_calibration.py keeps this table in step with it).
+# trend): a property of the recipe. These defaults are a golden's unless it says otherwise: the first calibration
+# (the tiny lab's seeds 0-9, matched at the 0.9 quantile), kept as the prior for a recipe nobody calibrated because
+# with it one or two reference runs still catch seed 001's 671B case (reward -0.88 -> -0.78 in 10 steps against the
+# GPU run's -0.62; tests/test_curves.py). The tiny recipe's own clean seeds spread far more (they are bimodal:
+# INFLATION_QUANTILES): scripts/calibrate-curves measures its inflation (baselines/tiny/curve_calibration.json) and
+# writes it into the tiny goldens (--golden); a user's recipe gets its own the same way, or by `baseline record
+# --tolerance METRIC:band_inflation=...`.
 NOISE_INFLATION: dict[str, tuple[float, float, float]] = {
     REWARD: (2.0, 2.2, 1.4),
     RESPONSE_LENGTH: (3.7, 7.5, 5.4),  # the lab's lengths switch between modes for stretches of steps
@@ -179,9 +184,14 @@ def default_tolerance(metric: str, precision: str | None = None) -> CurveToleran
     return dataclasses.replace(tol, **{f"{k}_inflation": v for k, v in inflation.items()})
 
 
-# Quantiles of the standardized differences the inflation matches (scripts/calibrate-curves): the band's per-step
-# values are many (runs x steps), the window's and trend's one per pair of runs.
-INFLATION_QUANTILES = {"band": 0.99, "window": 0.9, "trend": 0.9}
+# Quantiles of the standardized differences the inflation matches (scripts/calibrate-curves). Clean seeds of the
+# tiny lab are bimodal within 14 steps: some find the task early (reward -0.9 -> 0), others stay near -0.95 with a
+# rising grad-norm. Matched at the 0.9 quantile on 10 seeds the window's and trend's inflation fit the common path
+# only, and held-out seeds false-alarmed 21 / 14 / 11 / 8 % at N = 1 / 2 / 3 / 5 (issue 31). Now every statistic is
+# matched in the tail, on 100 calibration seeds (9,900 ordered pairs: ~50 beyond the 0.995 quantile). 0.995 was
+# chosen over 0.99 inside the calibration seeds alone (calibrate on 0-49, judge 50-69: 3.7 / 2.7 / 3.1 / 3.2 % vs
+# 4.2 / 2.8 / 3.2 / 3.4 %); the held-out seeds' rates are in baselines/tiny/curve_calibration.json.
+INFLATION_QUANTILES = {"band": 0.995, "window": 0.995, "trend": 0.995}
 
 
 def measure_inflation(runs: list[Run], metric: str, tol: CurveTolerance) -> dict[str, float]:
@@ -635,6 +645,23 @@ class Baseline:
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more")
+
+    def retuned(self, inflation: dict[str, tuple[float, ...]]) -> Baseline:
+        """The same reference runs judged with another noise inflation per metric (band, window, trend), every other
+        tolerance field kept: a recalibration (scripts/calibrate-curves --golden) applies to committed goldens, whose
+        tolerances were stored when they were recorded."""
+        return dataclasses.replace(self, metrics={m: dataclasses.replace(b, tolerance=dataclasses.replace(
+            b.tolerance, **{f"{k}_inflation": v for k, v in zip(INFLATED_STATISTICS, inflation[m], strict=True)}))
+            if m in inflation else b for m, b in self.metrics.items()})
+
+    def as_runs(self) -> list[Run]:
+        """The golden's reference runs as Runs: their stored curves, seed and precision (and the lab's config for a
+        lab golden), as the self-check judges them."""
+        first = next(iter(self.metrics.values()))
+        lab = {"lab": self.provenance.get("config") or {}} if self.provenance.get("source") == "lab" else {}
+        return [Run(curve.name, {m: b.runs[i].series for m, b in self.metrics.items()},
+                    RunMeta(extra={"seed": curve.seed, "precision": self.precision, **lab}))
+                for i, curve in enumerate(first.runs)]
 
     def without(self, index: int) -> Baseline:
         """The baseline of every reference run but the index-th (the leave-one-out self-check)."""
