@@ -160,3 +160,33 @@ def test_the_lab_is_bit_for_bit_deterministic_on_one_host(tmp_path):
     golden = Baseline.from_runs([runs[0]])
     alignment = curves.compare_exact(runs[1], golden)
     assert alignment.passed and "bit for bit: same CPU kernels" in alignment.message(), alignment.message()
+
+
+# What the retuned tiny verl golden can tell apart (20 noise draws each, step noise 0.15 around the golden's centre
+# with the reward gain cut to a fraction): 0 and 1/4 of the gain fail 20 of 20, seed 001's 0.38 fails 8, 1/2 none --
+# a clean CI-host seed learned at 0.49 of the golden's speed (reward slope 0.074 vs 0.153) and the golden recorded
+# before the retune failed it; that golden failed 1/2 in 20 of 20.
+@pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 20), (0.5, 0), (1.0, 0)])
+def test_the_verl_golden_passes_a_slow_clean_seed_and_fails_a_run_that_learns_too_little(learned, flagged):
+    """The tiny verl golden against its own centre curve with the reward gain cut to `learned` plus seeded step
+    noise: a run that does not learn, or gains a quarter as much, fails every draw on the reward; half the gain (the
+    CI host's clean seed; the golden before the retune failed all 20) and the full gain fail none."""
+    import random
+
+    from fixtures.dapo import TINY_GOLDEN
+    from harness.metrics.keys import REWARD
+    from harness.metrics.run import Series
+
+    golden = load_baseline(TINY_GOLDEN)
+    run, centre = golden.as_runs()[0], golden.metrics[REWARD].series()
+    failed = []
+    for draw in range(20):
+        rng = random.Random(draw)
+        values = tuple(centre.values[0] + learned * (c - centre.values[0]) + rng.gauss(0, 0.15) for c in centre.values)
+        candidate = dataclasses.replace(run, name=f"gain x{learned} draw {draw}",
+                                        series={**run.series, REWARD: Series(centre.steps, values)})
+        alignment = curves.compare(candidate, golden)
+        if not alignment.passed:
+            assert {v.metric for v in alignment.failures} == {REWARD}, alignment.message()
+            failed.append(alignment)
+    assert len(failed) == flagged, [a.message() for a in failed[:2]]
