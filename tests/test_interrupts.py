@@ -34,10 +34,18 @@ def _old_set(tmp_path):
     return report_set(tmp_path / "out")
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """The child's SIGINT back to its default: a shell starts a background job (`scripts/test &`, nohup, some CI
+    step runners) with SIGINT ignored, every child inherits that and Python then never raises KeyboardInterrupt --
+    the SIGINT cases failed (exit 0, the run went on to the end) only because the suite itself was started so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(tmp_path, marker, sig, *argv) -> subprocess.CompletedProcess:
     """Start the command, send `sig` once `marker` exists, return how it ended."""
     proc = subprocess.Popen(cli_argv(*argv), cwd=tmp_path, env=env(MARKER=str(marker)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=_sigint_as_at_a_terminal)
     try:
         wait_for(marker, 120)
         proc.send_signal(sig)
@@ -127,7 +135,8 @@ def test_an_interrupted_test_is_never_counted_passed(tmp_path, runner):
     else:
         proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--scale", "tiny",
                                  "--report-dir", "out", "suites"], cwd=tmp_path, env=env(MARKER=str(marker)),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=_sigint_as_at_a_terminal)
         wait_for(marker)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
