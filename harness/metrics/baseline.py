@@ -125,6 +125,16 @@ class CurveTolerance:
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "window": list(self.window)}
 
+    @property
+    def inflation(self) -> tuple[float, float, float]:
+        """(band, window, trend) noise inflation (INFLATED_STATISTICS' order)."""
+        return self.band_inflation, self.window_inflation, self.trend_inflation
+
+    def with_inflation(self, factors) -> CurveTolerance:
+        """The same tolerance with another (band, window, trend) noise inflation."""
+        band, window, trend = factors
+        return dataclasses.replace(self, band_inflation=band, window_inflation=window, trend_inflation=trend)
+
 
 # rollout_probs_diff_mean (mean |p_rollout - p_actor| of the sampled tokens) is float noise on a healthy run, and
 # float noise depends on the precision: ~1e-7 in the fp32 lab, ~4.4e-3 on a healthy bf16 NPU run -- as large as
@@ -179,9 +189,7 @@ def default_tolerance(metric: str, precision: str | None = None) -> CurveToleran
         tol = DEFAULT_TOLERANCES[metric]
     else:
         raise BadInput(f"--metric {metric!r}: no default tolerance; known: {', '.join(DEFAULT_TOLERANCES)}")
-    factors = NOISE_INFLATION.get(metric, (1.0,) * len(INFLATED_STATISTICS))
-    inflation = dict(zip(INFLATED_STATISTICS, factors, strict=True))
-    return dataclasses.replace(tol, **{f"{k}_inflation": v for k, v in inflation.items()})
+    return tol.with_inflation(NOISE_INFLATION.get(metric, (1.0,) * len(INFLATED_STATISTICS)))
 
 
 # Quantiles of the standardized differences the inflation matches (scripts/calibrate-curves). Clean seeds of the
@@ -650,9 +658,9 @@ class Baseline:
         """The same reference runs judged with another noise inflation per metric (band, window, trend), every other
         tolerance field kept: a recalibration (scripts/calibrate-curves --golden) applies to committed goldens, whose
         tolerances were stored when they were recorded."""
-        return dataclasses.replace(self, metrics={m: dataclasses.replace(b, tolerance=dataclasses.replace(
-            b.tolerance, **{f"{k}_inflation": v for k, v in zip(INFLATED_STATISTICS, inflation[m], strict=True)}))
-            if m in inflation else b for m, b in self.metrics.items()})
+        return dataclasses.replace(self, metrics={
+            m: dataclasses.replace(b, tolerance=b.tolerance.with_inflation(inflation[m])) if m in inflation else b
+            for m, b in self.metrics.items()})
 
     def as_runs(self) -> list[Run]:
         """The golden's reference runs as Runs: their stored curves, seed and precision (and the lab's config for a
