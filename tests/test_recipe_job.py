@@ -28,6 +28,21 @@ def _plan(capsys, *argv):
     return code, out, err
 
 
+def test_a_model_from_the_callers_environment_is_given_with_recipe_env(capsys):
+    """verl's Kimi K2.6 / GLM 5.1 example stops on `${MODEL_PATH:?...}` unless the caller's environment sets it: the
+    refusal names --recipe-env, and with it the job is planned as bash would start it (the `case` branch taken)."""
+    script = str(IDIOMS / "model_from_env_case.sh")
+    code, out, err = _plan(capsys, "--recipe", script)
+    assert code == 2 and out == "" and "--recipe-env MODEL_PATH=VALUE" in err and len(err.strip().splitlines()) == 1
+    code, out, err = _plan(capsys, "--recipe", script, "--recipe-env", "MODEL_PATH=/models/Moonlight-16B-A3B",
+                           "--json")
+    doc = json.loads(out)
+    assert doc["model"]["name"].startswith("moonlight") and doc["devices"] == 24
+    assert (doc["plan"]["train"]["tp"], doc["plan"]["train"]["pp"], doc["plan"]["train"]["ep"]) == (4, 3, 4)
+    code, out, err = _plan(capsys, "--recipe", script, "--recipe-env", "MODEL VARIANT=x")
+    assert code == 2 and "--recipe-env 'MODEL VARIANT=x': NAME=VALUE expected" in err
+
+
 def test_moonlight_is_planned_with_its_own_model_parallelism_and_world(capsys):
     """Its overrides come from arrays; the old reader dropped them and planned DSV3 671B on 256 dies, VALID."""
     code, out, _ = _plan(capsys, "--scale", "moonlight-a2", "--recipe", str(IDIOMS / "moonlight_megatron_arrays.sh"),
@@ -98,7 +113,7 @@ def test_plan_without_scale_takes_model_world_and_hardware_from_the_recipe(capsy
     assert doc["hardware"]["name"] == "a3" and doc["devices"] == 256 and doc["model"]["name"] == "deepseek-v3"
     assert doc["plan"]["rollout"] == {"tp": 2, "dp": 64, "ep": 128}  # VLLM_DP_SIZE=64 of the fork, EP on
     code, out, err = _plan(capsys, "--recipe", str(IDIOMS / "cann_exports_unset.sh"))
-    assert code == 2 and "only known when the job runs" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "names no model" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_config_json_names_the_model(tmp_path):

@@ -86,6 +86,12 @@ def test_unset_variable_is_a_shell_reference_not_an_interpolation():
     ("python3 -u -m verl.trainer.main_ppo a=1 2>&1 | tee log.txt", ["a=1"]),
     ("X=1\nX+=2\npython3 -m verl.trainer.main_ppo 'a=$X' \"b=$X\" c=$'t\\tx'", ["a=$X", "b=12", "c=t\tx"]),
     ("python3 -m verl.trainer.main_ppo \\\n  a=1 \\\n  # c=3\n", ["a=1"]),  # bash ends the command at the comment
+    # verl's Kimi K2.6 / GLM 5.1 example: the model is picked in a `case` whose default branch exits
+    ('V=${V:-kimi_k2_6}\ncase "${V}" in\n  glm|glm5_1) M=glm ;;\n  kimi*) M=kimi ;;\n  *) echo no >&2; exit 1 ;;\n'
+     'esac\npython3 -m verl.trainer.main_ppo m=$M', ["m=kimi"]),
+    ("V=b\ncase $V in a|b) M=ab ;; *) M=other ;; esac\npython3 -m verl.trainer.main_ppo m=$M", ["m=ab"]),
+    # an exit behind a test or in a branch is conditional: bash goes on when the guard holds
+    ('M=x\n[ -z "$M" ] && exit 1\nif [ -n "$Q" ]; then exit 2; fi\npython3 -m verl.trainer.main_ppo m=$M', ["m=x"]),
 ])
 def test_idioms_read_as_bash_reads_them(text, expected):
     assert list(parse_launch_script(text, "t.sh").overrides) == expected
@@ -101,6 +107,30 @@ def _bash_argv(text: str) -> list[str]:
     out = subprocess.run(["bash", "-c", recorder + text], capture_output=True, env={"PATH": os.defpath},
                          cwd=os.environ.get("TMPDIR", "/tmp"), timeout=10).stdout
     return [a.decode() for a in out.split(b"\0")[:-1]]
+
+
+def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path):
+    """cann-recipes-train's train_deepseekv3_256die_*.sh have no verl command: they export VLLM_DP_SIZE (the fork's
+    rollout DP) and run `bash ./verl_patches/scripts/internal/train_*.sh` from llm_rl/deepseek."""
+    top = tmp_path / "deepseek"
+    (top / "scripts" / "internal").mkdir(parents=True)
+    wrapper = top / "scripts" / "train.sh"
+    wrapper.write_text('export VLLM_DP_SIZE=64\nexport MODEL=/m/DeepSeek-V3\nLOCAL=not-exported\n'
+                       'if [ "$MASTER" = "$IP" ]; then\n  bash ./scripts/internal/train.sh\nfi\n')
+    (top / "scripts" / "internal" / "train.sh").write_text(
+        "python3 -m verl.trainer.main_ppo_npu a=$MODEL b=${LOCAL:-unset} dp=$VLLM_DP_SIZE\n")
+    recipe = read_recipe(str(wrapper))
+    assert list(recipe.overrides) == ["a=/m/DeepSeek-V3", "b=unset", "dp=64"]
+    assert recipe.env["VLLM_DP_SIZE"] == "64" and recipe.entrypoint == "verl.trainer.main_ppo_npu"
+    assert recipe.source == str(wrapper) and any("it runs ./scripts/internal/train.sh" in n for n in recipe.notes)
+    if shutil.which("bash"):  # bash itself, with python3 an exported recorder function
+        recorder = 'python3() { shift 2; printf "%s\\0" "$@"; }; export -f python3; MASTER=1 IP=1 bash scripts/train.sh'
+        out = subprocess.run(["bash", "-c", recorder], capture_output=True, cwd=top, timeout=10,
+                             env={"PATH": os.defpath}).stdout
+        assert [a.decode() for a in out.split(b"\0")[:-1]] == list(recipe.overrides)
+    (top / "scripts" / "internal" / "train.sh").unlink()
+    with pytest.raises(BadInput, match=r"it runs ./scripts/internal/train.sh \(not found beside it\)"):
+        read_recipe(str(wrapper))
 
 
 def test_the_old_readers_refusals_are_gone():

@@ -81,6 +81,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, paths: bool = True) -> None
     p.add_argument("--recipe", metavar="FILE", help="your verl job: a launch script (exports, variables and the "
                    "`python3 -m verl.trainer.main_ppo key=value ...` command; read, never run) or a Hydra YAML; its "
                    "settings win over the scale's")
+    add_recipe_env_argument(p)
     if paths:
         p.add_argument("--model-path", default=None, help="HF model directory written into the overrides "
                        "(default models/<model name>, or the recipe's actor_rollout_ref.model.path)")
@@ -90,13 +91,31 @@ def add_job_arguments(p: argparse.ArgumentParser, *, paths: bool = True) -> None
                    help="verl Hydra overrides after `--` (key=value, +key=value, ~key); they win over --recipe's")
 
 
+def add_recipe_env_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable of the environment the launch script is started with (repeatable), as in "
+                        "`NAME=VALUE bash script.sh`; a script that stops on an unset ${NAME:?} needs it")
+
+
+def recipe_from_args(args: argparse.Namespace):
+    """The UserRecipe of --recipe (started with --recipe-env's variables) and the overrides after `--`."""
+    from harness.config.user_recipe import read_recipe
+
+    env = {}
+    for item in getattr(args, "recipe_env", None) or ():
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise BadInput(f"--recipe-env {item!r}: NAME=VALUE expected (a shell variable name, then =)")
+        env[name] = value
+    return read_recipe(getattr(args, "recipe", None), getattr(args, "overrides", None) or (), env)
+
+
 def job_from_args(args: argparse.Namespace, scale: Scale | None = None):
     """The harness.config.job.Job of `--scale` (or `scale`) with --recipe, the overrides after `--`, --model-path
     and --data-dir."""
     from harness.config.job import build_job
-    from harness.config.user_recipe import read_recipe
 
-    user = read_recipe(getattr(args, "recipe", None), getattr(args, "overrides", None) or ())
+    user = recipe_from_args(args)
     if scale is None and getattr(args, "scale", None) is None:  # `plan --recipe` alone: the recipe's own job
         from harness.config.job import scale_for_recipe
 

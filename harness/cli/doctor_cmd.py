@@ -16,6 +16,7 @@ import platform
 import sys
 from importlib import metadata
 
+from harness.cli.args import add_recipe_env_argument, recipe_from_args
 from harness.cli.output import emit, verdict
 from harness.config.installed import KNOWN_BUG_DETECTORS, Detection, cann_version, driver_version
 
@@ -120,9 +121,7 @@ def diagnose() -> dict:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from harness.config.scales import plural
-    from harness.config.user_recipe import read_recipe
-
-    user = read_recipe(args.recipe, args.overrides or ())
+    user = recipe_from_args(args)
     args.rejected = _rejected(user)
     if args.stack:
         return cmd_known_bugs(args, user)
@@ -271,5 +270,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "requirements/npu-vllm-ascend-0.23.0.txt)")
     p.add_argument("--recipe", metavar="FILE", help="your verl job (launch script or Hydra YAML): its settings "
                    "decide which known bugs it would hit")
+    add_recipe_env_argument(p)
     p.add_argument("overrides", nargs="*", metavar="-- OVERRIDE", help="verl Hydra overrides after `--`")
     p.set_defaults(func=cmd_doctor)

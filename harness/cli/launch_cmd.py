@@ -179,6 +179,7 @@ def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[
     argv += ["--fault", args.fault] if args.fault else []
     argv += ["--abort-on-fail"] if args.abort_on_fail else []
     argv += ["--recipe", str(Path(args.recipe).resolve())] if args.recipe else []
+    argv += [f"--recipe-env={item}" for item in args.recipe_env]
     argv += ["--model-path", args.model_path] if args.model_path else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []
     argv += ["--json"] if args.json else []  # the namespace's launch prints the verdict JSON

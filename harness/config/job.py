@@ -161,14 +161,13 @@ def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> 
     if user is None or user.entrypoint is None:
         raise BadInput("plan: give --scale, or --recipe with a launch script whose job is planned as written")
     values = user.override_map()
-    path = model_path or values.get("actor_rollout_ref.model.path")
-    model, name = model_of(path)
+    try:
+        model = recipe_model(values, model_path)
+    except BadInput as exc:
+        raise BadInput(f"--recipe {user.source}: {exc}") from None
     if model is None:
-        raise BadInput(f"--recipe {user.source}: " + (
-            f"model {name} (actor_rollout_ref.model.path={path}) is not a model the harness models (DeepSeek-V3/R1, "
-            f"Moonlight-16B-A3B, or a config.json of model_type {'/'.join(MLA_MODEL_TYPES)})" if path and "${" not in
-            name else f"its model ({path or 'no actor_rollout_ref.model.path'}) is only known when the job runs: "
-            "pass --model-path, or --scale to plan it as a scale's model"))
+        raise BadInput(f"--recipe {user.source}: it names no model (actor_rollout_ref.model.path): pass --model-path, "
+                       "or --scale to plan it as a scale's model")
     device = (values.get("trainer.device") or "cuda").strip("'\"")
     per_node = _int("trainer.n_gpus_per_node", values.get("trainer.n_gpus_per_node"), 8)
     if device != "npu":
@@ -233,10 +232,10 @@ def _spec_from_config(config: Path, name: str) -> ModelSpec:
         raise BadInput(f"{config}: not a whole DeepSeek-V3-architecture config ({exc})") from None
 
 
-def _recipe_base(scale: Scale, base: Recipe, user_keys: set[str], values: Mapping[str, str | None],
-                 notes: list[str], model_path: str | None = None) -> tuple[Scale, Recipe, list[str]]:
-    """The scale's job reduced to what a launch script leaves unset and the scale may fill (hardware, batch, world):
-    not its model, algorithm or parallel sizes, which are the recipe's (verl's defaults where it sets none)."""
+def recipe_model(values: Mapping[str, str | None], model_path: str | None = None) -> ModelSpec | None:
+    """The model a recipe trains (--model-path wins), None when it names none; BadInput, one line, when it names a
+    placeholder, a path only the running shell knows, or a model the harness does not model: planning any of them
+    as a scale's DSV3 would describe another job."""
     path = model_path or values.get("actor_rollout_ref.model.path")
     model, name = model_of(path)
     if path and model is None:
@@ -244,13 +243,19 @@ def _recipe_base(scale: Scale, base: Recipe, user_keys: set[str], values: Mappin
         if re.search(r"<[^<>]*>", path):
             raise BadInput(f"{key}={path} is a placeholder: write the model's directory there (or pass --model-path)")
         if "${" in name:
-            # upstream's Moonlight gsm8k example passes an unset $LLM: planning it as the scale's model (DSV3)
-            # would describe another job
-            raise BadInput(f"{key}={path}: the model is only known when the job runs (the script never sets "
-                           f"{name}); pass --model-path")
+            # upstream's Moonlight gsm8k example passes an unset $LLM
+            raise BadInput(f"{key}={path}: the model is only known when the job runs; pass --model-path")
         raise BadInput(f"model {name} ({key}={path}) is not a model the harness models (DeepSeek-V3/R1, "
                        "Moonlight-16B-A3B, or a directory whose config.json is model_type "
                        f"{'/'.join(MLA_MODEL_TYPES)}); plan and memory would describe another job")
+    return model
+
+
+def _recipe_base(scale: Scale, base: Recipe, user_keys: set[str], values: Mapping[str, str | None],
+                 notes: list[str], model_path: str | None = None) -> tuple[Scale, Recipe, list[str]]:
+    """The scale's job reduced to what a launch script leaves unset and the scale may fill (hardware, batch, world):
+    not its model, algorithm or parallel sizes, which are the recipe's (verl's defaults where it sets none)."""
+    model = recipe_model(values, model_path)
     if model is None:
         notes.append(f"the recipe names no model (actor_rollout_ref.model.path); planned as the scale's "
                      f"{scale.model.name}")

@@ -59,6 +59,19 @@ class TrainParallel:
         return world_size // (self.tp * self.pp * self.cp)
 
     @staticmethod
+    def expressible_split(layers: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The split megatron-core core_r0.12.1 can run nearest to an uneven one (a fork's MindSpeed
+        --num-layer-list): the same largest and last stage, the middle even, the first stage the rest; seed 002's
+        7,7,8,8,8,8,8,7 gives 6,8,8,8,8,8,8,7, what verl's r1_ascend 671B A3 recipe runs. None when no such split
+        exists (the first stage would be empty or larger than the middle)."""
+        middle = layers[1:-1]
+        if len(middle) < 1:
+            return None
+        even = max(middle)
+        first = sum(layers) - layers[-1] - even * len(middle)
+        return (first, *([even] * len(middle)), layers[-1]) if 0 < first <= even else None
+
+    @staticmethod
     def uniform_middle(num_layers: int, pp: int, first: int, last: int) -> tuple[int, ...]:
         """Stage layers with given first/last stage and the rest spread evenly (Megatron's uneven PP)."""
         middle = num_layers - first - last
@@ -120,9 +133,12 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, world_size: int) -> None
                  f"model {model.name} has {model.num_hidden_layers}")
         # megatron-core core_r0.12.1 transformer_config.py __post_init__: only first/last stage counts, the
         # middle stages split the rest evenly (pipeline_model_parallel_layout arrives in core_r0.13).
+        nearest = TrainParallel.expressible_split(t.stage_layers)
         _require(len(set(t.stage_layers[1:-1])) <= 1, "stage-layers-expressible",
                  f"stage layers {list(t.stage_layers)}: megatron-core 0.12 (MindSpeed core_r0.12.1) can only "
-                 "make the first and last stage uneven; the middle stages must hold the same number of layers")
+                 "make the first and last stage uneven; the middle stages must hold the same number of layers"
+                 + (f"; {list(nearest)} keeps the largest and the last stage: num_layers_in_first_pipeline_stage="
+                    f"{nearest[0]} num_layers_in_last_pipeline_stage={nearest[-1]}" if nearest else ""))
     else:
         _require(model.num_hidden_layers % t.pp == 0, "pp-divides-layers",
                  f"pp={t.pp} does not divide {model.num_hidden_layers} layers; give stage_layers")

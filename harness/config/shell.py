@@ -14,7 +14,12 @@ parse tree over the script's own variables:
 - the script's own arguments (`$1`, `$@`) are unknown: unset, so `${1:-4}` is 4, as `bash run.sh` with no
   arguments gives;
 - a variable the script never sets is left as the shell reference `${NAME}` for the shell that runs the job, and
-  listed in `unset` (it is no OmegaConf interpolation: issue 36).
+  listed in `unset` (it is no OmegaConf interpolation: issue 36);
+- `case WORD in`: the first item whose pattern matches a known WORD is read (verl's Kimi K2.6 / GLM 5.1 example picks
+  its model in a `case` with an `exit 1` default); an unknown WORD reads every item. `if` conditions are not
+  evaluated: every branch is read, and an `exit` / `return` inside a branch or after `||` / `&&` is not taken;
+- `env`: the environment a calling script exported (cann-recipes-train's wrapper exports VLLM_DP_SIZE and runs
+  `bash ./verl_patches/scripts/internal/train_*.sh`), visible and exported, as bash passes it to a child.
 
 Every expansion has a budget (issue 36): a word or variable of more than MAX_WORD_CHARS, more than
 MAX_TOTAL_CHARS expanded in all, function calls nested deeper than MAX_CALL_DEPTH, statements nested deeper than
@@ -23,6 +28,7 @@ line. bash's arithmetic wraps at 64 bits, so an exponent chain `$((9**9**9**9))`
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import re
 from dataclasses import dataclass, field
@@ -77,12 +83,14 @@ class _Return(Exception):
 
 
 class _Reader:
-    def __init__(self, source: str, text: bytes):
+    def __init__(self, source: str, text: bytes, env: dict[str, str] | None = None):
         self.source = source
         self.text = text
         self.out = ShellRead()
         self.vars = self.out.variables
-        self.exported_names: dict[str, None] = {}  # in the order the script exports them
+        self.vars.update(env or {})
+        self.exported_names: dict[str, None] = dict.fromkeys(env or {})  # in the order the script exports them
+        self.conditional = 0  # inside an if/elif/else branch, an unmatched-case read, or after || / &&
         self.functions: dict[str, object] = {}
         self.positional: list[str] = []
         self.line = 1
@@ -192,21 +200,50 @@ class _Reader:
                     self.functions[name.text.decode()] = body
             elif kind == "command":
                 self.command(node)
-            elif kind in ("if_statement", "elif_clause", "else_clause", "while_statement", "case_statement",
-                          "case_item", "compound_statement", "subshell", "list", "pipeline", "program",
-                          "redirected_statement", "negated_command", "do_group"):
+            elif kind == "case_statement":
+                self.case(node)
+            elif kind in ("if_statement", "elif_clause", "else_clause", "while_statement", "case_item",
+                          "compound_statement", "subshell", "list", "pipeline", "program", "redirected_statement",
+                          "negated_command", "do_group"):
                 # Conditions are not evaluated: every branch is read (a second verl command is named as such).
-                for child in node.named_children:
+                branch = kind in ("if_statement", "elif_clause", "else_clause", "while_statement")
+                for index, child in enumerate(node.named_children):
                     if child.type not in ("test_command", "comment") and not child.type.endswith("redirect") \
                             and child.type not in ("heredoc_body", "herestring_redirect"):
-                        if kind == "case_statement" and child.type != "case_item":
+                        if kind == "case_item" and child in node.children_by_field_name("value"):
                             continue
-                        if kind == "case_item" and node.child_by_field_name("value") == child:
-                            continue
-                        self.run(child)
+                        # `a || exit 1`, `[ -f x ] && exit`: what follows the first command of a list is conditional
+                        later = kind == "list" and index > 0
+                        self.conditional += branch or later
+                        try:
+                            self.run(child)
+                        finally:
+                            self.conditional -= branch or later
             elif kind == "for_statement":
                 self.for_loop(node)
             # comments, test commands, C-style for loops, here-doc bodies: nothing a job reads
+
+    def case(self, node) -> None:
+        """`case WORD in PATTERN) ... ;;`: the first matching item when WORD is known, else every item."""
+        value_node = node.child_by_field_name("value")
+        items = [c for c in node.named_children if c.type == "case_item"]
+        before = len(self.out.unset)
+        word = self.word_text(value_node) if value_node is not None else None
+        known = word is not None and len(self.out.unset) == before and "$(" not in word and "`" not in word
+        if known:
+            for item in items:
+                patterns = [v.text.decode() if v.type == "extglob_pattern" else self.word_text(v)
+                            for v in item.children_by_field_name("value")]
+                if any(fnmatch.fnmatchcase(word, p) for p in patterns):
+                    self.run(item)
+                    return
+            return
+        self.conditional += 1
+        try:
+            for item in items:
+                self.run(item)
+        finally:
+            self.conditional -= 1
 
     def for_loop(self, node) -> None:
         variable = node.child_by_field_name("variable")
@@ -281,6 +318,9 @@ class _Reader:
             return
         head = words[0]
         if head in ("return", "exit"):
+            if self.conditional:  # a branch the reader cannot decide: bash may well not take it
+                self.note(f"{head} inside a condition: not taken (conditions are not evaluated)")
+                return
             raise _Return()
         if head in self.functions:
             self.call(head, words[1:])
@@ -441,7 +481,8 @@ class _Reader:
                 return "" if empty else word()
             if empty:  # ${X:?message}: bash stops the script here
                 raise self.fail(f"${{{name}:?}}: the script stops here when {name} is unset "
-                                f"({word() or 'parameter null or not set'}); set it or pass the key after --")
+                                f"({word() or 'parameter null or not set'}); set it in the script or pass "
+                                f"--recipe-env {name}=VALUE")
             return value
         if value is None:
             return self.unknown(name)
@@ -647,8 +688,6 @@ def _join(acc: list[str], more: list[str]) -> list[str]:
 
 def _trim(text: str, pattern: str, op: str) -> str:
     """`${X#p}` `${X##p}` `${X%p}` `${X%%p}` with glob patterns (fnmatch)."""
-    import fnmatch
-
     if len(text) > 4096:  # each try is a match: bounded like the rest
         return text
     cuts = range(len(text) + 1)
@@ -665,14 +704,15 @@ def _trim(text: str, pattern: str, op: str) -> str:
     return text
 
 
-def read_script(text: str, source: str) -> ShellRead:
-    """Walk a bash script's parse tree (see the module docstring); BadInput for what bash would not run."""
+def read_script(text: str, source: str, env: dict[str, str] | None = None) -> ShellRead:
+    """Walk a bash script's parse tree (see the module docstring) with `env` as the inherited environment;
+    BadInput for what bash would not run."""
     # bash drops a backslash-newline at the end of the input; tree-sitter-bash wants a line after it (upstream
     # scripts end on `"${ARGS[@]}" \` with no newline)
     data = text.encode("utf-8", "surrogateescape") + b"\n\n"
     tree = _parser().parse(data)
     root = tree.root_node
-    reader = _Reader(source, data)
+    reader = _Reader(source, data, env)
     if root.has_error:
         bad = _first_error(root)
         reader.line = bad.start_point[0] + 1

@@ -12,6 +12,7 @@ Overrides given on the command line after `--` come last, as on `main_ppo`'s com
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,8 @@ MAX_RECIPE_BYTES = 4 << 20
 # A Hydra YAML's flattened keys: verl's whole config has ~1,000; a 300-byte alias bomb (each level a list of the
 # previous level 9 times) names 10^9, which walking the aliases would build (issue 36).
 MAX_YAML_VALUES = 100_000
+# A wrapper that runs a script that runs the verl job: cann-recipes-train nests one level; a loop of wrappers stops.
+MAX_WRAPPER_DEPTH = 4
 # Hydra's own options of a `@hydra.main` program (main_ppo): not overrides.
 _HYDRA_OPTIONS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 # verl 0.9.1 ships these top configs (verl/trainer/config/); ppo_megatron_trainer is ppo_trainer with the Megatron
@@ -68,15 +71,17 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").partition("=")[0]
 
 
-def read_recipe(path: str | None = None, overrides: Sequence[str] = ()) -> UserRecipe | None:
-    """The user's job from `--recipe FILE` and/or overrides after `--`; None when neither is given."""
+def read_recipe(path: str | None = None, overrides: Sequence[str] = (),
+                env: Mapping[str, str] | None = None) -> UserRecipe | None:
+    """The user's job from `--recipe FILE` (a script started with `env`, --recipe-env) and/or overrides after `--`;
+    None when neither is given."""
     if path is None and not overrides:
         return None
     recipe = UserRecipe(source="the command line")
     if path is not None:
         text = _read_bounded(path)
-        parse = parse_hydra_yaml if Path(path).suffix in (".yaml", ".yml") else parse_launch_script
-        recipe = parse(text, str(path))
+        recipe = parse_hydra_yaml(text, str(path)) if Path(path).suffix in (".yaml", ".yml") else \
+            parse_launch_script(text, str(path), env)
     for override in overrides:
         split_override(override, "overrides after --")
     return UserRecipe(source=recipe.source, overrides=recipe.overrides + tuple(overrides), env=recipe.env,
@@ -94,6 +99,8 @@ def _read_bounded(path: str) -> str:
         raise BadInput(f"--recipe {exc}") from None
     except OSError as exc:
         raise BadInput(f"--recipe {path}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})") from None
+    except ValueError:  # os.open: "embedded null byte"
+        raise BadInput(f"--recipe {path!r}: not a file path (it holds a NUL byte)") from None
     if max(size, len(raw)) > MAX_RECIPE_BYTES:
         raise BadInput(f"--recipe {path}: more than {MAX_RECIPE_BYTES >> 20} MiB; a launch script or Hydra YAML is a "
                        "few kB: is it the right file?")
@@ -181,15 +188,26 @@ def _is_entry(module: str) -> bool:
     return len(parts) >= 2 and parts[0] in ("recipe", "verl_recipe", "verl") and parts[-1].startswith("main")
 
 
-def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
+def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, str] | None = None,
+                        depth: int = 0) -> UserRecipe:
     """The `python3 -m verl.trainer.main_ppo ...` (or a recipe's main) command of a bash launch script: its
     overrides, and the environment the script exports (plus `NAME=value` prefixes of that command). The script is
-    read with bash's grammar and never run (harness.config.shell)."""
-    read = read_script(text, source)
+    read with bash's grammar and never run (harness.config.shell). A wrapper with no verl command of its own that
+    runs `bash other.sh` is followed into that script with the environment it exports, as bash passes it on
+    (cann-recipes-train's train_deepseekv3_256die_*.sh export VLLM_DP_SIZE and run internal/train_grpo_*.sh)."""
+    read = read_script(text, source, dict(env or {}))
     notes = list(read.notes)
     mains = [c for c in read.commands if _entry_index(c.words) is not None]
     if not mains:
-        called = f"; it runs {', '.join(read.scripts_called)}: pass that file to --recipe" \
+        found = [(called, _called_file(source, called)) for called in read.scripts_called]
+        runs = [(called, file) for called, file in found if file is not None]
+        if runs and depth < MAX_WRAPPER_DEPTH:
+            called, file = runs[0]
+            inner = parse_launch_script(_read_bounded(str(file)), _shown(file), read.exported, depth + 1)
+            note = (f"{source}: no verl command of its own; it runs {called}, read as {_shown(file)} with the "
+                    f"{len(read.exported)} variable(s) it exports")
+            return dataclasses.replace(inner, source=source, notes=(*notes, note, *inner.notes))
+        called = f"; it runs {', '.join(read.scripts_called)} (not found beside it): pass that file to --recipe" \
             if read.scripts_called else ""
         raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` (or a recipe's "
                        f"`python3 -m recipe.<name>.main_...`) command in it{called}")
@@ -210,9 +228,10 @@ def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
                 config = Path(value).name.removesuffix(".yaml")
                 if config in _CONFIG_GROUPS:
                     overrides.extend(_CONFIG_GROUPS[config])
-                elif config.endswith("megatron_trainer"):
+                elif config.endswith(("megatron_trainer", "mindspeed_trainer")):
                     # a recipe's own Megatron config (verl-recipe dapo/config/dapo_megatron_trainer.yaml composes
-                    # ppo_megatron_trainer): the Megatron engine group; its own keys are not read
+                    # ppo_megatron_trainer; cann-recipes-train's ppo_mindspeed_trainer.yaml sets strategy: megatron
+                    # for actor, ref and critic): the Megatron engine group; its own keys are not read
                     overrides.append("model_engine=megatron")
                     notes.append(f"{source}:{main.line}: --config-name {value}: a recipe's Megatron config; "
                                  "composed as ppo_megatron_trainer (its own settings are not read)")
@@ -232,6 +251,28 @@ def parse_launch_script(text: str, source: str = "launch.sh") -> UserRecipe:
     env = {**read.exported, **main.prefix}
     return UserRecipe(source=source, overrides=tuple(overrides), env=env, entrypoint=entrypoint,
                       notes=tuple(notes), unset=tuple(read.unset))
+
+
+def _called_file(source: str, called: str) -> Path | None:
+    """The script a wrapper runs by a relative path: bash resolves it in the directory the wrapper is started from,
+    which the wrapper's own directory or one above it is (`bash ./verl_patches/scripts/internal/x.sh` from
+    llm_rl/deepseek); an absolute path or one with `$` is the running machine's, not found here."""
+    if "$" in called or Path(called).is_absolute():
+        return None
+    here = Path(source).resolve().parent
+    for base in (here, *here.parents):
+        candidate = base / called
+        if candidate.is_file() and candidate.resolve() != Path(source).resolve():
+            return candidate
+    return None
+
+
+def _shown(file: Path) -> str:
+    """A path as the user would type it: relative to the working directory when it is below it."""
+    try:
+        return str(file.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(file)
 
 
 def _entry_index(words: list[str]) -> int | None:
