@@ -195,6 +195,9 @@ def test_doctor_on_cpu_says_a_cluster_recipe_needs_stack(capsys):
     code, out, _ = _doctor(capsys, "--json", "--", "trainer.device=npu", "trainer.nnodes=16")
     doc = json.loads(out)
     assert "pass --stack NAME" in doc["known_bugs"]["note"] and "trainer.nnodes=16" in doc["known_bugs"]["note"]
+    # verl's Ascend nightly scripts set no trainer.device (verl sets npu on an Ascend host): one node of 8 devices
+    code, out, _ = _doctor(capsys, "--json", "--", "trainer.n_gpus_per_node=8")
+    assert "trainer.n_gpus_per_node=8" in json.loads(out)["known_bugs"]["note"]
 
 
 def test_doctor_checks_this_machines_environment(monkeypatch):

@@ -56,6 +56,24 @@ def test_moonlight_is_planned_with_its_own_model_parallelism_and_world(capsys):
     assert code == (0 if doc["passed"] else 1)
 
 
+@pytest.mark.parametrize("device_key, per_node, hardware", [
+    ("", 8, "a2"), ("trainer.device=cuda", 8, "a2"), ("trainer.device=npu", 16, "a3"),
+    ("trainer.device=cpu", 16, "a3")])
+def test_trainer_device_does_not_pick_the_hardware(capsys, tmp_path, device_key, per_node, hardware):
+    """verl's own Ascend nightly DAPO script (tests/special_npu/nightly_ci_ascend) sets no trainer.device: verl sets it
+    to npu on an Ascend host whatever the recipe says (v0.9.0 verl/utils/device.py auto_set_device), so the node size
+    picks the Atlas profile; these were refused as 'no cuda scale'."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"{MAIN} actor_rollout_ref.model.path=/m/Moonlight-16B-A3B {MG}.tensor_model_parallel_size=4 "
+                      f"{MG}.pipeline_model_parallel_size=3 {MG}.expert_model_parallel_size=4 "
+                      f"{MG}.expert_tensor_parallel_size=1 trainer.nnodes=3 trainer.n_gpus_per_node={per_node} "
+                      f"{device_key}\n")
+    code, out, err = _plan(capsys, "--recipe", str(script), "--json")
+    doc = json.loads(out)
+    assert doc["hardware"]["name"] == hardware and doc["devices"] == 3 * per_node, err
+    assert any("auto_set_device" in n for n in doc["recipe"]["notes"]) == (device_key != "trainer.device=npu")
+
+
 @pytest.mark.parametrize("path, refused", [
     ("/models/Qwen3-30B-A3B", "model Qwen3-30B-A3B"),  # a model the harness does not model: never a DSV3 plan
     ("/models/DeepSeek-V3", None),

@@ -26,6 +26,7 @@ from harness.config.user_recipe import (
     read_recipe,
 )
 from harness.errors import BadInput
+from harness.markers import upstream_failure
 
 IDIOMS = Path(__file__).parent / "recipes" / "idioms"
 MG, RO = "actor_rollout_ref.actor.megatron", "actor_rollout_ref.rollout"
@@ -90,6 +91,9 @@ def test_unset_variable_is_a_shell_reference_not_an_interpolation():
     ('V=${V:-kimi_k2_6}\ncase "${V}" in\n  glm|glm5_1) M=glm ;;\n  kimi*) M=kimi ;;\n  *) echo no >&2; exit 1 ;;\n'
      'esac\npython3 -m verl.trainer.main_ppo m=$M', ["m=kimi"]),
     ("V=b\ncase $V in a|b) M=ab ;; *) M=other ;; esac\npython3 -m verl.trainer.main_ppo m=$M", ["m=ab"]),
+    # verl's DSV3 671B example: an arithmetic default (tree-sitter-bash parses it as a command substitution)
+    ("a=2048\nb=8192\nP=${Q:-$((a + b))}\npython3 -m verl.trainer.main_ppo p=${P} q=${R:-$((a * 2))}",
+     ["p=10240", "q=4096"]),
     # an exit behind a test or in a branch is conditional: bash goes on when the guard holds
     ('M=x\n[ -z "$M" ] && exit 1\nif [ -n "$Q" ]; then exit 2; fi\npython3 -m verl.trainer.main_ppo m=$M', ["m=x"]),
 ])
@@ -107,6 +111,14 @@ def _bash_argv(text: str) -> list[str]:
     out = subprocess.run(["bash", "-c", recorder + text], capture_output=True, env={"PATH": os.defpath},
                          cwd=os.environ.get("TMPDIR", "/tmp"), timeout=10).stdout
     return [a.decode() for a in out.split(b"\0")[:-1]]
+
+
+@upstream_failure(BadInput, r"not bash that bash would run \(syntax error near '\* 2 \)\)\}'\)",
+                  reason="tree-sitter-bash 0.25.1 parses `$(( (a) * 2 ))` inside `${X:-...}` as a subshell command "
+                         "substitution and ends it in an ERROR node; bash reads q=4")
+def test_parenthesised_arithmetic_inside_a_default():
+    assert list(parse_launch_script("a=2\npython3 -m verl.trainer.main_ppo q=${R:-$(( (a) * 2 ))}", "t.sh").overrides) \
+        == ["q=4"]
 
 
 def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path):

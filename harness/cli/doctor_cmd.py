@@ -222,14 +222,16 @@ def _rejected(user) -> str | None:
 
 
 def _cluster_recipe(user) -> str | None:
-    """What makes the user's recipe a cluster job (an NPU/GPU device, several nodes), or None."""
+    """What makes the user's recipe a cluster job (an NPU/GPU device, several devices or nodes), or None. verl's own
+    Ascend nightly scripts name no trainer.device (verl sets npu on an Ascend host): 8 devices a node say it too."""
     if user is None:
         return None
     values = user.override_map()
     device = (values.get("trainer.device") or "").strip("'\"")
-    nodes = (values.get("trainer.nnodes") or "1").strip("'\"")
     found = [f"trainer.device={device}"] if device in ("npu", "cuda") else []
-    found += [f"trainer.nnodes={nodes}"] if nodes.isdigit() and int(nodes) > 1 else []
+    for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):
+        count = (values.get(key) or "1").strip("'\"")
+        found += [f"{key}={count}"] if count.isdigit() and int(count) > 1 else []
     return ", ".join(found) or None
 
 

@@ -102,6 +102,11 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
             scale, base, dropped = _recipe_base(scale, base, user_keys, user.override_map(), notes, model_path)
         except BadInput as exc:
             raise BadInput(f"--recipe {user.source}: {exc}") from None
+        device = (user.override_map().get("trainer.device") or "").strip("'\"")
+        if device != "npu":
+            notes.append(f"trainer.device={device or 'cuda (verl default)'}: verl runs it as npu on an Ascend host "
+                         "(verl v0.9.0 verl/utils/device.py auto_set_device, called by main_ppo.main and verl-recipe "
+                         "dapo/main_dapo.py); planned on the Atlas hardware of the scale")
         fork = _fork_rollout(user, notes)
         if fork:
             user = dataclasses.replace(user, overrides=user.overrides + tuple(fork))
@@ -153,8 +158,8 @@ MLA_MODEL_TYPES = ("deepseek_v3", "kimi_k2")  # DeepSeek-V3 architecture (MLA + 
 
 def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> Scale:
     """The base of a launch script's job planned without --scale: the registered scale of its model's family, on the
-    hardware its trainer.device and n_gpus_per_node name (an NPU node of 16 devices is an A3 node of 8 cards, one of 8
-    an A2 node); the recipe's own settings then win (build_job). BadInput when the recipe does not say enough."""
+    Atlas hardware its n_gpus_per_node names (a node of 16 devices is an A3 node of 8 cards of 2 dies, one of 8 an A2
+    node); the recipe's own settings then win (build_job). BadInput when the recipe does not say enough."""
     from harness.config.hardware import PROFILES
     from harness.config.scales import SCALES
 
@@ -168,11 +173,9 @@ def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> 
     if model is None:
         raise BadInput(f"--recipe {user.source}: it names no model (actor_rollout_ref.model.path): pass --model-path, "
                        "or --scale to plan it as a scale's model")
-    device = (values.get("trainer.device") or "cuda").strip("'\"")
+    # trainer.device is no evidence of the hardware: verl sets it to npu on an Ascend host whatever the recipe says
+    # (build_job notes it), so the node size alone picks the Atlas profile
     per_node = _int("trainer.n_gpus_per_node", values.get("trainer.n_gpus_per_node"), 8)
-    if device != "npu":
-        raise BadInput(f"--recipe {user.source}: trainer.device={device}: the harness has no {device} scale to take "
-                       "the hardware from; pass --scale (`scales` lists them)")
     hardware = PROFILES["a3" if per_node == 16 else "a2"]
     family = "moonlight-a2" if model.name.startswith("moonlight") else "full-a3" if hardware.name == "a3" else \
         "full-a2-gbs128"

@@ -402,6 +402,9 @@ class _Reader:
                 return [self.arith_word(node)], True
             if kind in ("command_substitution", "process_substitution"):
                 text = node.text.decode()
+                arith = _misparsed_arith(text) if kind == "command_substitution" else None
+                if arith is not None:
+                    return [self.arith_word(arith)], True
                 self.note(f"command substitution {text} is not run; left as written")
                 return [text], True
             if kind == "brace_expression":
@@ -666,6 +669,17 @@ class _Reader:
                 raise self.fail(f"$(( )) nested more than {MAX_ARITH_DEPTH} deep")
             return self.var_number(value, depth + 1)
         raise self.fail(f"{value[:40]!r} in $(( )) is not a whole number")
+
+
+def _misparsed_arith(text: str):
+    """tree-sitter-bash parses `$((a + b))` inside `${X:-...}` as a command substitution of a subshell (verl's
+    DSV3 671B example: `${PPO_MAX_TOKEN_LEN_PER_GPU:-$((max_prompt_length + max_response_length))}`); bash reads an
+    arithmetic expansion there. The text parsed again on its own gives that node, or None when it is no `$((...))`."""
+    if not (text.startswith("$((") and text.endswith("))")):
+        return None
+    root = _parser().parse(b"X=" + text.encode("utf-8", "surrogateescape") + b"\n").root_node
+    value = root.named_children[0].child_by_field_name("value") if root.named_children else None
+    return value if value is not None and value.type == "arithmetic_expansion" and not root.has_error else None
 
 
 def _op(node) -> str:
