@@ -41,8 +41,13 @@ MAX_CALL_DEPTH = 32  # function calls (a recursive function)
 MAX_NESTING = 200  # nested statements / words (Python's recursion stays far from its limit)
 MAX_ARITH_DEPTH = 200
 MAX_STATEMENTS = 200_000  # statements walked, loops and calls included
+MAX_LIFT_WORD = 1024  # a default word lifted out of `${NAME:-word}` (_lift_defaults); real ones are < 200
+MAX_LIFT_SCAN = 1 << 22  # characters _lift_defaults looks at in all
+MAX_LIFTED = 256  # defaults lifted out of one script
 _MASK = (1 << 64) - 1
 _NAME = re.compile(r"[A-Za-z_]\w*")
+DEFAULT_OPS = (":-", "-", ":=", "=", ":+", "+", ":?", "?")
+_LIFTED = "__harness_default_"  # the variable a lifted `${NAME:-word}` becomes (no script names one so)
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,6 +96,7 @@ class _Reader:
         self.vars.update(env or {})
         self.exported_names: dict[str, None] = dict.fromkeys(env or {})  # in the order the script exports them
         self.conditional = 0  # inside an if/elif/else branch, an unmatched-case read, or after || / &&
+        self.lifted: dict[str, tuple[str, str, object]] = {}  # placeholder -> (NAME, op, word node): _lift_defaults
         self.functions: dict[str, object] = {}
         self.positional: list[str] = []
         self.line = 1
@@ -431,6 +437,26 @@ class _Reader:
                 acc = _join(acc, [child.text.decode()])
         return acc
 
+    def default(self, name: str, value, op: str, word) -> str | list[str]:
+        """`${NAME:-word}` and the other DEFAULT_OPS; `word()` expands the word only when bash would."""
+        text = " ".join(value) if isinstance(value, list) else value
+        empty = value is None or (op.startswith(":") and text == "")
+        if op in (":-", "-"):
+            return word() if empty else value
+        if op in (":=", "="):
+            if empty:
+                default = word()
+                self.assign(name, default)
+                return default
+            return value
+        if op in (":+", "+"):
+            return "" if empty else word()
+        if empty:  # ${X:?message}: bash stops the script here
+            raise self.fail(f"${{{name}:?}}: the script stops here when {name} is unset "
+                            f"({word() or 'parameter null or not set'}); set it in the script or pass "
+                            f"--recipe-env {name}=VALUE")
+        return value
+
     def expansion(self, node) -> str | list[str]:
         """`$NAME`, `${...}`: a string, or a list for `@`-expansions."""
         if node.type == "simple_expansion":
@@ -460,6 +486,9 @@ class _Reader:
         if length:
             return str(len(value)) if isinstance(value, list) else str(len(value or ""))
         if not rest:
+            if name in self.lifted:  # a default tree-sitter-bash cannot parse in place (_lift_defaults)
+                var, op, word_node = self.lifted[name]
+                return self.default(var, self.get(var), op, lambda: self.word_text(word_node) if word_node else "")
             if value is None:
                 return "" if (name.isdigit() or name in ("@", "*")) else self.unknown(name)
             return value
@@ -470,23 +499,8 @@ class _Reader:
             return self.charge("".join(self.word_text(w) for w in word_nodes))
 
         text = " ".join(value) if isinstance(value, list) else value
-        if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
-            empty = value is None or (op.startswith(":") and text == "")
-            if op in (":-", "-"):
-                return word() if empty else value
-            if op in (":=", "="):
-                if empty:
-                    default = word()
-                    self.assign(name, default)
-                    return default
-                return value
-            if op in (":+", "+"):
-                return "" if empty else word()
-            if empty:  # ${X:?message}: bash stops the script here
-                raise self.fail(f"${{{name}:?}}: the script stops here when {name} is unset "
-                                f"({word() or 'parameter null or not set'}); set it in the script or pass "
-                                f"--recipe-env {name}=VALUE")
-            return value
+        if op in DEFAULT_OPS:
+            return self.default(name, value, op, word)
         if value is None:
             return self.unknown(name)
         if op in ("#", "##", "%", "%%"):
@@ -671,6 +685,73 @@ class _Reader:
         raise self.fail(f"{value[:40]!r} in $(( )) is not a whole number")
 
 
+def _lift_defaults(data: bytes) -> tuple[bytes, dict[str, tuple[str, str, bytes]]]:
+    """tree-sitter-bash 0.25.1 ends in an ERROR node on defaults bash reads: a list `${TEST_FILE:-["/path"]}`
+    (verl-recipe's entropy scripts), `${CONTENTS:-['npu','cpu']}` (verl's NPU profiling test), a parenthesised
+    `${N:-$(((a + b) * 2))}` (verl's router-replay example). Each one-line `${NAME<op>word}` whose word holds `[` or
+    `$((` becomes `${__harness_default_K}`, expanded from (NAME, op, word) when read; the line numbers hold."""
+    text = data.decode("utf-8", "surrogateescape")
+    out, lifted, i, budget = [], {}, 0, [MAX_LIFT_SCAN]
+    while True:
+        start = text.find("${", i)
+        if start < 0 or budget[0] <= 0 or len(lifted) >= MAX_LIFTED:  # a hostile file stays cheap: the rest is
+            # left as it is (and its parse error stands)
+            break
+        end = _closing_brace(text, start + 2, budget)
+        match = re.fullmatch(r"([A-Za-z_]\w*)(:-|:=|:\+|:\?|-|=|\+|\?)(.*)", text[start + 2:end], re.S) \
+            if end is not None else None
+        if match and ("[" in match[3] or "$((" in match[3]) and "\n" not in match[3]:
+            key = f"{_LIFTED}{len(lifted)}"
+            lifted[key] = (match[1], match[2], match[3].encode("utf-8", "surrogateescape"))
+            out.append(text[i:start] + "${" + key + "}")
+            i = end + 1
+        else:
+            out.append(text[i:start + 2])
+            i = start + 2
+    out.append(text[i:])
+    return "".join(out).encode("utf-8", "surrogateescape"), lifted
+
+
+def _closing_brace(text: str, at: int, budget: list[int]) -> int | None:
+    """Index of the `}` closing a `${` whose body starts at `at` (nested `${`, quotes skipped), None on a newline
+    or past MAX_LIFT_WORD characters; each character looked at is taken from `budget`."""
+    depth, i = 1, at
+    stop = min(len(text), at + MAX_LIFT_WORD)
+    budget[0] -= stop - at
+    while i < stop:
+        c = text[i]
+        if c == "\n":
+            return None
+        if c == "\\":
+            i += 2
+            continue
+        if c in "'\"":
+            close = text.find(c, i + 1)
+            if close < 0:
+                return None
+            i = close + 1
+            continue
+        if text.startswith("${", i):
+            depth += 1
+            i += 2
+            continue
+        if c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _word_node(word: bytes):
+    """The parse of a lifted default's word, as the value of `X=word` (None for an empty word)."""
+    if not word:
+        return None
+    root = _parser().parse(b"X=" + word + b"\n").root_node
+    value = root.named_children[0].child_by_field_name("value") if root.named_children else None
+    return value if not root.has_error else None
+
+
 def _misparsed_arith(text: str):
     """tree-sitter-bash parses `$((a + b))` inside `${X:-...}` as a command substitution of a subshell (verl's
     DSV3 671B example: `${PPO_MAX_TOKEN_LEN_PER_GPU:-$((max_prompt_length + max_response_length))}`); bash reads an
@@ -727,6 +808,12 @@ def read_script(text: str, source: str, env: dict[str, str] | None = None) -> Sh
     tree = _parser().parse(data)
     root = tree.root_node
     reader = _Reader(source, data, env)
+    if root.has_error:
+        lifted_data, lifted = _lift_defaults(data)
+        lifted_root = _parser().parse(lifted_data).root_node if lifted else root
+        words = {k: (name, op, _word_node(word)) for k, (name, op, word) in lifted.items()}
+        if not lifted_root.has_error and all(node is not None or not lifted[k][2] for k, (_, _, node) in words.items()):
+            root, reader.lifted = lifted_root, words
     if root.has_error:
         bad = _first_error(root)
         reader.line = bad.start_point[0] + 1

@@ -180,12 +180,14 @@ def _yaml_value(value, budget: list[int], source: str) -> str:
 # ---------------------------------------------------------------------------------------------------- launch script
 
 def _is_entry(module: str) -> bool:
-    """A verl job's main module: verl's trainer (`verl.trainer.main_ppo`, a fork's `main_ppo_npu`) or a recipe's
-    main (verl-recipe's `recipe.dapo.main_dapo`, `recipe.r1_ascend.main_ppo`, cann-recipes-train's `main_*`)."""
+    """A verl job's main module: verl's trainer (`verl.trainer.main_ppo`, a fork's `main_ppo_npu`, the fully-async
+    `verl.experimental.fully_async_policy.fully_async_main`) or a recipe's main (verl-recipe's
+    `recipe.dapo.main_dapo`, `recipe.r1_ascend.main_ppo`, `recipe.async_flow.grpo_main`, `recipe.spo.spo_main_ppo`).
+    A bare `main_gkd` run from a recipe's own directory is not: nothing says it is verl's."""
     if module.startswith(ENTRY_PREFIX):
         return True
     parts = module.split(".")
-    return len(parts) >= 2 and parts[0] in ("recipe", "verl_recipe", "verl") and parts[-1].startswith("main")
+    return len(parts) >= 2 and parts[0] in ("recipe", "verl_recipe", "verl") and "main" in parts[-1]
 
 
 def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, str] | None = None,
@@ -209,6 +211,11 @@ def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, 
             return dataclasses.replace(inner, source=source, notes=(*notes, note, *inner.notes))
         called = f"; it runs {', '.join(read.scripts_called)} (not found beside it): pass that file to --recipe" \
             if read.scripts_called else ""
+        others = sorted({c.words[i + 1] for c in read.commands for i in range(1, len(c.words) - 1)
+                         if c.words[i] == "-m" and any(_PYTHON.fullmatch(w) for w in c.words[:i])})
+        if others and not called:
+            called = (f"; it runs `python3 -m {others[0]}`, which is neither verl's trainer nor a recipe's main "
+                      "(a distillation or SFT trainer, or a tool, is not a job the harness plans)")
         raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` (or a recipe's "
                        f"`python3 -m recipe.<name>.main_...`) command in it{called}")
     if len(mains) > 1:
