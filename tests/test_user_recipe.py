@@ -258,6 +258,10 @@ def test_memory_recipe_models_the_seed_as_written(capsys):
     assert code == (0 if doc["passed"] else 1)
     update = next(p for p in doc["phases"] if p["phase"] == "update")
     assert "optimizer" not in update["components_gib"], "swap-optimizer keeps the optimizer off the device"
+    # without --scale the launch script is its own job, as in `plan --recipe`: seed 002 fits as it did in production
+    code, out, _ = _run(capsys, "memory", "--recipe", str(SEED002), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["scale"] == "full-a3"
 
 
 # ---------------------------------------------------------------------------------------------------- rehearsal

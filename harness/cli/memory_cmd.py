@@ -1,4 +1,5 @@
-"""`ascend-rl-harness memory --scale NAME`: per-phase memory of one device against its budget, with a verdict.
+"""`ascend-rl-harness memory --scale NAME | --recipe FILE`: per-phase memory of one device against its budget, with
+a verdict.
 
 Exit 0 when every requested phase fits with the scale's headroom, 1 when one does not, 2 on bad input.
 """
@@ -82,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     from harness.cli.args import whole
 
     p = sub.add_parser("memory", help="per-phase memory of a scale's device vs its budget (analytic model)")
-    p.add_argument("--scale", required=True, help="scale name (see `scales`)")
+    p.add_argument("--scale", help="scale name (see `scales`): the hardware profile and what the recipe leaves unset; "
+                   "optional with --recipe (a launch script is planned as written, as `plan --recipe` does)")
     p.add_argument("--phase", choices=PHASES, help="only this phase (default: all)")
     p.add_argument("--gbs", type=whole(1), help="override the prompts per step (data.train_batch_size)")
     p.add_argument("--micro-batch", type=whole(1), help="override the micro batch per device (dynamic bsz packing)")
