@@ -76,6 +76,19 @@ def test_launch_books_nothing_for_a_job_verl_rejects(capsys, tmp_path, bad, name
     assert code == 2 and named in err
 
 
+@pytest.mark.parametrize("bad, named", [
+    ("actor_rollout_ref.rollout.tensor_model_paralel_size=4", "did you mean actor_rollout_ref.rollout.tensor_model"),
+    ("algorithm.adv_estimatr=grpo", "algorithm.adv_estimatr"),  # a rehearsed key: the tiny job itself is checked
+])
+def test_a_tiny_rehearsal_starts_nothing_for_a_job_verl_rejects(capsys, tmp_path, bad, named):
+    """`launch --scale tiny --local -- <typo>` dropped the typo with the tiny scale's parallelism and ran."""
+    from harness.cli import main
+
+    code = main(["launch", "--scale", "tiny", "--local", "--run-dir", str(tmp_path / "r"), "--", bad])
+    out, err = capsys.readouterr()
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
 def test_a_second_validation_comes_from_the_cache(tmp_path, monkeypatch):
     """`--validate` reported one error per 7-20 s run; an accepted recipe is remembered, a rejected one never is."""
     import time

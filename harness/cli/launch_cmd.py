@@ -73,17 +73,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
         documents = manifest(scale, **options)
-    if scale.tier != "tiny":
-        # Validate before booking, in every mode (Ray, --k8s, --local): a misspelled or unknown key or a <placeholder>
-        # got a 64-node manifest, exit 0 (issue 30). The tiny job is the rehearsal, composed when it runs.
-        from harness.cli.output import console as output_console
-        from harness.config.recipe import VERL_VERSION, check_recipe
-        from harness.errors import PlanError
+    # Validate before booking, in every mode (Ray, --k8s, --local): a misspelled or unknown key or a <placeholder>
+    # got a 64-node manifest, exit 0 (issue 30). A tiny rehearsal submits the tiny scale's job with the user's
+    # algorithm: that job is validated, and so are the keys it drops (a typo there was dropped and the run went on).
+    from harness.cli.output import console as output_console
+    from harness.config.recipe import VERL_VERSION, check_recipe, check_rehearsal_keys
+    from harness.errors import PlanError
 
-        if job.plan_error:
-            raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+    if job.plan_error and scale.tier != "tiny":
+        raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
+    if scale.tier != "tiny" or job.user is not None:
         with output_console(stderr=True).status(f"validating the job in verl {VERL_VERSION}'s config"):
             check_recipe(job.recipe)
+            if job.user is not None and scale.tier == "tiny":
+                from harness.config.job import FORK_KEYS
+                from harness.config.user_recipe import override_key
+
+                dropped = [override_key(o) for o in job.user.overrides if not o.startswith(("+", "~"))
+                           and o not in job.read]
+                check_rehearsal_keys(job.user.source, dropped, FORK_KEYS)
     if args.k8s:
         if args.json:  # the documents as a JSON list (`kubectl apply -f` takes YAML: print it without --json)
             return emit(verdict(True, "MANIFEST", {"scale": scale.name, "manifest": documents}))

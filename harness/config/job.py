@@ -44,6 +44,9 @@ LEGACY_SOURCE = "cann-recipes-train llm_rl/deepseek/verl_patches/trainer/config/
 
 # The algorithm of a recipe: what a tiny rehearsal keeps (advantage estimator, KL loss or KL in reward, clip ratios,
 # loss aggregation, entropy, epochs, samples per prompt, sampling, rollout correction, reward manager and shaping).
+# The fork keys translate_legacy reads (cann-recipes-train's ppo_mindspeed_trainer.yaml): known to the harness, not
+# to verl's own config.
+FORK_KEYS = frozenset({*LEGACY_KEYS, FORK_STAGE_LIST})
 REHEARSED = tuple(re.compile(p) for p in (
     r"algorithm\..+",
     rf"{re.escape(_A)}\.(use_kl_loss|kl_loss_coef|kl_loss_type|clip_ratio|clip_ratio_low|clip_ratio_high|"

@@ -597,29 +597,43 @@ def _known_keys(engine: str) -> frozenset[str]:
 def check_keys(recipe: Recipe) -> None:
     """Every override key verl's config does not have (Hydra stops at the first; a user fixed one per 7-20 s run),
     each with the closest key verl has. `+key` adds a key and `~key` removes one: not checked here."""
-    import difflib
-
     engine = (recipe.override_map().get("model_engine") or "dp").strip("'\"")
     if engine not in ("megatron", "dp"):
         return  # another engine group: Hydra's composition names its keys
-    known = _known_keys(engine)
-    unknown = []
-    for override in recipe.overrides:
-        if override.startswith(("+", "~")):
-            continue
-        key = _split_override(override)[0]
-        if "." not in key and key in ("model_engine",):  # a config group choice
-            continue
+    keys = [_split_override(o)[0] for o in recipe.overrides if not o.startswith(("+", "~"))]
+    unknown = _unknown_keys([k for k in keys if k != "model_engine"], _known_keys(engine))  # a group choice
+    if unknown:
+        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config: "
+                          + "; ".join(unknown), key=unknown[0].split(" ")[0])
+
+
+def check_rehearsal_keys(source: str, keys: list[str], also_known: frozenset[str] = frozenset()) -> None:
+    """The keys a tiny rehearsal drops (model, parallelism, hardware: the tiny scale's own) are still the job's: one
+    no engine of verl's config has (nor `also_known`, the fork keys the harness translates) would fail the job
+    itself, so the rehearsal refuses it too (`launch --scale tiny --local -- ...tensor_model_paralel_size=4` dropped
+    the typo and ran)."""
+    check_verl_version()
+    unknown = _unknown_keys(keys, _known_keys("dp") | _known_keys("megatron") | also_known)
+    if unknown:
+        raise RecipeError(f"recipe {source}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config (the tiny "
+                          "rehearsal would drop them; the job itself fails on them): " + "; ".join(unknown),
+                          key=unknown[0].split(" ")[0])
+
+
+def _unknown_keys(keys: list[str], known: frozenset[str]) -> list[str]:
+    """Each key not in `known`, with the closest known key (a sibling first)."""
+    import difflib
+
+    out = []
+    for key in keys:
         if key in known:
             continue
         parent = key.rpartition(".")[0]
         siblings = [k for k in known if k.rpartition(".")[0] == parent] or list(known)
         close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
-        unknown.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else " (add it with +key=value if verl "
-                                                                                  "should take a new key)"))
-    if unknown:
-        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config: "
-                          + "; ".join(unknown), key=unknown[0].split(" ")[0])
+        out.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else " (add it with +key=value if verl "
+                                                                              "should take a new key)"))
+    return out
 
 
 def _hydra_overrides(recipe: Recipe) -> tuple[str, ...]:
