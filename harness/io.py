@@ -325,3 +325,10 @@ def exclusive(directory: str | os.PathLike, what: str):
             del _HELD[key]
     finally:
         os.close(fd)
+
+
+def cache_root() -> Path:
+    """The harness's cache: $HARNESS_CACHE_DIR, else $XDG_CACHE_HOME/ascend-rl-harness (~/.cache by default)."""
+    base = os.environ.get("HARNESS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ascend-rl-harness")
+    return Path(base)

@@ -84,8 +84,8 @@ def test_bash_completes_commands_options_and_choices(tmp_path):
 
 def test_zsh_completes_commands_and_choices(tmp_path):
     lines = _completion("zsh", tmp_path)
-    assert lines[0].split() == ["baseline", "compare", "doctor", "lab", "launch", "memory", "plan", "report", "run",
-                                "scales", "throughput"]
+    assert lines[0].split() == ["baseline", "compare", "doctor", "gate", "lab", "launch", "memory", "plan", "report",
+                                "run", "scales", "throughput"]
     assert lines[1] == "1", lines  # report --export offers its two choices
 
 

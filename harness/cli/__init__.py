@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "harness.cli.launch_cmd",  # launch (Ray Jobs, --k8s manifest, --local loopback-only cluster)
     "harness.cli.doctor_cmd",  # doctor: this machine's stack against harness/config/stacks.py
     "harness.cli.lab_cmd",  # lab: one tiny DAPO lab run (also `python -m harness.lab`)
+    "harness.cli.gate_cmd",  # gate: two stacks side by side, SAFE / CHANGED / BROKEN, bisection
 )
 CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pipe stopped
 

@@ -97,6 +97,16 @@ HELP = {
         "(harness/config/known_bugs.py) against it -- or a named stack (--stack) -- and your recipe.",
         "ascend-rl-harness doctor --stack requirements/npu-vllm-ascend-0.23.0.txt --recipe my_a3_job.sh",
         ("0  supported and no known bug certainly hits", "1  unsupported, or a known bug certainly hits")),
+    "gate": CommandHelp(
+        "The upgrade gated: build --from and --to as cached overlays over the installed stack (pkg==version lists, "
+        "wheel files or a requirements file), run the same selection in each with `run --scale tiny` (each side's "
+        "report set under --report-dir/A and /B), compare outcomes, the verl config each resolves and B's tiny verl "
+        "curves against a golden from A's; when a test that passed on A fails on B, bisect the moved packages with "
+        "the cheapest such test and name the package. --dry-run compares two NPU stack-table rows (moved packages, "
+        "known-bug verdicts) and installs nothing.",
+        "ascend-rl-harness gate --from verl==0.9.0 --to installed --select \"-k advantage\"",
+        ("0  SAFE (nothing differs) or CHANGED (outcomes or config differ, nothing broke); --dry-run listed",
+         "1  BROKEN: a test that passed on A fails on B")),
     "lab": CommandHelp(
         "One run of the tiny DAPO lab on CPU (harness/lab: transformers policy, reference rollout engine, verl's "
         "DAPO pieces), with a rollout fault injected on request; writes metrics.jsonl + meta.json to --out. "

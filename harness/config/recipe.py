@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -364,6 +365,9 @@ def r3_blocked_stacks() -> dict[str, list[str]]:
 # validation against the installed verl
 
 
+GATE_VERL_ENV = "HARNESS_GATE_VERL"  # the verl version `gate` accepts on the stack it runs (harness.gate.stacks)
+
+
 def check_verl_version() -> str:
     """The installed verl version; a one-line BadInput when verl is missing or not the pinned one."""
     try:
@@ -371,7 +375,14 @@ def check_verl_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         raise BadInput(f"verl is not installed; the harness targets verl {VERL_VERSION}: "
                        f"pip install --no-deps verl=={VERL_VERSION} (see requirements/cpu.txt)") from None
-    if installed != VERL_VERSION:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        public = Version(installed).public  # a local build of the release (0.9.1+ascend) is that release
+    except InvalidVersion:
+        public = installed
+    # the upgrade gate runs the same recipes on the stack it is gating (harness.gate): it names that stack's verl
+    if public != VERL_VERSION and installed != os.environ.get(GATE_VERL_ENV):
         raise BadInput(f"verl {installed} is installed but the DAPO recipe targets verl {VERL_VERSION} "
                        f"(its config keys differ between releases): pip install --no-deps verl=={VERL_VERSION}")
     return installed
@@ -448,11 +459,9 @@ def _schema_stamp() -> str:
 
 
 def _validation_cache() -> Path:
-    import os
+    from harness.io import cache_root
 
-    base = os.environ.get("HARNESS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ascend-rl-harness")
-    return Path(base) / "validated"
+    return cache_root() / "validated"
 
 
 def check_recipe(recipe: Recipe) -> bool:

