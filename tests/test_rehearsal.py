@@ -85,3 +85,18 @@ def test_a_cluster_night_sets_a_shared_run_root(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "ci/nightly.sh")], capture_output=True, text=True, env=run_env,
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "HARNESS_RUN_ROOT" in done.stderr
+
+
+def test_tox_passes_the_cluster_runs_inputs():
+    """`tox -e npu -- --ray-address ...` was always refused: passenv dropped HARNESS_RUN_ROOT (the shared run root a
+    cluster run requires, harness.launch.jobs.shared_run_root) and HARNESS_MODEL_DIR / HARNESS_DATA_DIR."""
+    import configparser
+    import fnmatch
+
+    from harness.launch.jobs import DATA_DIR_ENV, MODEL_DIR_ENV, RUN_ROOT_ENV
+
+    tox = configparser.ConfigParser()
+    tox.read(Path(__file__).parents[1] / "tox.ini")
+    passed = [p.strip() for p in tox["testenv:npu"]["passenv"].split(",")]
+    for name in (RUN_ROOT_ENV, MODEL_DIR_ENV, DATA_DIR_ENV, "RAY_ADDRESS", "NPU_STACK"):
+        assert any(fnmatch.fnmatchcase(name, p) for p in passed), f"tox -e npu drops {name}"
