@@ -17,6 +17,7 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         env = st.environment(overlay, stack.versions(installed).get("verl"))
         _say(f"running the selection on {side} (`run --scale tiny{' -- ' + args.select if args.select else ''}`)")
         started = time.monotonic()
-        report = _run(env, out / side, selection, side == "A", option, stack.label)
+        report = _run(env, out / side, selection, side == "A", option, side)
         timings[f"run_{side}_s"] = round(time.monotonic() - started, 1)
         sides[side] = {"stack": stack, "overlay": overlay, "env": env, "report": report,
                        "config": _resolved(env)}
@@ -113,19 +114,27 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _run(env: dict, report_dir: Path, selection: list[str], reference: bool, option: str, label: str):
+    """`run --scale tiny [-- selection]` on one stack; its RunReport, or None when it wrote none (a crash on B)."""
     from harness.cli.run_cmd import CHECKOUT
     from harness.report.schema import load_report
 
-    argv = [sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", str(report_dir), "--json"]
-    try:
-        subprocess.run([*argv, "--", *selection] if selection else argv, env=env, cwd=CHECKOUT, timeout=RUN_TIMEOUT_S,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pass
+    argv = [sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", str(report_dir)]
+    # run's own progress (one line per finished test, a heartbeat: its output to a pipe) goes on, prefixed
+    with subprocess.Popen([*argv, "--", *selection] if selection else argv, env={**env, "COLUMNS": "120"},
+                          cwd=CHECKOUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace") as proc:
+        watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                if line.strip():
+                    print(f"  {label}: {line.rstrip()[:200]}", file=sys.stderr, flush=True)
+        finally:
+            watchdog.cancel()
     path = report_dir / "report.json"
     if not path.is_file():
         if reference:
-            raise BadInput(f"{option} {label}: the selection wrote no report on the reference stack "
+            raise BadInput(f"{option}: the selection wrote no report on the reference stack A "
                            f"({report_dir}/pytest.log says why)")
         return None
     return load_report(path)
