@@ -139,6 +139,22 @@ def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path)
     assert code == 0 and doc["state"] in (SAFE, CHANGED) and doc["comparison"]["broken"] == [], doc["comparison"]
 
 
+def test_phases_of_two_tiny_verl_runs(tmp_path):
+    """Per phase, the median step after the first (it compiles), and start-up = the job's wall time less its steps."""
+    from harness.cli.gate_cmd import _phases
+
+    for side, scale in (("a", 1.0), ("b", 2.0)):
+        run = tmp_path / side
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {
+            "timing_s/gen": (50.0 if s == 1 else 2.0 + 0.1 * s) * scale, "timing_s/step": 5.0 * scale,
+            "perf/throughput": 100.0 / scale, "critic/rewards/mean": 0.1}}) + "\n" for s in range(1, 6)))
+        (run / "launch.json").write_text(json.dumps({"elapsed_s": 40.0 * scale}))
+    phases = _phases(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert phases["timing_s/gen"] == {"a": 2.35, "b": 4.7, "ratio": 2.0}, "the first step is left out"
+    assert phases["perf/throughput"]["ratio"] == 0.5 and phases["start-up_s"] == {"a": 15.0, "b": 30.0, "ratio": 2.0}
+
+
 def test_dry_run_lists_moves_and_known_bug_changes_between_npu_rows(capsys):
     code, doc = _gate(capsys, "--dry-run", "--from", "vllm-ascend-0.20.2rc1", "--to",
                       "requirements/npu-vllm-ascend-0.23.0.txt")

@@ -173,19 +173,52 @@ def _curves(ra, rb, out: Path) -> dict | None:
     da, db = run_dir(ra, "A"), run_dir(rb, "B")
     if not (da and db):
         return None
+    phases = _phases(da, db)
     golden = out / "A-golden.json"
     record = subprocess.run([sys.executable, "-m", "harness.cli", "baseline", "record", da, "--out", str(golden),
                              "--force", "--json"], capture_output=True, text=True, timeout=600)
     if record.returncode != 0:
-        return {"aligned": True, "note": f"no golden from A's run ({record.stderr.strip()[-200:]})"}
+        return {"aligned": True, "note": f"no golden from A's run ({record.stderr.strip()[-200:]})", "phases": phases}
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "compare", db, str(golden), "--json"],
                           capture_output=True, text=True, timeout=600)
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        return {"aligned": True, "note": f"compare gave no verdict ({proc.stderr.strip()[-200:]})"}
+        return {"aligned": True, "note": f"compare gave no verdict ({proc.stderr.strip()[-200:]})", "phases": phases}
     return {"aligned": bool(doc.get("passed")), "state": doc.get("state"), "golden": str(golden),
-            "candidate": db, "misaligned": [m for m in doc.get("metrics", []) if not m.get("passed", True)][:10]}
+            "candidate": db, "misaligned": [m for m in doc.get("metrics", []) if not m.get("passed", True)][:10],
+            "phases": phases}
+
+
+def _phases(da: str, db: str) -> dict[str, dict]:
+    """Each phase's time of the two tiny verl runs (verl's timing_s/*, the median step after the first, which
+    compiles and warms up), throughput, and start-up (the job's wall time less its steps): informative, a shared
+    2-core host moves them by tens of percent."""
+    import statistics
+
+    from harness.metrics.ingest import load_run
+
+    def medians(run_dir: str) -> dict[str, float]:
+        run = load_run(run_dir, strict=False)
+        out = {}
+        for key, series in run.series.items():
+            if key.startswith("timing_s/") or key == "perf/throughput":
+                later = [v for step, v in zip(series.steps, series.values, strict=True) if step > series.steps[0]]
+                if later:
+                    out[key] = statistics.median(later)
+        launch = Path(run_dir) / "launch.json"
+        if launch.is_file() and "timing_s/step" in run.series:
+            elapsed = json.loads(launch.read_text()).get("elapsed_s")
+            if isinstance(elapsed, (int, float)):
+                out["start-up_s"] = max(0.0, elapsed - sum(run["timing_s/step"].values))
+        return out
+
+    try:
+        ma, mb = medians(da), medians(db)
+    except BadInput:
+        return {}
+    return {k: {"a": round(ma[k], 4), "b": round(mb[k], 4), "ratio": round(mb[k] / ma[k], 3) if ma[k] else None}
+            for k in sorted(set(ma) & set(mb))}
 
 
 def _named(bisection, moves: dict, oracle: str | None) -> str | None:
@@ -237,6 +270,11 @@ def _markdown(doc: dict) -> str:
             lines += [f"- `{r['test']}` {r['property']}: {r['a']:.4g} -> {r['b']:.4g}" for r in comparison["numbers"]]
     if doc["curves"]:
         lines += ["", f"curves of B against a golden from A: {'aligned' if doc['curves']['aligned'] else 'MISALIGNED'}"]
+        phases = doc["curves"].get("phases") or {}
+        if phases:
+            lines += ["", "## the tiny verl runs per phase (median step after the first; informative)", ""]
+            lines += [f"- `{k}`: {v['a']:.4g} -> {v['b']:.4g}" + (f" (x{v['ratio']:.2f})" if v["ratio"] else "")
+                      for k, v in phases.items()]
     if doc["bisection"]:
         lines += ["", f"## bisection: {doc['named'] or 'no smaller set reproduces'}", ""]
         lines += [f"- A + {', '.join(step['packages'])}: {step['outcome']} ({step['seconds']} s)"
