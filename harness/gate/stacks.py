@@ -97,7 +97,7 @@ def _pin(item: str, where: str) -> Pin:
     try:
         req = Requirement(item)
     except InvalidRequirement as exc:
-        raise BadInput(f"{where}: {item!r} is not `name==version` ({exc})") from None
+        raise BadInput(f"{where}: {item!r} is not `name==version` ({str(exc).splitlines()[0]})") from None
     exact = [s for s in req.specifier if s.operator == "=="]
     if len(exact) != 1 or len(req.specifier) != 1 or req.url:
         raise BadInput(f"{where}: {item!r} pins no single version: a stack moves a package to one `name==version`")
