@@ -45,31 +45,34 @@ def cmd_gate(args: argparse.Namespace) -> int:
     selection = shlex.split(args.select or "")
     out = Path(args.report_dir)
     timings: dict[str, float] = {}
-    sides = {}
     _say(f"{len(moves)} package(s) move: " + (", ".join(f"{n} {va} -> {vb}" for n, (va, vb) in moves.items())
                                               or "none"))
+    def ready(stack):
+        """(the stack's environment, its overlay, whether it was cached); StackSkip when it cannot be built."""
+        overlay, cached = st.build(stack)
+        return st.environment(overlay, stack.versions(installed).get("verl")), overlay, cached
+
+    reports, configs = {}, {}
     for side, stack, option in (("A", a, "--from"), ("B", b, "--to")):
         started = time.monotonic()
         try:
-            overlay, cached = st.build(stack)
+            env, overlay, cached = ready(stack)
         except st.StackSkip as exc:
             raise BadInput(f"{option} {stack.label}: SKIP, the stack cannot be built: {exc}") from None
         timings[f"build_{side}_s"] = round(time.monotonic() - started, 1)
         _say(f"stack {side} ({stack.label}): " + ("the installed stack" if overlay is None else
                                                   f"overlay {overlay} ({'cached' if cached else 'built'}, "
                                                   f"{timings[f'build_{side}_s']} s)"))
-        env = st.environment(overlay, stack.versions(installed).get("verl"))
         _say(f"running the selection on {side} (`run --scale tiny{' -- ' + args.select if args.select else ''}`)")
         started = time.monotonic()
-        report = _run(env, out / side, selection, side == "A", option, side)
+        reports[side] = report = _run(env, out / side, selection, side == "A", option, side)
         timings[f"run_{side}_s"] = round(time.monotonic() - started, 1)
-        sides[side] = {"stack": stack, "overlay": overlay, "env": env, "report": report,
-                       "config": _resolved(env)}
+        configs[side] = _resolved(env)
         counts = report.counts if report else {}
         _say(f"{side}: " + (", ".join(f"{v} {k}" for k, v in counts.items() if v) if report else
                             "the run wrote no report (it crashed)") + f" in {timings[f'run_{side}_s']} s")
-    ra, rb = sides["A"]["report"], sides["B"]["report"]
-    comparison = compare(ra, rb, sides["A"]["config"], sides["B"]["config"]) if rb is not None else None
+    ra, rb = reports["A"], reports["B"]
+    comparison = compare(ra, rb, configs["A"], configs["B"]) if rb is not None else None
     curves = _curves(ra, rb, out) if rb is not None else None
     state = comparison.verdict if comparison else BROKEN
     if curves and not curves["aligned"] and state != BROKEN:
@@ -81,12 +84,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
         def reproduces(names: set[str]):
             started = time.monotonic()
-            trial = st.combine(a, b, names)
             try:
-                overlay, _ = st.build(trial)
+                env, _, _ = ready(st.combine(a, b, names))
             except st.StackSkip as exc:
                 return None, str(exc), time.monotonic() - started
-            code = _pytest(st.environment(overlay, trial.versions(installed).get("verl")), [oracle])
+            code = _pytest(env, [oracle])
             result = None if code in (4, 5) else code != 0
             _say(f"  A + {', '.join(sorted(names))}: " + {True: "reproduces", False: "passes",
                                                           None: f"SKIP (pytest exit {code})"}[result])
@@ -98,8 +100,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     doc = {
         "from": a.label, "to": b.label, "selection": selection,
         "moved": {n: {"a": va, "b": vb} for n, (va, vb) in moves.items()},
-        "versions": {side: (s["report"].machine.packages if s["report"] else {}) for side, s in sides.items()},
-        "reports": {side: str(out / side) for side in sides},
+        "versions": {side: (r.machine.packages if r else {}) for side, r in reports.items()},
+        "reports": {side: str(out / side) for side in reports},
         "comparison": comparison.to_json() if comparison else None, "curves": curves,
         "oracle": oracle, "bisection": bisection.to_json() if bisection else None,
         "named": _named(bisection, moves, oracle) if bisection else None,
@@ -304,7 +306,7 @@ def _print(doc: dict) -> None:
 
 def _dry_run(args: argparse.Namespace) -> int:
     """Two NPU stack rows: what moves and which known-bug verdicts change; nothing installed."""
-    from harness.config.known_bugs import KNOWN_BUGS, check, in_range, stack_versions
+    from harness.config.known_bugs import KNOWN_BUGS, check, in_range, stack_row
 
     def affected(bug, versions: dict) -> str:
         """Whether the stack holds the row's components at affected versions: affected / not affected / absent."""
@@ -313,14 +315,9 @@ def _dry_run(args: argparse.Namespace) -> int:
             return "absent"
         return "affected" if all(not spec or in_range(versions[name], spec) for name, spec in ranges) else "clear"
 
-    from harness.config.stacks import get_stack
-
     def versions(name: str, option: str) -> dict:
-        try:
-            row = get_stack(Path(name).name.removesuffix(".txt").removeprefix("npu-"))
-        except BadInput as exc:
-            raise BadInput(f"{option} {name}: with --dry-run a stack-table row is expected ({exc})") from None
-        return {"python": row.python, **stack_versions(name)}
+        row = stack_row(name, option)
+        return {"python": row.python, **{p.name: p.version for p in row.pins}}
 
     va, vb = versions(args.from_stack, "--from"), versions(args.to_stack, "--to")
     moves = {n: {"a": va.get(n), "b": vb.get(n)} for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)}

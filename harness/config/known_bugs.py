@@ -352,15 +352,21 @@ def check(stack: Mapping[str, str | None], values: Mapping[str, str] | None = No
     return hits
 
 
-def stack_versions(name_or_file: str) -> dict[str, str]:
-    """The versions of a named stack: a row of harness.config.stacks (by name, or by its constraints file
-    requirements/npu-<name>.txt) -- the pins the constraints file holds plus the source-installed ones it cannot."""
+def stack_row(name_or_file: str, option: str = "--stack"):
+    """A row of harness.config.stacks, by name or by its constraints file requirements/npu-<name>.txt; BadInput naming
+    `option` otherwise."""
     from harness.config.stacks import STACKS
 
     name = Path(name_or_file).name.removesuffix(".txt").removeprefix("npu-")
     row = next((s for s in STACKS if s.name == name), None)
     if row is None:
-        raise BadInput(f"--stack {name_or_file}: not a supported-matrix row; known: "
+        raise BadInput(f"{option} {name_or_file}: not a supported-matrix row; known: "
                        f"{', '.join(s.name for s in STACKS)} (or requirements/npu-<row>.txt)")
-    return {p.name: p.version for p in row.pins}
+    return row
+
+
+def stack_versions(name_or_file: str, option: str = "--stack") -> dict[str, str]:
+    """The versions of a named stack (stack_row): the pins the constraints file holds plus the source-installed ones
+    it cannot."""
+    return {p.name: p.version for p in stack_row(name_or_file, option).pins}
 

@@ -48,6 +48,8 @@ _MASK = (1 << 64) - 1
 _NAME = re.compile(r"[A-Za-z_]\w*")
 DEFAULT_OPS = (":-", "-", ":=", "=", ":+", "+", ":?", "?")
 _LIFTED = "__harness_default_"  # the variable a lifted `${NAME:-word}` becomes (no script names one so)
+# `NAME<op>word` inside `${...}` (alternatives in DEFAULT_OPS order: `:-` is tried before `-`)
+_DEFAULT = re.compile(rf"({_NAME.pattern})({'|'.join(map(re.escape, DEFAULT_OPS))})(.*)", re.S)
 
 
 @functools.lru_cache(maxsize=1)
@@ -698,8 +700,7 @@ def _lift_defaults(data: bytes) -> tuple[bytes, dict[str, tuple[str, str, bytes]
             # left as it is (and its parse error stands)
             break
         end = _closing_brace(text, start + 2, budget)
-        match = re.fullmatch(r"([A-Za-z_]\w*)(:-|:=|:\+|:\?|-|=|\+|\?)(.*)", text[start + 2:end], re.S) \
-            if end is not None else None
+        match = _DEFAULT.fullmatch(text[start + 2:end]) if end is not None else None
         if match and ("[" in match[3] or "$((" in match[3]) and "\n" not in match[3]:
             key = f"{_LIFTED}{len(lifted)}"
             lifted[key] = (match[1], match[2], match[3].encode("utf-8", "surrogateescape"))
@@ -744,7 +745,7 @@ def _closing_brace(text: str, at: int, budget: list[int]) -> int | None:
 
 
 def _word_node(word: bytes):
-    """The parse of a lifted default's word, as the value of `X=word` (None for an empty word)."""
+    """A word parsed on its own, as the value of `X=word`; None for an empty word or one that does not parse."""
     if not word:
         return None
     root = _parser().parse(b"X=" + word + b"\n").root_node
@@ -758,9 +759,8 @@ def _misparsed_arith(text: str):
     arithmetic expansion there. The text parsed again on its own gives that node, or None when it is no `$((...))`."""
     if not (text.startswith("$((") and text.endswith("))")):
         return None
-    root = _parser().parse(b"X=" + text.encode("utf-8", "surrogateescape") + b"\n").root_node
-    value = root.named_children[0].child_by_field_name("value") if root.named_children else None
-    return value if value is not None and value.type == "arithmetic_expansion" and not root.has_error else None
+    value = _word_node(text.encode("utf-8", "surrogateescape"))
+    return value if value is not None and value.type == "arithmetic_expansion" else None
 
 
 def _op(node) -> str:
@@ -812,7 +812,8 @@ def read_script(text: str, source: str, env: dict[str, str] | None = None) -> Sh
         lifted_data, lifted = _lift_defaults(data)
         lifted_root = _parser().parse(lifted_data).root_node if lifted else root
         words = {k: (name, op, _word_node(word)) for k, (name, op, word) in lifted.items()}
-        if not lifted_root.has_error and all(node is not None or not lifted[k][2] for k, (_, _, node) in words.items()):
+        # an empty word (`${X:-}`) has no node; any other word that does not parse on its own keeps the error
+        if not lifted_root.has_error and all(words[k][2] is not None or not lifted[k][2] for k in lifted):
             root, reader.lifted = lifted_root, words
     if root.has_error:
         bad = _first_error(root)

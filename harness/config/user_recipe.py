@@ -266,10 +266,10 @@ def _called_file(source: str, called: str) -> Path | None:
     llm_rl/deepseek); an absolute path or one with `$` is the running machine's, not found here."""
     if "$" in called or Path(called).is_absolute():
         return None
-    here = Path(source).resolve().parent
-    for base in (here, *here.parents):
+    wrapper = Path(source).resolve()
+    for base in wrapper.parents:
         candidate = base / called
-        if candidate.is_file() and candidate.resolve() != Path(source).resolve():
+        if candidate.is_file() and candidate.resolve() != wrapper:
             return candidate
     return None
 
