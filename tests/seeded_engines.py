@@ -61,3 +61,5 @@ plain_topk = _seeded(EngineFault.PLAIN_TOPK)  # plain top-k, no group limit (n_g
 biased_weights = _seeded(EngineFault.BIASED_WEIGHTS)  # gating weights from the bias-corrected scores
 stale_router_fp32 = _seeded(EngineFault.STALE_ROUTER_FP32)  # router fp32 copy made once: stale in bf16
 dummy_experts = _seeded(EngineFault.DUMMY_EXPERTS)  # a dummy build's syncs drop the routed experts
+# The Megatron sender suite's receiving side: the expert map kept from before a level-2 sleep (verl#7086)
+stale_expert_map = _seeded(EngineFault.STALE_EXPERT_MAP)

@@ -105,6 +105,10 @@ class Engine(abc.ABC):
     def softmax_scale(self) -> float:
         """The softmax scale the engine's MLA attention uses."""
 
+    def finish_sync(self) -> None:  # noqa: B027 -- optional hook: engines that finish each bucket keep the default
+        """After a sync's last bucket: finalize it (a layerwise reload, the re-derivation of absorbed copies). The
+        engine must also do it on its next use; the sender suite calls it to time that phase on its own."""
+
     def synced_weights(self) -> dict[str, torch.Tensor] | None:
         """Opt-in: the weights the engine computes with, by HF checkpoint name and in checkpoint layout (undo any
         fusing, packing or transposing), so the weight-integrity check can compare each with the synced one.

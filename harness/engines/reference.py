@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,6 +67,12 @@ class EngineFault(str, enum.Enum):
     DUMMY_EXPERTS   built with load_format="dummy" (verl's flow), the engine never sets up its routed-expert weight
                     loader (the real loader does), so every sync drops the routed experts silently and they stay at
                     their dummy init; a real build is right.
+    STALE_EXPERT_MAP  the routed experts live in physical slots through a logical-to-physical map (vLLM's EP
+                    `expert_map`, vllm-ascend's EPLB `log2phy`); a wake-up after sleep level 2 re-places them (here
+                    each slot moves one expert on within its EP-rank half) and the engine keeps the map from before
+                    the sleep, so every later sync writes each expert into its neighbour's slot (verl#7086:
+                    `expert_ids_per_ep_rank` stale after sleep level 2 with EP > 1; vllm-ascend#12226: `log2phy`
+                    not restored on wake). Right before the first level-2 sleep, right without one.
     SPLIT_K         layer 0's o_proj is a split-K GEMM whose split count follows the batch size (the cuBLAS split-K
                     batch variance vLLM's batch-invariant mode turns off): the same prompt's log-probs change in
                     their last bits with the batch it runs in.
@@ -92,6 +99,7 @@ class EngineFault(str, enum.Enum):
     BIASED_WEIGHTS = "biased_weights"
     STALE_ROUTER_FP32 = "stale_router_fp32"
     DUMMY_EXPERTS = "dummy_experts"
+    STALE_EXPERT_MAP = "stale_expert_map"
 
 
 # Faults whose absorbed weights are copies the engine re-derives itself after a sync (correctly or not).
@@ -189,6 +197,7 @@ class ReferenceEngine(Engine):
         # DUMMY_EXPERTS: a dummy build never sets up the routed-expert loader, so syncs drop those weights
         self._drops_experts = self.fault is EngineFault.DUMMY_EXPERTS and load_format == "dummy"
         self._asleep = False
+        self._stale_expert_map = False  # STALE_EXPERT_MAP: set by a wake-up after sleep level 2
         self._pool: list[torch.UntypedStorage] = []  # storages released while asleep (see sleep)...
         self._pool_nbytes: list[int] = []  # ...and their sizes, to reallocate on wake-up
         self._offload = None  # level 1: the unlinked file holding the pool's bytes
@@ -250,6 +259,8 @@ class ReferenceEngine(Engine):
                     continue
                 if self._drops_experts and ".mlp.experts." in pname:
                     continue
+                if self._stale_expert_map:
+                    pname = self._slot_by_stale_map(pname)
                 param = self.params.get(pname)
                 if param is None:
                     raise BadInput(f"load_weights: unknown weight {pname!r} for {self.spec.name}")
@@ -260,6 +271,17 @@ class ReferenceEngine(Engine):
                     param.data = tensor.detach().to(self.dtype).clone()
                 else:
                     param.copy_(tensor)
+
+    def _slot_by_stale_map(self, pname: str) -> str:
+        """STALE_EXPERT_MAP: where the map from before the level-2 sleep sends routed expert e after the re-placement
+        (its neighbour within its EP-rank half)."""
+        m = re.search(r"\.mlp\.experts\.(\d+)\.", pname)
+        if not m:
+            return pname
+        half = self.spec.n_routed_experts // 2
+        e = int(m.group(1))
+        slot = (e // half) * half + (e + 1) % half
+        return f"{pname[:m.start(1)]}{slot}{pname[m.end(1):]}"
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._check_awake("load_weights")
@@ -340,6 +362,8 @@ class ReferenceEngine(Engine):
             return
         if self._offload is not None:
             self._offload.seek(0)
+        else:  # after level 2 the experts are re-placed; STALE_EXPERT_MAP keeps the map from before
+            self._stale_expert_map |= self.fault is EngineFault.STALE_EXPERT_MAP
         for storage, nbytes in zip(self._pool, self._pool_nbytes, strict=True):
             storage.resize_(nbytes)
             if self._offload is None:

@@ -302,7 +302,7 @@ class VLLMEngine(Engine):
     # ------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One bucket of a sync. With the layerwise reload the reload stays open across buckets and is finalized
-        when the engine is next used (`_finish_sync`; likewise `rederive_after_sync`'s re-derivation), the
+        when the engine is next used (`finish_sync`; likewise `rederive_after_sync`'s re-derivation), the
         lifecycle vLLM's reload needs and verl 0.9.1 follows (`vllm_rollout/delta_weight_transfer.py`
         `finish_weight_update`: "finalize it once after the last flush"):
         finalizing per bucket leaves a layer whose weights span two buckets half loaded (uninitialized memory;
@@ -321,7 +321,7 @@ class VLLMEngine(Engine):
         self._apply(sync)
         self._pending = self._pending or reload or self.rederive_after_sync
 
-    def _finish_sync(self) -> None:
+    def finish_sync(self) -> None:
         """Once per sync, after its last bucket: finalize the layerwise reload (re-runs
         process_weights_after_loading) and re-apply the CPU MoE prepack; or, with `rederive_after_sync`, run
         process_weights_after_loading once, as verl does after the whole update (PR #4130 / #5235)."""
@@ -345,7 +345,7 @@ class VLLMEngine(Engine):
         self._apply(finish)
 
     def mla_layers(self) -> list[MLALayer]:
-        self._finish_sync()
+        self.finish_sync()
         owners = self.facts.absorbed_owners
 
         def read(model):
@@ -364,7 +364,7 @@ class VLLMEngine(Engine):
         kv_a_proj_with_mqa], gate_up_proj = [gate_proj; up_proj], both on dim 0). Parameters whose shape is not the
         checkpoint's (vLLM CPU's packed GEMM weights, which also lose `.weight`) are left out: the integrity check
         lists them as not exposed rather than misjudging a layout it cannot undo."""
-        self._finish_sync()
+        self.finish_sync()
         spec, shapes = self.spec, checkpoint_shapes(self.spec)
         qkv_a = [spec.q_lora_rank or 0, spec.kv_lora_rank + spec.qk_rope_head_dim]
 
@@ -389,7 +389,7 @@ class VLLMEngine(Engine):
         return self._apply(read)
 
     def softmax_scale(self) -> float:
-        self._finish_sync()
+        self.finish_sync()
         return self._apply(lambda model: float(_mla_modules(model)[0].impl.scale))
 
     # ------------------------------------------------------------ rollout
@@ -399,7 +399,7 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._finish_sync()
+        self.finish_sync()
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, detokenize=False,
                                 ignore_eos=eos_token_id is None,
@@ -437,7 +437,7 @@ class VLLMEngine(Engine):
     def sleep(self, level: int = 1) -> None:
         if not self.supports_sleep:
             super().sleep(level)
-        self._finish_sync()
+        self.finish_sync()
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:

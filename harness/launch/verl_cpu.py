@@ -292,6 +292,17 @@ def vllm_distribution_visible() -> bool:
         return False
 
 
+def use_cpu_platform() -> None:
+    """verl code run in this process (the Megatron sender suite's bucketed weight transfer calls
+    `get_torch_device().synchronize()`) uses the CPU platform: verl resolves its platform once, falling back to
+    'nvidia' when it detects none (verl/plugin/platform/platform_manager.py `get_platform`). Hosts without an
+    accelerator only: callers check."""
+    from verl.plugin.platform import PlatformRegistry, platform_manager
+
+    if platform_manager.get_platform().device_name != PLATFORM_NAME:
+        platform_manager.set_platform(PlatformRegistry.get(PLATFORM_NAME)())
+
+
 def install() -> None:
     """Register the platform, the process-group backend, the unpinned CPU offload and the `vllm` alias
     (idempotent); HARNESS_CPU_ISA takes effect here in every verl process, before vLLM CPU picks its kernel library

@@ -239,6 +239,9 @@ def check_freshness(engine_name: str, layers: Sequence, spec: ModelSpec, dtype: 
 
 
 # -------------------------------------- every weight, not only MLA's (a dropped one read as "prefill diverged")
+SHOWN = 6  # weights a failure message names (a broken sync of a whole stage is hundreds; findings list every one)
+
+
 @dataclass(frozen=True)
 class WeightIntegrity:
     """After a sync, each weight the engine computes with (`Engine.synced_weights()`, in checkpoint layout) equals
@@ -260,9 +263,10 @@ class WeightIntegrity:
             return (f"{self.engine}: synced_weights() exposes none of the {len(self.unexposed)} synced weights by "
                     "checkpoint name: nothing to check (return None to opt out)")
         parts = [f"{name}: {count}/{numel} elements off, worst |diff| {worst:.4g}" for name, count, numel, worst
-                 in self.off]
+                 in self.off[:SHOWN]]
+        more = f"; and {len(self.off) - SHOWN} more (the findings list each)" if len(self.off) > SHOWN else ""
         return (f"{self.engine}: {len(self.off)} of {self.checked} weights the engine computes with are not the "
-                f"synced ones (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): " + "; ".join(parts)
+                f"synced ones (rtol {self.tol.rtol:g}, atol {self.tol.atol:g}): " + "; ".join(parts) + more
                 + ". The sync dropped or mis-mapped them.")
 
     def findings(self) -> tuple[Finding, ...]:

@@ -1,0 +1,141 @@
+"""Self-tests of the Megatron sender suite (suites/functional/test_megatron_sender_sync.py): each seeded sender bug
+(harness.launch.megatron_sender.SENDER_BUGS, installed at the place it lives in verl's or mbridge's export), and
+the receiving engine that keeps its expert map across a level-2 sleep (verl#7086), fails the same judgement with a
+diagnosis that names the bug; the clean sender passes it (the suite itself runs every exporter and layout clean).
+The stream check's diagnoses are also tested on hand-made streams (no sender start)."""
+import pytest
+import torch
+
+from fixtures.engines import MAX_TOKENS, PROMPTS, SENDER_SPEC
+from harness.markers import requires
+
+SENDER = requires(packages=["megatron.core", "mbridge", "verl", "zmq"])
+
+# (bug, exporter it is seeded into, what the failure must say)
+SEEDED = [
+    ("stale-pp-cache", "mbridge", r"sync 2/2 .*stale: \d+ tensors \(layers 2, 3\) .*SkyRL#1345"),
+    ("pp-offset-lost", "verl", r"layers 2, 3 arrived as layers 0, 1: a pipeline stage's layer offset was lost"),
+    ("pp-offset-lost", "mbridge", r"layers 2, 3 arrived as layers 0, 1: a pipeline stage's layer offset was lost"),
+    ("bucket-drops-boundary", "verl", r"one per bucket boundary"),
+    ("ep-rank0-ids", "verl", r"experts 8-15 arrived as experts 0-7: an EP rank's experts exported with another "
+                             r"rank's global expert ids"),
+]
+
+
+@pytest.fixture(scope="module")
+def reference_goldens(sender_model_dirs):
+    from fixtures.engines import EngineKind, _built_fresh, _reference_factory
+
+    kind = EngineKind("reference", _reference_factory())
+    return [_built_fresh(kind, SENDER_SPEC, d, torch.float32).rollout for d in sender_model_dirs]
+
+
+def _judged(sender_weights, sender_model_dirs, goldens, *, bug=None, exporter="verl", fault=None):
+    from harness.engines.reference import make_reference_engine
+    from harness.launch.megatron_sender import SenderRun, run_series
+
+    with make_reference_engine(SENDER_SPEC, load_format="dummy", fault=fault) as engine, \
+            SenderRun(sender_model_dirs, exporter=exporter, bug=bug) as sender:
+        series = run_series(engine, sender, sender_weights, goldens, prompts=PROMPTS, max_tokens=MAX_TOKENS)
+    return series, [r.message() for r in series.results if not r.ok]
+
+
+@SENDER
+@pytest.mark.parametrize("bug, exporter, says", SEEDED, ids=[f"{b}-{e}" for b, e, _ in SEEDED])
+def test_each_seeded_sender_bug_fails_with_its_diagnosis(sender_weights, sender_model_dirs, reference_goldens, bug,
+                                                         exporter, says):
+    import re
+
+    _, failures = _judged(sender_weights, sender_model_dirs, reference_goldens, bug=bug, exporter=exporter)
+    assert failures, f"{bug} in the {exporter} export passed every check"
+    assert any(re.search(says, f) for f in failures), "\n".join(failures)
+    if bug == "stale-pp-cache":  # the cache only shows from the second sync on
+        assert not any(f.startswith("after sync 1/2") for f in failures), failures
+
+
+@SENDER
+def test_an_expert_map_kept_across_a_level_2_sleep_fails_the_second_sync(sender_weights, sender_model_dirs,
+                                                                        reference_goldens):
+    """verl#7086 on the receiving side: sync 1 is right; after the level-2 sleep each expert lands in its
+    neighbour's slot, which the weights the engine computes with and its outputs both show; the stream is clean."""
+    series, failures = _judged(sender_weights, sender_model_dirs, reference_goldens, fault="stale_expert_map")
+    assert failures and all(f.startswith("after sync 2/2") for f in failures), failures
+    assert any("mlp.experts." in f and "not the synced ones" in f for f in failures), failures
+    assert any("decode differently" in f or "log-probs do not" in f for f in failures), failures
+    assert all(row["stream_ok"] for row in series.log)
+
+
+@SENDER
+def test_the_clean_sender_passes_and_times_every_phase(sender_weights, sender_model_dirs, reference_goldens):
+    from harness.config.platforms import SYNC_PHASES
+    from harness.engines.reference import make_reference_engine
+    from harness.launch.megatron_sender import SenderRun, run_series
+
+    with make_reference_engine(SENDER_SPEC, load_format="dummy") as engine, \
+            SenderRun(sender_model_dirs, exporter="mbridge") as sender:
+        series = run_series(engine, sender, sender_weights, reference_goldens, prompts=PROMPTS,
+                            max_tokens=MAX_TOKENS)
+    assert all(r.ok for r in series.results), [r.message() for r in series.results if not r.ok]
+    phases = series.phases(sender)
+    assert len(phases) == 2 and all(set(p) == set(SYNC_PHASES) and p["export"] > 0 and p["load"] > 0
+                                    for p in phases), phases
+    assert all(row["buckets"] > 2 for row in series.log), series.log  # 1 MB buckets split the tiny model
+
+
+# ---------------------------------------------------------------- the stream check on hand-made streams
+def _truth():
+    gen = torch.Generator().manual_seed(0)
+    names = [f"model.layers.{i}.mlp.experts.{e}.down_proj.weight" for i in range(2) for e in range(4)]
+    return {n: torch.randn(3, 2, generator=gen) for n in names}
+
+
+def test_the_stream_check_passes_an_exact_stream_and_names_each_fault_class():
+    from harness.mla.stream import check_stream
+
+    truth = _truth()
+    exact = check_stream("s", 1, list(truth.items()), 2, truth)
+    assert exact.ok and "every one exact" in exact.message()
+    old = {n: t + 1 for n, t in truth.items()}
+    stale = check_stream("s", 2, [(n, old[n]) if ".layers.1." in n else (n, t) for n, t in truth.items()], 2,
+                         truth, [old])
+    assert not stale.ok and "stale: 4 tensors (layers 1)" in stale.message()
+    shifted = [(n.replace(".layers.1.", ".layers.0."), t) for n, t in truth.items()]
+    layer = check_stream("s", 1, shifted, 2, truth)
+    assert "layers 1 arrived as layers 0" in layer.message() and layer.missing
+    ids = [(n.replace("experts.3.", "experts.1.").replace("experts.2.", "experts.0."), t) for n, t in truth.items()]
+    expert = check_stream("s", 1, ids, 2, truth)
+    assert "experts 2, 3 arrived as experts 0, 1" in expert.message() and expert.duplicate
+    dropped = check_stream("s", 1, list(truth.items())[1:], 2, truth)
+    assert "one per bucket boundary" in dropped.message()
+    corrupt = check_stream("s", 1, [(n, t * 0) for n, t in truth.items()], 2, truth)
+    assert "corrupt: 8 tensors" in corrupt.message()
+
+
+# ---------------------------------------------------------------- the nightly's SYNC verdict
+def _nightly(tmp_path, platform: str, export_s: float):
+    from harness.report.nightly import main
+    from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, machine_info, write_report
+
+    doc = {"platform": platform, "engine": "reference", "exporter": "verl", "layout": "tp1-pp2-ep2",
+           "syncs": [{"export": 0.7, "transfer": 0.2, "load": 0.01, "finalize": 0.0},
+                     {"export": export_s, "transfer": 0.2, "load": 0.01, "finalize": 0.0}]}
+    test = TestVerdict("suites/functional/test_megatron_sender_sync.py::test_megatron_sender_syncs_reach_the_engine"
+                       "[reference-verl-tp1-pp2-ep2]", "passed", 1.0, "", (), {"sync.phases": doc})
+    report = RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, created="2026-12-04T00:00:00Z", name="n",
+                       commit=None, dirty=None, scale="tiny", plan=None, command=(), machine=machine_info(),
+                       tests=(test,), duration_s=1.0, exit_status=0)
+    return main([str(write_report(report, tmp_path / "report.json"))])
+
+
+def test_the_nightly_fails_a_sync_phase_over_its_budget_and_passes_one_within(tmp_path, capsys):
+    from harness.config.platforms import platform_facts
+
+    budget = platform_facts("cpu").sync_phase_budget_s["export"]
+    assert _nightly(tmp_path, "cpu", 0.9 * budget) == 0
+    out = capsys.readouterr().out
+    assert out.count("SYNC tiny verl tp1-pp2-ep2 reference sync") == 2 and "OVER" not in out and "PASS tiny" in out
+    assert _nightly(tmp_path, "cpu", 1.5 * budget) == 1
+    out = capsys.readouterr().out
+    assert "sync 2: export" in out and "OVER (export)" in out and "FAIL tiny a weight-sync phase over" in out
+    assert _nightly(tmp_path, "npu", 1e6) == 0  # no measured budget there: reported, not judged
+    assert "no budget here" in capsys.readouterr().out
