@@ -81,3 +81,29 @@ def test_replay_of_another_rollouts_routes_fails(routing_run):
         run.rollout, routed_experts=[run.rollout.routed_experts[i] for i in order]))
     with pytest.raises(ValueError, match="route rows"):
         swapped.replayed()
+
+
+@pytest.fixture(scope="module")
+def replay_gradients(pytestconfig):
+    """The router gradients of verl's R3 on the installed megatron-core (harness.engines.router_replay_probe)."""
+    from harness.config.hardware import module_exists
+    from harness.markers import skip_or_fail
+
+    missing = [m for m in ("verl", "megatron") if not module_exists(m)]
+    if missing:
+        skip_or_fail(pytestconfig, f"package {', '.join(missing)} (verl's router replay runs on megatron-core)")
+    from harness.engines.router_replay_probe import router_replay_outcomes
+
+    return router_replay_outcomes()["gradients_ungrouped"]
+
+
+def test_a_replay_that_detaches_the_scores_fails_the_gradient_check(replay_gradients):
+    """ISEEKYAN/Megatron-LM#79's class, seeded in the probe (the replayed probs leave the graph): the router gets
+    no gradient, which the forward-only R3 checks cannot see; the real replay passes."""
+    from harness.consistency.routing import RouterGradients
+
+    grads = replay_gradients
+    seeded = RouterGradients("seeded", native=grads["native"], replay=grads["replay_detached"])
+    assert not seeded.ok and "Megatron-LM#79" in seeded.message(), seeded.message()
+    assert RouterGradients("real", native=grads["native"], replay=grads["replay"]).ok
+    assert grads["native"] > 0

@@ -299,6 +299,37 @@ class ReplayCheck:
                 "agreement": self.agreement.to_json()}
 
 
+@dataclass(frozen=True)
+class RouterGradients:
+    """R3 must keep training the router: under replay the routing probs are still the router's scores gathered at
+    the replayed experts, so the router weight's gradient equals, to float noise, the native forward's with the
+    same routes (harness.engines.router_replay_probe `gradients`). A replay whose scores leave the graph
+    (ISEEKYAN/Megatron-LM#79: scores taken after top-k zeroes them) reads 0, and RL updates every weight but the
+    router: nothing in the forward routes or log-probs shows it."""
+
+    router: str
+    native: float
+    replay: float
+    rtol: float = 1e-5
+
+    @property
+    def ok(self) -> bool:
+        return self.native > 0 and abs(self.replay - self.native) <= self.rtol * self.native
+
+    def message(self) -> str:
+        if self.native <= 0:
+            return f"{self.router}: the native forward gives the router no gradient: the check could not fail"
+        if self.ok:
+            return f"{self.router}: router grad norm {self.replay:.6g} under replay = {self.native:.6g} native"
+        dead = " -- the replay cut the router out of the graph (ISEEKYAN/Megatron-LM#79)" if self.replay == 0 else ""
+        return (f"{self.router}: router weight grad norm {self.replay:.6g} under R3 replay vs {self.native:.6g} from "
+                f"the native forward with the same routes (rtol {self.rtol:g}){dead}")
+
+    def findings(self) -> tuple[Finding, ...]:
+        return () if self.ok else (Finding("routing.router_gradients", "router.weight grad norm", self.router,
+                                           self.message()),)
+
+
 def logprob_gap(rollout: Sequence[Sequence[float]], training: Sequence[torch.Tensor]) -> float:
     return max(float((torch.tensor(list(r), dtype=torch.float64) - t.double()).abs().max())
                for r, t in zip(rollout, training, strict=True))

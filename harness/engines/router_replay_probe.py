@@ -16,6 +16,12 @@ and without the group limit, applies verl's patch, and runs each replay action v
                  transformer_impl.py: `build_r3_replay_mask`; the final row keeps its native route)
   native         no action set (a forward of a replay-enabled model outside replay)
 Each outcome is "ok" (replayed ids checked against the targets) or the exception's type and first line.
+
+`gradients` (R3's backward; ISEEKYAN/Megatron-LM#79: a replay that takes its scores from a path without gradient
+silently stops training the router): the router weight's gradient norm through a fixed weighting of the routing
+probs, from a native forward and from REPLAY_FORWARD of that forward's own routes (equal to float noise when the
+replay keeps the scores' graph), and from the same replay with its probs detached (the seeded Megatron-LM#79
+class, which must read 0). Each number, or the error the forward raised.
 """
 from __future__ import annotations
 
@@ -66,6 +72,61 @@ def _run(router, action: str, rrp) -> str:
     return "ok"
 
 
+def _gradient_norm(router, rrp, hidden, weights, targets=None) -> tuple[float, object]:
+    """|d sum(probs * weights) / d router.weight| from one forward, native (targets None) or replaying `targets`."""
+    rrp.RouterReplay.clear_global_indices()
+    rrp.RouterReplay.clear_global_router_replay_action()
+    if targets is not None:
+        router.router_replay.set_target_indices(targets)
+        rrp.RouterReplay.set_global_router_replay_action(rrp.RouterReplayAction.REPLAY_FORWARD)
+    router.zero_grad(set_to_none=True)
+    probs, routing_map = router(hidden)
+    loss = (probs.float() * weights).sum()
+    if loss.requires_grad:  # no graph back to the router at all: its gradient is nothing
+        loss.backward()
+    rrp.RouterReplay.clear_global_router_replay_action()
+    return float(router.weight.grad.norm()) if router.weight.grad is not None else 0.0, routing_map
+
+
+def _detached_replay(router_cls, rrp):
+    """The seeded Megatron-LM#79 class: under REPLAY_FORWARD the routing probs leave the graph."""
+    import contextlib
+
+    real = router_cls.routing
+
+    def routing(self, logits, *args, **kwargs):
+        probs, routing_map = real(self, logits, *args, **kwargs)
+        replaying = getattr(self.router_replay, "router_replay_action", None) is rrp.RouterReplayAction.REPLAY_FORWARD
+        return (probs.detach() if replaying else probs), routing_map
+
+    @contextlib.contextmanager
+    def installed():
+        router_cls.routing = routing
+        try:
+            yield
+        finally:
+            router_cls.routing = real
+
+    return installed()
+
+
+def _gradients(router, rrp) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(6, 1, router.config.hidden_size, generator=gen)
+    weights = torch.randn(6, router.config.num_moe_experts, generator=gen)
+    try:
+        native, routing_map = _gradient_norm(router, rrp, hidden, weights)
+        targets = torch.stack([row.nonzero().flatten() for row in routing_map])
+        replay, _ = _gradient_norm(router, rrp, hidden, weights, targets)
+        with _detached_replay(type(router), rrp):
+            detached, _ = _gradient_norm(router, rrp, hidden, weights, targets)
+    except Exception as exc:  # the outcome is the finding (core_r0.12.1's grouped router: NameError)
+        return {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]}
+    return {"native": native, "replay": replay, "replay_detached": detached}
+
+
 def probe() -> dict:
     import torch
 
@@ -85,6 +146,7 @@ def probe() -> dict:
     for grouped in (True, False):
         router = _router(grouped)
         out["grouped" if grouped else "ungrouped"] = {action: _run(router, action, rrp) for action in ACTIONS}
+        out["gradients_grouped" if grouped else "gradients_ungrouped"] = _gradients(router, rrp)
     return out
 
 

@@ -62,6 +62,24 @@ def test_verl_router_replay_on_megatron_core(verl_replay, record_property):
     assert set(verl_replay["grouped"].values()) == {"ok"}, verl_replay
 
 
+@pytest.mark.parametrize("router", [
+    "ungrouped",
+    pytest.param("grouped", marks=upstream_failure(
+        AssertionError, r"NameError: name 'group_limited_topk' is not defined", condition=_r3_blocked(),
+        reason="the grouped router's forward raises on core_r0.12.1 (above), so R3's backward cannot run there")),
+])
+def test_router_replay_keeps_the_router_gradient(verl_replay, router, record_property, expect):
+    """R3's backward on megatron-core's TopKRouter with verl's patch: the router weight's gradient under replay
+    equals the native forward's with the same routes (harness.consistency.routing.RouterGradients;
+    tests/test_routing_seeded.py shows a replay whose probs leave the graph -- Megatron-LM#79 -- fail it)."""
+    from harness.consistency.routing import RouterGradients
+
+    grads = verl_replay[f"gradients_{router}"]
+    record_property("routing.router_gradients", {"router": router, **grads})
+    assert "error" not in grads, grads["error"] if "error" in grads else grads
+    expect(RouterGradients(router=router, native=grads["native"], replay=grads["replay"]))
+
+
 def test_verl_router_replay_works_without_the_group_limit(verl_replay):
     """The same patch on an ungrouped router (Qwen3-MoE style) records and replays on this megatron-core: the probe
     can see a working replay, so the failure above is the group limit's, not the probe's."""
