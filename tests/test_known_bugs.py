@@ -57,6 +57,22 @@ CASES = {
     "mla-vanilla-prefill-oom": (  # the vanilla path is gone from mla_v1.py since v0.11.0rc0
         ({**A3_STACK, "vllm-ascend": "0.10.0rc1"}, {f"{_RO}.enable_chunked_prefill": "False"}, {}),
         (A3_STACK, {f"{_RO}.enable_chunked_prefill": "False"}, {})),
+    "vllm-ascend-wake-up-moe-retranspose": (  # the wake_up transpose came with v0.12.0rc1 (PR #4626)
+        (A3_STACK, {}, {}),
+        (A3_STACK, {f"{_RO}.free_cache_engine": "False"}, {})),
+    "vllm-ascend-batch-invariant-mla-aclgraph": (
+        (A3_STACK, {f"{_RO}.full_determinism": "True"}, {}),
+        (A3_STACK, {f"{_RO}.full_determinism": "True", f"{_RO}.enforce_eager": "True"}, {})),
+    "vllm-ascend-a2-dsv3-decode-without-torchair": (
+        (A3_STACK, {"trainer.n_gpus_per_node": "8"}, {}),
+        (A3_STACK, {"trainer.n_gpus_per_node": "16"}, {})),  # an A3 node
+    "vllm-ascend-routed-experts-physical-ids": (  # no tag up to v0.25.1rc1 has #13268
+        ({**A3_STACK, "vllm-ascend": "0.26.0rc1"},
+         {f"{_RO}.enable_rollout_routing_replay": "True", f"{_RO}.expert_parallel_size": "8"}, {}),
+        (A3_STACK, {f"{_RO}.enable_rollout_routing_replay": "True", f"{_RO}.expert_parallel_size": "8"}, {})),
+    "verl-ep-level-2-wake-stale-expert-map": (
+        (A3_STACK, {f"{_RO}.expert_parallel_size": "8"}, {}),
+        (A3_STACK, {f"{_RO}.expert_parallel_size": "1"}, {})),
     "logits-oom-long-responses": (
         (A3_STACK, {"data.max_response_length": "12288"}, {}),
         (A3_STACK, {"data.max_response_length": "12288", f"{_MG}.context_parallel_size": "2"}, {})),
@@ -209,3 +225,21 @@ def test_doctor_checks_this_machines_environment(monkeypatch):
     row = "vllm-ascend-camem-expandable-segments"
     assert row in {h["id"] for h in known_bugs(A3_STACK, None, installed=True)["hits"]}
     assert row not in {h["id"] for h in known_bugs(A3_STACK, None, installed=False)["hits"]}
+
+
+def test_routed_experts_detector_reads_the_capture_order(tmp_path):
+    """vllm-ascend #13268 / #13882: the capture after log2phy (physical ids) is found in the source; the fixed order,
+    and a tag without routed_experts.py (v0.23.0 captures in fused_moe.py), are not."""
+    from harness.config.installed import vllm_ascend_physical_routes_bug
+
+    moe = tmp_path / "ops" / "fused_moe"
+    moe.mkdir(parents=True)
+    assert vllm_ascend_physical_routes_bug(tmp_path).present is False  # no routed_experts.py
+    path = moe / "routed_experts.py"
+    path.write_text("def _select_experts(self, x):\n    topk_ids = self.log2phy[topk_ids]\n"
+                    "    self.capturer.capture(self.layer_id, topk_ids)\n")
+    found = vllm_ascend_physical_routes_bug(tmp_path)
+    assert found.present is True and "#13268" in found.detail
+    path.write_text("def _select_experts(self, x):\n    self.capturer.capture(self.layer_id, topk_ids)\n"
+                    "    topk_ids = self.log2phy[topk_ids]\n")
+    assert vllm_ascend_physical_routes_bug(tmp_path).present is False

@@ -214,5 +214,30 @@ def mbridge_reads_rope_theta(root: Path | None = None) -> bool | None:
     return mbridge_rope_theta_bug(root).present
 
 
+def vllm_ascend_physical_routes_bug(root: Path | None = None) -> Detection:
+    """Whether the installed vllm-ascend captures the rollout's routed experts after the EPLB map: main's
+    ops/fused_moe/routed_experts.py `AscendRoutedExperts._select_experts` did `topk_ids = self.log2phy[topk_ids]`
+    before `capturer.capture(...)` (vllm-ascend #13268; #13882 captures first). Tags up to v0.25.1rc1 have no such
+    file and capture in fused_moe.py's apply before log2phy (logical ids)."""
+    root = root or package_root("vllm_ascend")
+    if root is None:
+        return Detection(None, "vllm-ascend is not installed")
+    path = root / "ops" / "fused_moe" / "routed_experts.py"
+    if not path.is_file():
+        return Detection(False, f"{path.parent}: no routed_experts.py (the capture precedes log2phy in fused_moe.py)")
+    text = path.read_text(errors="replace")
+    mapped, captured = text.find("log2phy[topk_ids]"), text.find(".capture(")
+    if captured < 0:
+        return Detection(None, f"{path}: no capture call found")
+    if 0 <= mapped < captured:
+        return Detection(True, f"{path}: log2phy is applied to topk_ids before the routed-experts capture "
+                               "(physical ids: vllm-ascend #13268)")
+    return Detection(False, f"{path}: the capture precedes log2phy (logical ids)")
+
+
+def vllm_ascend_captures_physical_ids(root: Path | None = None) -> bool | None:
+    return vllm_ascend_physical_routes_bug(root).present
+
+
 # Pin name -> its detector (harness.config.stacks `Pin.bug` names what the detector looks for).
 KNOWN_BUG_DETECTORS = {"mindspeed": mindspeed_scale_bug, "mbridge": mbridge_rope_theta_bug}

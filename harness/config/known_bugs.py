@@ -147,6 +147,7 @@ def _typed(raw: str):
 DETECTORS: dict[str, Callable[[], bool | None]] = {
     "mindspeed-scale": installed.mindspeed_scale_bug_present,
     "mbridge-rope-theta": installed.mbridge_reads_rope_theta,
+    "vllm-ascend-physical-routes": installed.vllm_ascend_captures_physical_ids,
 }
 
 
@@ -169,6 +170,8 @@ HOST_CHECKS: dict[str, Callable[[], bool | None]] = {"amx": host_has_amx}
 _A, _RO, _MG = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.megatron"
 _TC = f"{_MG}.override_transformer_config"
 _SLEEP = Condition(f"{_RO}.free_cache_engine", "is", True, default=True)  # verl's rollout sleeps between steps
+_EP = Condition(f"{_RO}.expert_parallel_size", "at-least", 2, default=1)  # vLLM enable_expert_parallel
+_GRAPH = Condition(f"{_RO}.enforce_eager", "is", False, default=False)  # vLLM graph mode (ACL graph on Ascend)
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
@@ -210,6 +213,73 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fix="drop expandable_segments:True from PYTORCH_NPU_ALLOC_CONF (vllm-ascend sets it only without sleep mode)",
         source="vllm-ascend v0.23.0 vllm_ascend/device_allocator/camem.py CaMemAllocator.__init__; "
                "vllm_ascend/platform.py"),
+    KnownBug(
+        # vllm-ascend #11548 / #12226; the fix, PR #13012 (main 032b3f4a04, 2026-08-07), is in no tag up to
+        # v0.25.1rc1 nor in releases/v0.23.0: `git tag --contains 032b3f4a04` is empty
+        id="vllm-ascend-wake-up-moe-retranspose", component="vllm-ascend", affected=">=0.12.0rc1", breaks=False,
+        when=((_SLEEP,),),
+        symptom="wake_up transposes the MoE w13 / w2 weights a second time (process_weights_after_loading already "
+                "put them in runtime layout) and replaces each Parameter, dropping its weight_loader: a shape "
+                "mismatch after a plain sleep / wake (Qwen3-30B-A3B, level 1), and with sleep level 2 + EP + EPLB "
+                "log2phy is left pointing at freed memory (a hang after the kv_cache wake); verl 0.9 re-patches "
+                "the MoE weight loader before each sync, which hides part of it",
+        suite="suites/functional/test_megatron_sender_sync.py and test_moe_weight_sync.py (NPU: the synced experts "
+              "vs an engine built fresh)",
+        fix="vllm-ascend PR #13012 (deletes the wake_up transpose; registers log2phy / moe_load as buffers), on "
+            "main only so far; or free_cache_engine=False",
+        source="vllm-project/vllm-ascend v0.23.0 vllm_ascend/worker/worker.py NPUWorker.wake_up (the transpose, "
+               "from PR #4626, first tag v0.12.0rc1); ops/fused_moe/fused_moe.py process_weights_after_loading; "
+               "PR #13012"),
+    KnownBug(
+        id="vllm-ascend-batch-invariant-mla-aclgraph", component="vllm-ascend", affected="", breaks=False,
+        when=((Condition(f"{_RO}.full_determinism", "is", True, default=False), _GRAPH),),
+        symptom="full_determinism asks vllm-ascend for batch invariance (VLLM_BATCH_INVARIANT=1), which it does "
+                "not give MLA models (DeepSeek V3.1) nor the FULL / FULL_DECODE_ONLY graph modes verl's default "
+                "FULL_AND_PIECEWISE uses: a prompt's log-probs still depend on its batch, silently",
+        suite="suites/consistency/test_batch_invariance.py (the engine's claim judged in its own process)",
+        fix="none upstream (vllm-ascend #5487 open): enforce_eager=True or compilation_config.cudagraph_mode="
+            "PIECEWISE, and no invariance claim for MLA",
+        source="vllm-project/vllm-ascend v0.23.0 docs/source/user_guide/feature_guide/batch_invariance.md; issue "
+               "#5487; verl v0.9.0 workers/rollout/vllm_rollout/vllm_async_server.py (full_determinism sets "
+               "VLLM_BATCH_INVARIANT; cudagraph_mode defaults to FULL_AND_PIECEWISE)"),
+    KnownBug(
+        id="vllm-ascend-a2-dsv3-decode-without-torchair", component="vllm-ascend", affected=">=0.12.0rc1",
+        breaks=False,
+        when=((_GRAPH, Condition("trainer.n_gpus_per_node", "is", 8, default=8)),),
+        symptom="DeepSeek-V3 decode on Atlas A2 (8 NPUs a node) takes 200-400 ms per step under ACL graph since "
+                "torchair was removed (tens of ms with torchair): rollout throughput far below the A3 target",
+        suite="suites/perf/test_graph_mode.py and test_throughput_target.py (A2 tiers)",
+        fix="none upstream (#4984, a feedback thread; torchair removed by PR #4814, first tag v0.12.0rc1): plan A2 "
+            "rollout throughput from a measured step, not from A3's 120 tokens/s per card",
+        source="vllm-project/vllm-ascend issue #4984 (v0.12.0rc1 feedback, 2025-12-17 comment); PR #4814 "
+               "(835b4c8f1d) removes vllm_ascend/torchair and additional_config.torchair_graph_config"),
+    KnownBug(
+        # introduced by #13268 (main 5d6ddd906d), fixed by #13882 (main 63bd2c418c, 2026-08-12): no tag up to
+        # v0.25.1rc1 has either, so the version decides nothing for a named stack; installed, the source does
+        id="vllm-ascend-routed-experts-physical-ids", component="vllm-ascend", affected=">0.25.1rc1",
+        detector="vllm-ascend-physical-routes", breaks=False,
+        when=((Condition(f"{_RO}.enable_rollout_routing_replay", "is", True, default=False), _EP),),
+        symptom="the rollout's routed_experts are physical expert ids after the EPLB map (log2phy applied before "
+                "the capture): R3 replays the wrong experts in the trainer whenever EPLB has moved one",
+        suite="suites/consistency/test_router_replay.py (replayed routes vs the rollout's; NPU with EPLB)",
+        fix="vllm-ascend PR #13882 (captures before log2phy)",
+        source="vllm-project/vllm-ascend main ops/fused_moe/routed_experts.py AscendRoutedExperts._select_experts "
+               "(#13268: topk_ids = self.log2phy[topk_ids] before capturer.capture; #13882 moves the capture); "
+               "v0.20.2rc1 / v0.23.0 / v0.25.1rc1 capture in fused_moe.py apply, before log2phy (logical ids)"),
+    KnownBug(
+        id="verl-ep-level-2-wake-stale-expert-map", component="vllm-ascend", affected="", also=(("verl", ""),),
+        breaks=False, when=((_EP, _SLEEP),),
+        symptom="with expert parallelism, a wake from sleep level 2 leaves TokenDispatcherWithAll2AllV's "
+                "expert_ids_per_ep_rank (a plain tensor, not a buffer) discarded and the MoE parameters without "
+                "their weight_loader: fluent but wrong rollouts after the sync. verl 0.9 sleeps at level 1 on NPU "
+                "(verl-npu-sleep-level-1), so it bites a stack or patch that sleeps at level 2",
+        suite="tests/test_megatron_sender.py (an engine keeping its expert map across a level-2 sleep fails the "
+              "sender suite's second sync)",
+        fix="none merged (verl #7086 and vllm-ascend #12651 open); keep sleep level 1 with EP on NPU",
+        source="vllm-project/vllm-ascend v0.23.0 vllm_ascend/ops/fused_moe/token_dispatcher.py "
+               "TokenDispatcherWithAll2AllV.__init__; verl-project/verl #7086 (head 305a948b1) "
+               "verl/workers/rollout/vllm_rollout/utils.py; verl v0.9.0 third_party/vllm/__init__.py "
+               "VLLM_SLEEP_LEVEL = 1 on NPU"),
     KnownBug(
         id="verl-npu-sleep-level-1", component="verl", affected=">=0.9.0,<0.10", also=(("torch-npu", ""),),
         when=((_SLEEP,),), breaks=False,
