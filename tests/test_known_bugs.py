@@ -70,9 +70,9 @@ CASES = {
         ({**A3_STACK, "vllm-ascend": "0.26.0rc1"},
          {f"{_RO}.enable_rollout_routing_replay": "True", f"{_RO}.expert_parallel_size": "8"}, {}),
         (A3_STACK, {f"{_RO}.enable_rollout_routing_replay": "True", f"{_RO}.expert_parallel_size": "8"}, {})),
-    "verl-ep-level-2-wake-stale-expert-map": (
-        (A3_STACK, {f"{_RO}.expert_parallel_size": "8"}, {}),
-        (A3_STACK, {f"{_RO}.expert_parallel_size": "1"}, {})),
+    "verl-ep-level-2-wake-stale-expert-map": (  # verl 0.9.1 sleeps at level 1 on NPU: not hit
+        ({**A3_STACK, "verl": "0.10.0"}, {f"{_RO}.expert_parallel_size": "8"}, {}),
+        (A3_STACK, {f"{_RO}.expert_parallel_size": "8"}, {})),
     "logits-oom-long-responses": (
         (A3_STACK, {"data.max_response_length": "12288"}, {}),
         (A3_STACK, {"data.max_response_length": "12288", f"{_MG}.context_parallel_size": "2"}, {})),
@@ -242,4 +242,8 @@ def test_routed_experts_detector_reads_the_capture_order(tmp_path):
     assert found.present is True and "#13268" in found.detail
     path.write_text("def _select_experts(self, x):\n    self.capturer.capture(self.layer_id, topk_ids)\n"
                     "    topk_ids = self.log2phy[topk_ids]\n")
+    assert vllm_ascend_physical_routes_bug(tmp_path).present is False
+    # only _select_experts counts: a mention in another function or a comment does not flip it
+    path.write_text("# topk_ids = self.log2phy[topk_ids]\ndef helper(self):\n    return self.log2phy[topk_ids]\n"
+                    "def _select_experts(self, x):\n    self.capturer.capture(self.layer_id, topk_ids)\n")
     assert vllm_ascend_physical_routes_bug(tmp_path).present is False

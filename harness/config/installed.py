@@ -225,10 +225,13 @@ def vllm_ascend_physical_routes_bug(root: Path | None = None) -> Detection:
     path = root / "ops" / "fused_moe" / "routed_experts.py"
     if not path.is_file():
         return Detection(False, f"{path.parent}: no routed_experts.py (the capture precedes log2phy in fused_moe.py)")
-    text = path.read_text(errors="replace")
+    fn = _function(path, "_select_experts")
+    if fn is None:
+        return Detection(None, f"{path}: no _select_experts to read")
+    text = ast.unparse(fn)  # that function's statements in order, comments and the rest of the file left out
     mapped, captured = text.find("log2phy[topk_ids]"), text.find(".capture(")
     if captured < 0:
-        return Detection(None, f"{path}: no capture call found")
+        return Detection(None, f"{path}: _select_experts makes no capture call")
     if 0 <= mapped < captured:
         return Detection(True, f"{path}: log2phy is applied to topk_ids before the routed-experts capture "
                                "(physical ids: vllm-ascend #13268)")

@@ -255,7 +255,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                "(835b4c8f1d) removes vllm_ascend/torchair and additional_config.torchair_graph_config"),
     KnownBug(
         # introduced by #13268 (main 5d6ddd906d), fixed by #13882 (main 63bd2c418c, 2026-08-12): no tag up to
-        # v0.25.1rc1 has either, so the version decides nothing for a named stack; installed, the source does
+        # v0.25.1rc1 has either. Installed, the source decides (the detector); a named stack newer than v0.25.1rc1
+        # is a possible hit (RISK) until a tag is read: a main build may carry #13268 without #13882
         id="vllm-ascend-routed-experts-physical-ids", component="vllm-ascend", affected=">0.25.1rc1",
         detector="vllm-ascend-physical-routes", breaks=False,
         when=((Condition(f"{_RO}.enable_rollout_routing_replay", "is", True, default=False), _EP),),
@@ -267,7 +268,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                "(#13268: topk_ids = self.log2phy[topk_ids] before capturer.capture; #13882 moves the capture); "
                "v0.20.2rc1 / v0.23.0 / v0.25.1rc1 capture in fused_moe.py apply, before log2phy (logical ids)"),
     KnownBug(
-        id="verl-ep-level-2-wake-stale-expert-map", component="vllm-ascend", affected="", also=(("verl", ""),),
+        # verl through 0.9.1 sleeps at level 1 on NPU (v0.9.0 third_party/vllm/__init__.py, vllm_async_server.py;
+        # main's _resolve_sleep_level alike): no released verl meets this; a later one sleeping at level 2 with EP
+        # would, so a newer verl is a possible hit until its sleep level is read
+        id="verl-ep-level-2-wake-stale-expert-map", component="vllm-ascend", affected="",
+        also=(("verl", ">0.9.1"),),
         breaks=False, when=((_EP, _SLEEP),),
         symptom="with expert parallelism, a wake from sleep level 2 leaves TokenDispatcherWithAll2AllV's "
                 "expert_ids_per_ep_rank (a plain tensor, not a buffer) discarded and the MoE parameters without "

@@ -308,22 +308,31 @@ class RouterGradients:
     router: nothing in the forward routes or log-probs shows it."""
 
     router: str
-    native: float
-    replay: float
-    rtol: float = 1e-5
+    native: float  # the native gradient's norm
+    replay: float  # the replayed one's norm
+    max_abs_diff: float  # their largest element-wise difference
+    rtol: float = 1e-5  # of the native norm
+
+    @classmethod
+    def of(cls, router: str, probe: dict, replay: str = "replay") -> RouterGradients:
+        """From the probe's `gradients_*` answer; `replay`: which replay ("replay", "replay_detached")."""
+        return cls(router=router, native=float(probe["native"]), replay=float(probe[replay]),
+                   max_abs_diff=float(probe[f"{replay}_max_abs_diff"]))
 
     @property
     def ok(self) -> bool:
-        return self.native > 0 and abs(self.replay - self.native) <= self.rtol * self.native
+        return self.native > 0 and self.max_abs_diff <= self.rtol * self.native
 
     def message(self) -> str:
         if self.native <= 0:
             return f"{self.router}: the native forward gives the router no gradient: the check could not fail"
         if self.ok:
-            return f"{self.router}: router grad norm {self.replay:.6g} under replay = {self.native:.6g} native"
+            return (f"{self.router}: the router's gradient under replay equals the native one (norm "
+                    f"{self.replay:.6g}, max |diff| {self.max_abs_diff:.3g})")
         dead = " -- the replay cut the router out of the graph (ISEEKYAN/Megatron-LM#79)" if self.replay == 0 else ""
-        return (f"{self.router}: router weight grad norm {self.replay:.6g} under R3 replay vs {self.native:.6g} from "
-                f"the native forward with the same routes (rtol {self.rtol:g}){dead}")
+        return (f"{self.router}: router weight gradient under R3 replay differs from the native forward's with the "
+                f"same routes by up to {self.max_abs_diff:.4g} (norms {self.replay:.6g} vs {self.native:.6g}; rtol "
+                f"{self.rtol:g} of the norm){dead}")
 
     def findings(self) -> tuple[Finding, ...]:
         return () if self.ok else (Finding("routing.router_gradients", "router.weight grad norm", self.router,

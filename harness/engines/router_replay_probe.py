@@ -18,10 +18,11 @@ and without the group limit, applies verl's patch, and runs each replay action v
 Each outcome is "ok" (replayed ids checked against the targets) or the exception's type and first line.
 
 `gradients` (R3's backward; ISEEKYAN/Megatron-LM#79: a replay that takes its scores from a path without gradient
-silently stops training the router): the router weight's gradient norm through a fixed weighting of the routing
-probs, from a native forward and from REPLAY_FORWARD of that forward's own routes (equal to float noise when the
-replay keeps the scores' graph), and from the same replay with its probs detached (the seeded Megatron-LM#79
-class, which must read 0). Each number, or the error the forward raised.
+silently stops training the router): the router weight's gradient through a fixed weighting of the routing probs,
+from a native forward and from REPLAY_FORWARD of that forward's own routes (equal to float noise when the replay
+keeps the scores' graph), and from the same replay with its probs detached (the seeded Megatron-LM#79 class, whose
+gradient is 0): each one's norm and its largest element-wise difference from the native gradient, or the error
+the forward raised.
 """
 from __future__ import annotations
 
@@ -72,8 +73,9 @@ def _run(router, action: str, rrp) -> str:
     return "ok"
 
 
-def _gradient_norm(router, rrp, hidden, weights, targets=None) -> tuple[float, object]:
-    """|d sum(probs * weights) / d router.weight| from one forward, native (targets None) or replaying `targets`."""
+def _gradient(router, rrp, hidden, weights, targets=None):
+    """d sum(probs * weights) / d router.weight (zeros where no graph reaches the router) from one forward, native
+    (targets None) or replaying `targets`; and the forward's routing map."""
     rrp.RouterReplay.clear_global_indices()
     rrp.RouterReplay.clear_global_router_replay_action()
     if targets is not None:
@@ -85,7 +87,8 @@ def _gradient_norm(router, rrp, hidden, weights, targets=None) -> tuple[float, o
     if loss.requires_grad:  # no graph back to the router at all: its gradient is nothing
         loss.backward()
     rrp.RouterReplay.clear_global_router_replay_action()
-    return float(router.weight.grad.norm()) if router.weight.grad is not None else 0.0, routing_map
+    grad = router.weight.grad
+    return (grad.detach().clone() if grad is not None else router.weight.detach() * 0), routing_map
 
 
 def _detached_replay(router_cls, rrp):
@@ -117,14 +120,17 @@ def _gradients(router, rrp) -> dict:
     hidden = torch.randn(6, 1, router.config.hidden_size, generator=gen)
     weights = torch.randn(6, router.config.num_moe_experts, generator=gen)
     try:
-        native, routing_map = _gradient_norm(router, rrp, hidden, weights)
+        native, routing_map = _gradient(router, rrp, hidden, weights)
         targets = torch.stack([row.nonzero().flatten() for row in routing_map])
-        replay, _ = _gradient_norm(router, rrp, hidden, weights, targets)
+        replay, _ = _gradient(router, rrp, hidden, weights, targets)
         with _detached_replay(type(router), rrp):
-            detached, _ = _gradient_norm(router, rrp, hidden, weights, targets)
+            detached, _ = _gradient(router, rrp, hidden, weights, targets)
     except Exception as exc:  # the outcome is the finding (core_r0.12.1's grouped router: NameError)
         return {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]}
-    return {"native": native, "replay": replay, "replay_detached": detached}
+    return {"native": float(native.norm()), "replay": float(replay.norm()),
+            "replay_max_abs_diff": float((replay - native).abs().max()),
+            "replay_detached": float(detached.norm()),
+            "replay_detached_max_abs_diff": float((detached - native).abs().max())}
 
 
 def probe() -> dict:

@@ -58,7 +58,7 @@ ROUTER_BIAS_STD = 0.1
 
 
 def random_state_dict(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, *,
-                      zero_router_bias: bool = False) -> dict[str, torch.Tensor]:
+                      zero_router_bias: bool = False, random_norms: bool = False) -> dict[str, torch.Tensor]:
     """Random weights with 1/sqrt(fan_in) scale so every activation is O(1): attention scores then span a
     few units, so a wrong softmax scale or a stale W_UV visibly changes the outputs (HF's 0.02 init would
     leave attention near-uniform and hide both bugs). Norm weights are 1.
@@ -66,13 +66,15 @@ def random_state_dict(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.flo
     The router bias differs per seed (a bias equal for every seed would hide a weight sync that leaves
     `e_score_correction_bias` behind; it is a buffer in transformers, so a sync of named_parameters() alone
     misses it). It is drawn from its own generator, so every other tensor is the same as with a zero bias;
-    `zero_router_bias=True` keeps the zero bias the committed tiny goldens were recorded with."""
+    `zero_router_bias=True` keeps the zero bias the committed tiny goldens were recorded with. `random_norms=True`:
+    norm weights 1 + 0.1 N(0, 1) per seed, from the bias generator (the Megatron sender suite: a norm mapped to the
+    wrong module or never sent must change a tensor)."""
     gen = torch.Generator().manual_seed(seed)
     bias_gen = torch.Generator().manual_seed(seed + 0x5EED)
     out = {}
     for name, shape in checkpoint_shapes(spec).items():
         if name.endswith("norm.weight"):
-            t = torch.ones(shape)
+            t = 1 + 0.1 * torch.randn(shape, generator=bias_gen) if random_norms else torch.ones(shape)
         elif name.endswith("e_score_correction_bias"):
             t = torch.zeros(shape) if zero_router_bias else ROUTER_BIAS_STD * torch.randn(shape, generator=bias_gen)
         elif name == "model.embed_tokens.weight":

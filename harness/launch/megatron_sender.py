@@ -51,9 +51,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import importlib.util
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,6 +71,7 @@ import torch
 
 WORLD = 4
 EXPORTERS = ("verl", "mbridge")
+COLLECTIVE_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ SENDER_BUGS = {
                       "DeepSeek-style; the reward collapses)",
     "pp-offset-lost": "the second PP stage exports its local layer numbers: its layers arrive named as the first "
                       "stage's (verl: get_transformer_layer_offset; mbridge: the local-to-global layer map)",
-    "bucket-drops-boundary": "the tensor that overflows a bucket is never sent (the bucket is flushed without it)",
+    "bucket-drops-boundary": "every bucket but the last loses its last tensor at the flush (verl's own packing and "
+                             "boundaries; the metadata sent at the boundary leaves the tensor out)",
     "ep-rank0-ids": "every EP rank's experts are exported with EP rank 0's global expert ids",
 }
 _LAYER = re.compile(r"(\.layers\.)(\d+)(\.)")
@@ -198,8 +203,9 @@ def _bridge(model_dir: str):
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_dir)
-    rope = dict(hf_config.rope_parameters)
-    hf_config.rope_theta, hf_config.rope_scaling = rope["rope_theta"], rope  # mbridge-rope-theta (docstring)
+    rope = getattr(hf_config, "rope_parameters", None)  # transformers 5; 4.x keeps rope_theta / rope_scaling
+    if rope:
+        hf_config.rope_theta, hf_config.rope_scaling = rope["rope_theta"], dict(rope)  # mbridge-rope-theta
     hf_config.num_nextn_predict_layers = 0  # the MTP layer is not part of the HF model the engines load
     bridge = auto_bridge.from_config(hf_config, dtype=torch.float32)
     bridge.set_extra_args(use_cpu_initialization=True, perform_initialization=True, moe_shared_expert_overlap=False,
@@ -269,6 +275,8 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
         mbridge_core.Bridge._weight_name_mapping_mcore_local_to_global = local_names
         return identity, new_sync
     if bug == "ep-rank0-ids":
+        if layout.ep < 2:
+            raise ValueError(f"--bug ep-rank0-ids needs expert parallelism: layout {layout} has EP 1")
         per_rank = bridge.config.num_moe_experts // layout.ep
 
         def rank0_ids(stream):
@@ -277,16 +285,7 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
                 yield (_with_index(name, _EXPERT, int(m.group(2)) % per_rank) if m else name), tensor
         return rank0_ids, new_sync
     if bug == "bucket-drops-boundary":
-        def drops(stream):  # BucketedWeightSender's packing rule, the overflowing tensor left out of both buckets
-            offset, filled = 0, 0
-            for name, tensor in stream:
-                offset = -(-offset // tensor.element_size()) * tensor.element_size()
-                if offset + tensor.nbytes > bucket_bytes and filled:
-                    offset, filled = 0, 0
-                    continue
-                offset, filled = offset + tensor.nbytes, filled + 1
-                yield name, tensor
-        return drops, new_sync
+        return identity, new_sync
     if bug is not None:
         raise ValueError(f"--bug {bug!r}: use one of {', '.join(SENDER_BUGS)}")
     return identity, new_sync
@@ -298,7 +297,9 @@ def _rank(rank: int, args) -> None:
     torch.set_num_threads(1)
     if not torch.cuda.is_available():  # this process only (harness.engines.megatron_probe): TE-less CPU build
         torch.cuda.current_device = lambda: "cpu"
-    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank, world_size=WORLD)
+    # a rank left in a collective by a dead peer gives up in minutes, not gloo's default 30
+    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     from megatron.core import parallel_state as mpu
 
     layout = LAYOUTS[args.layout]
@@ -319,7 +320,8 @@ def _rank(rank: int, args) -> None:
             for _ in stream:  # the collectives rank 0's export needs
                 pass
         else:
-            times.append(_send(wrap(stream), f"ipc://{args.socket_dir}/sync-{k}.sock", args.bucket_mb))
+            times.append(_send(wrap(stream), f"ipc://{args.socket_dir}/sync-{k}.sock", args.bucket_mb,
+                               _sender_class(args.bug)))
         dist.barrier()
     if rank == 0:
         from harness.io import write_json_atomic
@@ -333,6 +335,31 @@ def _accelerator() -> bool:
     from harness.config.hardware import npu_available
 
     return torch.cuda.is_available() or npu_available()
+
+
+def _sender_class(bug: str | None):
+    """verl's BucketedWeightSender, or with `bucket-drops-boundary` a subclass whose every bucket but the last
+    loses its last tensor when the sender flushes it: the metadata sent at the boundary leaves it out (the real
+    packing and boundaries, the bug at the flush)."""
+    real = _bucketed_transfer().BucketedWeightSender
+    if bug != "bucket-drops-boundary":
+        return real
+
+    class DropsAtBoundary(real):
+        def _init_socket(self):
+            super()._init_socket()
+            send = self.socket.send_pyobj
+
+            def send_pyobj(obj, *args, **kwargs):
+                if isinstance(obj, dict) and obj.get("is_last") is False and obj.get("bucket_meta"):
+                    meta = dict(obj["bucket_meta"])
+                    meta.pop(next(reversed(meta)))
+                    obj = {**obj, "bucket_meta": meta}
+                return send(obj, *args, **kwargs)
+
+            self.socket.send_pyobj = send_pyobj
+
+    return DropsAtBoundary
 
 
 def _bucketed_transfer():
@@ -353,13 +380,16 @@ def _bucketed_transfer():
     return sys.modules[name]
 
 
-def _send(stream: Iterator, handle: str, bucket_mb: int) -> dict:
-    """Send one sync through verl's BucketedWeightSender (shared memory); the time spent producing the tensors
-    (export) and the rest (transfer, which includes waiting for the receiver's acknowledgement of each bucket)."""
+def _send(stream: Iterator, handle: str, bucket_mb: int, sender_cls) -> dict:
+    """Send one sync through `sender_cls` (verl's BucketedWeightSender, shared memory): the time spent producing the
+    tensors (export) and the rest from the first tensor on (transfer, which includes waiting for the receiver's
+    acknowledgement of each bucket; not the receiver's connect, which waits for the previous sync's checks)."""
     export = [0.0, 0, 0]
+    first = []  # when the sender asks for its first tensor: the receiver has connected (its handshake is done)
 
     def timed():
         it = iter(stream)
+        first.append(time.perf_counter())
         while True:
             start = time.perf_counter()
             try:
@@ -370,10 +400,9 @@ def _send(stream: Iterator, handle: str, bucket_mb: int) -> dict:
             export[1], export[2] = export[1] + 1, export[2] + tensor.nbytes
             yield name, tensor
 
-    start = time.perf_counter()
-    sender = _bucketed_transfer().BucketedWeightSender(handle, bucket_size_mb=bucket_mb, use_shm=True)
+    sender = sender_cls(handle, bucket_size_mb=bucket_mb, use_shm=True)
     asyncio.run(sender.async_send_weights(timed()))
-    total = time.perf_counter() - start
+    total = time.perf_counter() - (first[0] if first else time.perf_counter())
     return {"export_s": export[0], "send_s": total - export[0], "tensors": export[1], "bytes": export[2]}
 
 
@@ -438,15 +467,20 @@ class SenderRun:
         cmd = [sys.executable, "-m", __name__, "--socket-dir", str(root), "--out", str(self._out),
                "--layout", self.layout, "--exporter", self.exporter, "--bucket-mb", str(self.bucket_mb),
                *(a for d in self.syncs for a in ("--sync", str(d))), *(("--bug", self.bug) if self.bug else ())]
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        # its own session: the four ranks it spawns go with it (os.killpg) whatever state they are in
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     def _sender_error(self) -> str:
-        from harness.io import read_json
-
-        with contextlib.suppress(Exception):
-            return read_json(self._out, missing="no answer").get("error") or f"exited {self._proc.returncode}"
-        return f"exited {self._proc.returncode} with no answer"
+        """The sender's one-line error, or its exit code and the last line of its log (the log goes with the
+        run's temporary directory)."""
+        with contextlib.suppress(OSError, ValueError):
+            error = json.loads(Path(self._out).read_text()).get("error")
+            if error:
+                return error
+        self._log.flush()
+        tail = [ln for ln in Path(self._log.name).read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        return f"exited {self._proc.returncode}" + (f"; its log ends: {tail[0][:300]}" if tail else "")
 
     def receive(self, engine) -> Received:
         from harness.errors import HarnessError
@@ -485,10 +519,12 @@ class SenderRun:
         thread = threading.Thread(target=run, daemon=True, name="sync-receiver")
         thread.start()
         deadline = time.monotonic() + self.timeout_s
-        while thread.is_alive():
+        while True:
             thread.join(0.2)
-            if self._proc.poll() not in (None, 0):
-                raise HarnessError(f"Megatron sender ({self.exporter}, {self.layout}) failed at sync "
+            if not thread.is_alive():
+                break
+            if self._proc.poll() is not None:  # gone while this sync is still owed: failed, or exited early
+                raise HarnessError(f"Megatron sender ({self.exporter}, {self.layout}) stopped at sync "
                                    f"{self._next + 1}: {self._sender_error()}")
             if time.monotonic() > deadline:
                 raise HarnessError(f"Megatron sender: sync {self._next + 1} not received in {self.timeout_s:.0f} s")
@@ -504,20 +540,23 @@ class SenderRun:
 
     def __exit__(self, *exc) -> None:
         from harness.errors import HarnessError
-        from harness.io import read_json
 
         try:
             code = self._proc.wait(timeout=60 if exc[0] is None else 5)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
             code = self._proc.wait()
-        self._log.close()
         try:
             if exc[0] is None:
                 if code != 0:
                     raise HarnessError(f"Megatron sender ({self.exporter}, {self.layout}): {self._sender_error()}")
-                self.phases = read_json(self._out, missing="the sender wrote no timings")["syncs"]
+                try:
+                    self.phases = json.loads(Path(self._out).read_text())["syncs"]
+                except (OSError, ValueError, KeyError) as err:
+                    raise HarnessError(f"Megatron sender exited 0 without its timings ({err})") from None
         finally:
+            self._log.close()
             self._tmp.cleanup()
 
 

@@ -67,8 +67,8 @@ class StreamCheck:
         if self.stale:
             layers = {int(m.group(1)) for n in self.stale if (m := _INDEX["layer"].search(n))}
             out.append(f"stale: {len(self.stale)} tensors (layers {_span(layers) if layers else '-'}) are an earlier "
-                       "sync's values: a sender-side cache not refreshed across syncs (NovaSky-AI/SkyRL#1345: "
-                       "cached PP-stage metadata, PP > 1)")
+                       "sync's values: consistent with a sender-side cache not refreshed across syncs (with PP > 1, "
+                       "NovaSky-AI/SkyRL#1345's cached PP-stage metadata)")
         by_kind = collections.defaultdict(set)
         for sent_as, really in self.misnamed:
             kind = _shift(sent_as, really)
@@ -78,12 +78,13 @@ class StreamCheck:
         if "layer" in by_kind:
             pairs = sorted(by_kind["layer"])
             out.append(f"misnamed: layers {_span(a for a, _ in pairs)} arrived as layers {_span(b for _, b in pairs)}: "
-                       "a pipeline stage's layer offset was lost (its local layer numbers exported as global)")
+                       "consistent with a pipeline stage's layer offset lost (its local layer numbers exported as "
+                       "global)")
         if "expert" in by_kind:
             pairs = sorted(by_kind["expert"])
             out.append(f"misnamed: experts {_span(a for a, _ in pairs)} arrived as experts "
-                       f"{_span(b for _, b in pairs)}: an EP rank's experts exported with another rank's global "
-                       "expert ids")
+                       f"{_span(b for _, b in pairs)}: consistent with an EP rank's experts exported with another "
+                       "rank's global expert ids")
         other = [p for p in self.misnamed if not _shift(*p)]
         if other:
             out.append(f"misnamed: {len(other)} tensors under another weight's name, e.g. {other[0][1]} sent as "
@@ -91,7 +92,7 @@ class StreamCheck:
         if self.duplicate:
             out.append(f"duplicate: {len(self.duplicate)} names sent more than once, e.g. {self.duplicate[0]}")
         if self.missing:
-            boundary = (" -- one per bucket boundary: the tensor that overflowed a bucket was never sent"
+            boundary = (" -- as many as bucket boundaries: consistent with a bucket's last tensor lost at each flush"
                         if len(self.missing) == self.buckets - 1 else "")
             out.append(f"missing: {len(self.missing)} of {self.expected} tensors never sent, e.g. {self.missing[0]}"
                        + boundary)

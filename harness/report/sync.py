@@ -21,7 +21,8 @@ class SyncVerdict:
 
     @property
     def late(self) -> tuple[str, ...]:
-        return tuple(p for p, s in self.phases.items() if p in self.budget and s > self.budget[p])
+        """Budgeted phases over their budget, or not recorded at all (a sync that timed nothing cannot pass)."""
+        return tuple(p for p, b in self.budget.items() if p not in self.phases or self.phases[p] > b)
 
     @property
     def state(self) -> str:
@@ -36,14 +37,15 @@ class SyncVerdict:
 
 
 def sync_verdicts(report) -> list[SyncVerdict]:
-    """One verdict per recorded sync (malformed records are left out: the report page shows them raw)."""
+    """One verdict per recorded sync (a record without a list of syncs is left out)."""
     from harness.config.platforms import PLATFORMS
 
     out = []
     for nodeid, doc in report.properties("sync.phases"):
         if not isinstance(doc, dict) or not isinstance(doc.get("syncs"), list):
             continue
-        facts = PLATFORMS.get(doc.get("platform"))
+        platform = doc.get("platform")
+        facts = PLATFORMS.get(platform) if isinstance(platform, str) else None
         budget = dict(facts.sync_phase_budget_s) if facts else {}
         for k, phases in enumerate(doc["syncs"], 1):
             if not isinstance(phases, dict):

@@ -77,7 +77,7 @@ def test_router_replay_keeps_the_router_gradient(verl_replay, router, record_pro
     grads = verl_replay[f"gradients_{router}"]
     record_property("routing.router_gradients", {"router": router, **grads})
     assert "error" not in grads, grads["error"] if "error" in grads else grads
-    expect(RouterGradients(router=router, native=grads["native"], replay=grads["replay"]))
+    expect(RouterGradients.of(router, grads))
 
 
 def test_verl_router_replay_works_without_the_group_limit(verl_replay):
