@@ -138,7 +138,7 @@ def test_three_runs_that_agree_closely_cannot_shrink_the_band_to_nothing():
     assert trusting_spread < 0.01 < 0.1 < shrunk and "spread of 3 runs" in how
 def test_band_allows_a_stretch_of_outliers_not_more(gpu_baseline):
     def spiky(steps):
-        return lambda s: gpu_like(s) + (0.5 if s in steps else 0.0)
+        return lambda s: gpu_like(s) - (0.5 if s in steps else 0.0)  # a lower reward: the side that fails
 
     assert curves.compare(make_run("stretch", spiky(set(range(18, 24))), seed=7), gpu_baseline).passed
     bad = curves.compare(make_run("spikes", spiky(set(range(16, 23))), seed=7), gpu_baseline)
@@ -282,7 +282,7 @@ def test_a_run_too_short_for_a_statistic_is_not_judged_on_it(gpu_baseline):
     window = next(v for v in short.verdicts if v.statistic == "window-mean")
     assert "not judged: run too short" in window.detail and "it has 4 of its 10 steps" in window.detail
     assert "2 not judged (2 for a run too short)" in short.summary()
-    broken = curves.compare(make_run("short-broken", lambda s: gpu_like(s) + 0.5, steps=3, seed=5), gpu_baseline)
+    broken = curves.compare(make_run("short-broken", lambda s: gpu_like(s) - 0.5, steps=3, seed=5), gpu_baseline)
     expected = "1 failed (critic/rewards/mean band), 2 passed, 2 not judged (2 for a run too short); 5 reference runs"
     assert broken.summary().split(": ")[1:3] == ["MISALIGNED", expected]
 
@@ -296,8 +296,12 @@ def test_window_counts_from_the_first_logged_step_of_a_resumed_run():
     assert alignment.passed, alignment.summary()
     where = {v.statistic: v.where for v in alignment.verdicts}
     assert where["window-mean"] == "steps 105-114" and where["trend"] == "steps 101-110"
-    shifted = curves.compare(make_run("shifted", lambda s: gpu_like(s) + 0.2, steps=30, first=101, seed=41), refs)
+    shifted = curves.compare(make_run("shifted", lambda s: gpu_like(s) - 0.2, steps=30, first=101, seed=41), refs)
     assert {"window-mean"} <= {v.statistic for v in shifted.failures}
+    # one-sided (curves.BETTER_SIDE): the same shift upward is a run that learned more, said, not failed
+    better = curves.compare(make_run("better", lambda s: gpu_like(s) + 0.2, steps=30, first=101, seed=41), refs)
+    window = next(v for v in better.verdicts if v.statistic == "window-mean")
+    assert better.passed and window.passed and "(above: better)" in window.detail, better.summary()
     short = curves.compare(make_run("short", gpu_like, steps=8, first=101, seed=42), refs)
     window = next(v for v in short.verdicts if v.statistic == "window-mean")
     assert "logged steps 101-108: it cannot fill the window 105-114" in window.detail and window.passed is None
