@@ -1,7 +1,8 @@
 """The NPU nightly's orchestration rehearsed on this CPU: what the container, the workflow and ci/nightly.sh give a
 night, checked without NPU kernels. Each case reproduces a blocker of the third NPU review and fails with its fix
-reverted (the install set: tests/test_requirements.py; the batch-invariance claim: tests/test_mla_seeded.py; verl's
-ray.init merge on a local Ray cluster: tests/test_launch_local.py)."""
+reverted (the install set: tests/test_requirements.py; the batch-invariance claim: tests/test_mla_seeded.py). The
+cluster cases run on a multi-node Ray cluster of this host (harness.launch.cluster): a head, a worker and a runner,
+each with its own network namespace and disk, one shared directory, jobs placed on the worker."""
 from __future__ import annotations
 
 import os
@@ -100,3 +101,60 @@ def test_tox_passes_the_cluster_runs_inputs():
     passed = [p.strip() for p in tox["testenv:npu"]["passenv"].split(",")]
     for name in (RUN_ROOT_ENV, MODEL_DIR_ENV, DATA_DIR_ENV, "RAY_ADDRESS", "NPU_STACK"):
         assert any(fnmatch.fnmatchcase(name, p) for p in passed), f"tox -e npu drops {name}"
+
+
+def _job(proof: dict, name: str) -> dict:
+    return proof["runner"]["jobs"][name]
+
+
+def test_the_runner_is_a_container_without_ip_or_privileges(cluster_rehearsal):
+    """The NPU container's view: no iproute2 or unshare on PATH, no capabilities, its own host name, interface and
+    disk; the loopback-only local cluster refuses to start there in one line (blocker 5's premise)."""
+    seen, nodes = cluster_rehearsal["runner"], cluster_rehearsal["nodes"]
+    assert seen["ip"] is None and seen["unshare"] is None and seen["cap_eff"] == 0, seen
+    assert seen["hostname"] == "runner" and seen["interfaces"] == ["eth0", "lo"], seen
+    assert "unshare and ip not found" in seen["local_cluster"], seen["local_cluster"]
+    assert len(set(nodes.values())) == 3
+
+
+def test_a_job_on_the_worker_writes_where_the_runner_reads(cluster_rehearsal):
+    """Blocker 6, fixed: the job's driver runs on the worker (not the runner), verl's FileLogger writes under
+    HARNESS_RUN_ROOT on the shared directory, and the runner's launcher reads every step there."""
+    from harness.metrics.ingest import load_run
+
+    result, nodes = _job(cluster_rehearsal, "shared-root"), cluster_rehearsal["nodes"]
+    assert result["driver_ip"] == nodes["worker"], result
+    assert result["verdict"] == "succeeded" and result["ok"], result["message"]
+    run_dir = Path(result["run_dir"])
+    assert run_dir.is_relative_to(cluster_rehearsal["shared"]), run_dir
+    assert load_run(run_dir).steps == tuple(range(1, result["total_steps"] + 1))
+
+
+def test_a_run_root_only_the_runner_sees_ends_failed(cluster_rehearsal):
+    """Blocker 6, reverted: the run directory resolved as before the fix (the runner's own `runs/`). The job
+    succeeds on the worker and its metrics land on the worker's own disk, so the runner reads 0 steps and the
+    launch ends FAILED; the CLI, with the fix, refuses a cluster address without a shared run root up front."""
+    result = _job(cluster_rehearsal, "runner-local-root")
+    assert result["verdict"] == "failed" and result["steps_done"] == 0, result
+    assert result["message"] == f"the job exited 0 but logged 0 of {result['total_steps']} steps", result["message"]
+    relative = str(Path(result["run_dir"]).relative_to("/tmp") / "metrics.jsonl")
+    disks = cluster_rehearsal["disks"]
+    assert relative in disks["worker"] and relative not in disks["runner"], (relative, disks)
+    refused = cluster_rehearsal["runner"]["cli_without_run_root"]
+    assert refused["exit"] == 2 and "HARNESS_RUN_ROOT unset" in refused["stderr"], refused
+
+
+def test_verl_ray_init_on_the_worker_with_a_recipe_that_exports_determinism_variables(cluster_rehearsal):
+    """Point 8: verl 0.9.1's ray.init (trainer/constants_ppo.py get_ppo_ray_runtime_env re-adds PYTHONHASHSEED,
+    VLLM_BATCH_INVARIANT, NCCL_ALGO, ...) in a job driver on the worker. With those in the job's runtime env Ray 2.60
+    refuses the merge (the fix reverted); in the entrypoint's environment (harness.launch.jobs.split_verl_env) it
+    runs."""
+    from harness.metrics.keys import JOB_LOG_FILE
+
+    fixed, merged = (_job(cluster_rehearsal, name) for name in ("verl_env", "verl_env_merged"))
+    assert fixed["driver_ip"] == merged["driver_ip"] == cluster_rehearsal["nodes"]["worker"]
+    # the drivers train nothing: the fixed one exits 0 (logging no step), the seeded one dies in ray.init
+    assert fixed["message"].startswith("the job exited 0"), fixed["message"]
+    assert "verl ray.init: merged" in (Path(fixed["run_dir"]) / JOB_LOG_FILE).read_text()
+    assert merged["verdict"] == "failed" and not merged["message"].startswith("the job exited 0"), merged["message"]
+    assert "Failed to merge the Job's runtime env" in (Path(merged["run_dir"]) / JOB_LOG_FILE).read_text()

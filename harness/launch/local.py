@@ -182,29 +182,6 @@ STALLING_ENTRYPOINT = ("python -c \"import json, os, time; log = open(os.environ
                        "print('seeded stall after step 1', flush=True); time.sleep(600)\"")
 
 
-# verl 0.9.1's own `ray.init` runtime env (trainer/constants_ppo.py get_ppo_ray_runtime_env), as a job driver: with a
-# recipe that exports verl's determinism variables, Ray 2.60 refuses to merge it with the job's runtime env unless
-# those travel in the entrypoint's environment (harness.launch.jobs.split_verl_env; the proof runs both ways).
-VERL_INIT_ENTRYPOINT = ("python -c \"import ray; from verl.trainer.constants_ppo import get_ppo_ray_runtime_env; "
-                        "ray.init(runtime_env=get_ppo_ray_runtime_env()); print('verl ray.init: merged')\"")
-DETERMINISM_ENV = {"PYTHONHASHSEED": "0", "VLLM_BATCH_INVARIANT": "0", "NCCL_ALGO": "Ring", "HARNESS_X": "1"}
-
-
-def verl_init_jobs(out: Path) -> dict:
-    """Two drivers running verl's ray.init under a recipe that exports DETERMINISM_ENV: `verl_env` as
-    harness.launch.jobs.verl_job submits it (the split), `verl_env_merged` with all of it in the job's runtime env
-    (the bug: Ray's "Failed to merge the Job's runtime env")."""
-    from harness.launch.jobs import split_verl_env
-    from harness.launch.ray_job import JobSpec
-
-    job_env, verl_env = split_verl_env(DETERMINISM_ENV)
-    prefix = " ".join(f"{k}={v}" for k, v in verl_env.items())
-    return {"verl_env": JobSpec("verl_env", f"env {prefix} {VERL_INIT_ENTRYPOINT}", str(out / "verl_env"), 1,
-                                env=job_env, working_dir=None),
-            "verl_env_merged": JobSpec("verl_env_merged", VERL_INIT_ENTRYPOINT, str(out / "verl_env_merged"), 1,
-                                       env=DETERMINISM_ENV, working_dir=None)}
-
-
 @contextmanager
 def cpu_hog(processes: int):
     """`processes` busy-looping interpreters for the duration (killed on exit, whatever happened)."""
@@ -282,11 +259,6 @@ def prove(out_dir: str | Path, *, steps: int = 2, timeout_s: float = 240.0, hog:
         with cpu_hog(hog), ThreadPoolExecutor(len(jobs)) as pool:  # concurrently: the proof stays near a minute
             results = dict(zip(jobs, pool.map(run, jobs), strict=True))
         terminated = terminate_a_launcher(url, out / "terminated")
-        # then verl's ray.init both ways, on the same cluster (each driver imports torch: not beside the lab job)
-        jobs.update({name: (spec, timeout_s) for name, spec in verl_init_jobs(out).items()})
-        with ThreadPoolExecutor(2) as pool:
-            results.update(zip(("verl_env", "verl_env_merged"), pool.map(run, ("verl_env", "verl_env_merged")),
-                               strict=True))
         t = time.monotonic()
     times["cluster_stop_s"] = time.monotonic() - t
     proof = {"interfaces": seen, "pid": os.getpid(), "hog_processes": hog, "ray_temp_dir": LAST_TEMP_DIR[0],

@@ -1,0 +1,363 @@
+"""A multi-node Ray cluster on one CPU host, shaped like the NPU nightly's (issue 29): the nightly's cluster
+orchestration rehearsed without its kernels.
+
+    python -m harness.launch.cluster --out DIR      (inside harness.launch.local.run_isolated's namespaces)
+
+Inside run_isolated's namespaces (the "fabric": no interface to the host's network), every node is a process in
+network, mount and UTS namespaces of its own. A veth pair wires each one to a bridge (10.77.0.0/24). Each node
+also has its own disk: its /tmp is a directory of its own (DIR/disks/<node>/tmp) and /dev/shm a tmpfs of its own.
+Only the declared shared directory (DIR/shared) is visible on every node, at the same absolute path, the way a
+cluster mounts NFS or OBS. The nodes:
+  head    10.77.0.1  `ray start --head` (GCS, dashboard, Jobs API)
+  worker  10.77.0.2  `ray start --address head` with the custom resource `rh_worker`: every job's driver runs here
+  runner  10.77.0.3  no Ray: the CI runner, as the NPU container gives it. No iproute2 or unshare on its PATH, no
+                     capabilities (setpriv drops them all), its working directory on its own disk. It submits and
+                     watches the jobs through the harness's own launcher, over the bridge, as the nightly does.
+
+The runner (`runner`, RUNNER_CHECKS) launches each job twice: once with the fix and once with the fix reverted.
+  run root     the lab job (verl's FileLogger) under HARNESS_RUN_ROOT on the shared directory (the fix,
+               harness.launch.jobs.shared_run_root), and under the runner's own `runs/`, which is how the run
+               directory was resolved before the fix (blocker 6: the job writes on the worker's disk, the runner
+               reads 0 steps). The CLI's refusal of a cluster address without a shared run root is checked too.
+  ray.init     verl 0.9.1's own `ray.init` under a recipe that exports verl's determinism variables, split as
+               harness.launch.jobs.verl_job submits it, and merged into the job's runtime env (point 8: Ray 2.60's
+               "Failed to merge the Job's runtime env").
+It writes what it saw to DIR/shared/runner.json. The fabric adds what each node's disk holds, and writes
+DIR/cluster.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import BadInput
+from harness.launch import local
+
+SUBNET = "10.77.0"
+BRIDGE, BRIDGE_IP = "rh-fabric", f"{SUBNET}.254"
+NODES = {"head": f"{SUBNET}.1", "worker": f"{SUBNET}.2", "runner": f"{SUBNET}.3"}
+WORKER_RESOURCE = "rh_worker"
+DASHBOARD = f"http://{NODES['head']}:{local.DASHBOARD_PORT}"
+PRIVATE_DIRS = ("/tmp",)  # a node's own disk; /dev/shm gets a tmpfs of its own
+NODE_CWD, NODE_HOME = "/tmp/work", "/tmp/home"
+OBJECT_STORE_BYTES = 200 * 2**20
+STEPS = 2
+JOB_TIMEOUT_S = 240.0
+RUNNER_FILE, PROOF_FILE = "runner.json", "cluster.json"
+NODE_ENV = "HARNESS_NODE_ENV"  # the environment a node's command runs with (JSON), set by start_node
+
+
+def _ip(*argv: str) -> None:
+    done = subprocess.run(["ip", *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BadInput(f"`ip {' '.join(argv)}` failed: {local._last_line(done.stderr)} (the multi-node rehearsal "
+                       "needs veth and bridge support in the kernel)")
+
+
+def _mount(*argv: str) -> None:
+    done = subprocess.run(["mount", *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BadInput(f"`mount {' '.join(argv)}` failed: {local._last_line(done.stderr)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# One node: its own network, mount and UTS namespaces (started by `start_node` under unshare)
+
+def become_node(name: str, ip: str, disk: Path, shared: Path) -> None:
+    """Inside the node's fresh namespaces, once the fabric has moved `eth0` in: address it, name the host, and give
+    the node its own disk, on which `shared` stays visible at its own path."""
+    _ip("link", "set", "lo", "up")
+    _ip("addr", "add", f"{ip}/24", "dev", "eth0")
+    _ip("link", "set", "eth0", "up")
+    socket.sethostname(name)
+    for mount_point in PRIVATE_DIRS:
+        own = disk / mount_point.strip("/")
+        own.mkdir(parents=True, exist_ok=True)
+        if shared.is_relative_to(mount_point):  # keep the shared directory at its path on the node's own disk
+            inside = own / shared.relative_to(mount_point)
+            inside.mkdir(parents=True, exist_ok=True)
+            _mount("--bind", str(shared), str(inside))
+        _mount("--rbind", str(own), mount_point)
+    _mount("-t", "tmpfs", "-o", "size=1g", "tmpfs", "/dev/shm")
+    for path in (NODE_CWD, NODE_HOME):
+        Path(path).mkdir(parents=True, exist_ok=True)
+    os.chdir(NODE_CWD)
+
+
+def start_node(name: str, argv: list[str], *, disk: Path, shared: Path, env: dict[str, str], log: Path
+               ) -> subprocess.Popen:
+    """Start node `name` running `argv` (in its namespaces, on its own disk), wired to the fabric's bridge."""
+    disk.mkdir(parents=True, exist_ok=True)
+    node = subprocess.Popen(
+        ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "--", sys.executable, "-m",
+         "harness.launch.cluster", "node", "--name", name, "--disk", str(disk), "--shared", str(shared), "--", *argv],
+        # the node's set-up runs with the fabric's tools (ip, mount); `argv` with `env` only
+        env={**os.environ, NODE_ENV: json.dumps({**env, "HOME": NODE_HOME})}, stdin=subprocess.PIPE,
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd="/")
+    try:
+        _wait_for_own_netns(node)  # else the peer lands in the fabric's namespace: unshare(2) may not have run yet
+        _ip("link", "add", f"rh-{name}", "type", "veth", "peer", "name", "eth0", "netns", str(node.pid))
+        _ip("link", "set", f"rh-{name}", "master", BRIDGE, "up")
+        node.stdin.write(b"wired\n")
+        node.stdin.close()
+    except BaseException:
+        node.kill()
+        raise
+    return node
+
+
+def _wait_for_own_netns(node: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.readlink(f"/proc/{node.pid}/ns/net") != ours:
+                return
+        except OSError:
+            pass
+        if node.poll() is not None or time.monotonic() > deadline:
+            raise BadInput(f"unshare of node pid {node.pid} never entered a network namespace of its own "
+                           f"(exit {node.poll()})")
+        time.sleep(0.05)
+
+
+def _node_main(args: argparse.Namespace) -> None:
+    sys.stdin.readline()  # the fabric has moved eth0 into this network namespace
+    become_node(args.name, NODES[args.name], Path(args.disk), Path(args.shared))
+    os.execvpe(args.argv[0], args.argv, json.loads(os.environ[NODE_ENV]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The runner: the NPU container's view (no ip, no unshare, no capabilities), the nightly's launcher
+
+def _effective_capabilities() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return -1
+
+
+# verl 0.9.1's own `ray.init` runtime env (trainer/constants_ppo.py get_ppo_ray_runtime_env), as a job driver: with a
+# recipe that exports verl's determinism variables, Ray 2.60 refuses to merge it with the job's runtime env unless
+# those travel in the entrypoint's environment (harness.launch.jobs.split_verl_env; the runner launches it both ways).
+VERL_INIT_ENTRYPOINT = ("python -c \"import ray; from verl.trainer.constants_ppo import get_ppo_ray_runtime_env; "
+                        "ray.init(runtime_env=get_ppo_ray_runtime_env()); print('verl ray.init: merged')\"")
+DETERMINISM_ENV = {"PYTHONHASHSEED": "0", "VLLM_BATCH_INVARIANT": "0", "NCCL_ALGO": "Ring", "HARNESS_X": "1"}
+
+
+def verl_init_jobs(out: Path) -> dict:
+    """Two drivers running verl's ray.init under a recipe that exports DETERMINISM_ENV: `verl_env` as
+    harness.launch.jobs.verl_job submits it (the split), `verl_env_merged` with all of it in the job's runtime env
+    (the bug: Ray's "Failed to merge the Job's runtime env")."""
+    from harness.launch.jobs import split_verl_env
+    from harness.launch.ray_job import JobSpec
+
+    job_env, verl_env = split_verl_env(DETERMINISM_ENV)
+    prefix = " ".join(f"{k}={v}" for k, v in verl_env.items())
+    return {"verl_env": JobSpec("verl_env", f"env {prefix} {VERL_INIT_ENTRYPOINT}", str(out / "verl_env"), 1,
+                                env=job_env, working_dir=None),
+            "verl_env_merged": JobSpec("verl_env_merged", VERL_INIT_ENTRYPOINT, str(out / "verl_env_merged"), 1,
+                                       env=DETERMINISM_ENV, working_dir=None)}
+
+
+def runner_jobs(shared_root: Path, local_root: Path) -> dict:
+    """The runner's jobs, each with its driver on the worker: the lab under the shared run root (the fix) and
+    under the runner's own `runs/` (the run root before it), and verl's ray.init split and merged."""
+    from harness.launch.jobs import lab_job
+
+    jobs = {"shared-root": lab_job(shared_root / "lab", steps=STEPS),
+            "runner-local-root": lab_job(local_root / "lab", steps=STEPS),
+            **verl_init_jobs(shared_root)}
+    return {name: dataclasses.replace(spec, entrypoint_resources={WORKER_RESOURCE: 1}) for name, spec in jobs.items()}
+
+
+def run_runner(address: str, out: Path) -> dict:
+    """What the runner sees and what its launches end as (written to `out`)."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_nodes
+    from rich.console import Console
+
+    from harness.io import write_json_atomic
+    from harness.launch.jobs import RUN_ROOT_ENV, shared_run_root
+    from harness.launch.ray_job import launch
+
+    seen = {"hostname": socket.gethostname(), "interfaces": local.interfaces(), "cwd": os.getcwd(),
+            "ip": shutil.which("ip"), "unshare": shutil.which("unshare"), "cap_eff": _effective_capabilities()}
+    try:
+        local.run_isolated(["true"])
+        seen["local_cluster"] = "started"
+    except BadInput as exc:
+        seen["local_cluster"] = str(exc)
+    env = {k: v for k, v in os.environ.items() if k != RUN_ROOT_ENV}  # the fix at the door: the CLI refuses it
+    refused = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "--scale", "tiny", "--ray-address",
+                              address], env=env, capture_output=True, text=True, timeout=120, check=False)
+    seen["cli_without_run_root"] = {"exit": refused.returncode, "stderr": refused.stderr.strip()[-600:]}
+    jobs = runner_jobs(shared_run_root(), Path("runs").resolve())
+
+    def run(name: str) -> dict:
+        result = launch(address, jobs[name], timeout_s=JOB_TIMEOUT_S, poll_s=1.0, node_check_s=2.0,
+                        console=Console(file=io.StringIO()))
+        return {**dataclasses.asdict(result), "ok": result.ok}
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = dict(zip(jobs, pool.map(run, jobs), strict=True))
+    client = JobSubmissionClient(address)
+    ips = {n.node_id: n.node_ip for n in list_nodes(address=address, timeout=30, raise_on_missing_output=False)}
+    for result in results.values():
+        result["driver_ip"] = ips.get(client.get_job_info(result["job_id"]).driver_node_id)
+    seen["jobs"] = results
+    write_json_atomic(out, seen)
+    return seen
+
+
+def _runner_main(args: argparse.Namespace) -> None:
+    run_runner(args.address, Path(args.out))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fabric: the bridge, the three nodes, the evidence
+
+def _ray_env() -> dict[str, str]:
+    env = local.isolated_env(dict(os.environ))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(RAY_health_check_initial_delay_ms="1000", RAY_health_check_period_ms="1000",
+               RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
+    return env
+
+
+def _wait_for_nodes(count: int, timeout_s: float = 90.0) -> None:
+    from harness.launch.ray_job import _alive_nodes
+
+    deadline = time.monotonic() + timeout_s
+    while len(_alive_nodes(DASHBOARD) or ()) < count:
+        if time.monotonic() > deadline:
+            raise BadInput(f"the worker node did not join the head at {DASHBOARD} in {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def _stop(node: subprocess.Popen) -> None:
+    if node.poll() is None:
+        node.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes on SIGTERM
+        try:
+            node.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
+def _files(root: Path) -> list[str]:
+    """The files under `root`, relative, without Ray's own session directory (hundreds of logs and sockets)."""
+    if not root.is_dir():
+        return []
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0]
+                  != "ray")
+
+
+def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
+    """Inside run_isolated: bring up the fabric and its nodes, let the runner launch its jobs, stop the cluster,
+    and write `cluster.json` in `out_dir` (also when the fabric cannot be built: {"unsupported": why})."""
+    from harness.io import write_json_atomic
+
+    out = Path(out_dir)
+    shared, disks, logs = out / "shared", out / "disks", out / "logs"
+    for path in (shared, disks, logs):
+        path.mkdir(parents=True, exist_ok=True)
+    setpriv = shutil.which("setpriv")
+    if not local.isolated() or setpriv is None:
+        raise BadInput("the multi-node rehearsal runs inside run_isolated's namespaces and needs util-linux setpriv")
+    try:
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+    except BadInput as exc:
+        proof = {"unsupported": str(exc)}
+        write_json_atomic(out / PROOF_FILE, proof)
+        return proof
+    env, ray = _ray_env(), str(Path(sys.executable).with_name("ray"))
+    common = ["--block", "--disable-usage-stats", "--num-cpus", "4", "--object-store-memory",
+              str(OBJECT_STORE_BYTES)]
+    t0 = time.monotonic()
+    times: dict[str, float] = {}
+    nodes: list[subprocess.Popen] = []
+    try:
+        nodes.append(start_node("head", [ray, "start", "--head", "--node-ip-address", NODES["head"],
+                                         "--dashboard-host", NODES["head"], "--dashboard-port",
+                                         str(local.DASHBOARD_PORT), "--include-dashboard", "true", "--num-gpus", "0",
+                                         *common], disk=disks / "head", shared=shared, env=env,
+                                log=logs / "head.log"))
+        local._wait_for_job_server(DASHBOARD, timeout_s=120.0)
+        times["head_s"] = time.monotonic() - t0
+        nodes.append(start_node("worker", [ray, "start", "--address", f"{NODES['head']}:6379", "--node-ip-address",
+                                           NODES["worker"], "--resources", json.dumps({WORKER_RESOURCE: 1}),
+                                           *common], disk=disks / "worker", shared=shared, env=env,
+                                log=logs / "worker.log"))
+        _wait_for_nodes(2)
+        times["worker_s"] = time.monotonic() - t0 - times["head_s"]
+        runner_env = {"PATH": str(Path(sys.executable).parent), "HARNESS_RUN_ROOT": str(shared),
+                      "RAY_USAGE_STATS_ENABLED": "0", "LANG": "C.UTF-8"}
+        # no capabilities: as an unprivileged container's root (cannot unshare, mount or add links)
+        runner = start_node("runner", [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
+                                       "--no-new-privs", "--", sys.executable, "-m", "harness.launch.cluster",
+                                       "runner", "--address", DASHBOARD, "--out", str(shared / RUNNER_FILE)],
+                            disk=disks / "runner", shared=shared, env=runner_env, log=logs / "runner.log")
+        nodes.append(runner)
+        t = time.monotonic()
+        runner_exit = runner.wait(timeout=timeout_s)
+        times["runner_s"] = time.monotonic() - t
+    finally:
+        for node in reversed(nodes):
+            _stop(node)
+    try:
+        seen = json.loads((shared / RUNNER_FILE).read_text())
+    except (OSError, ValueError):
+        tail = (logs / "runner.log").read_text(errors="replace")[-2000:]
+        raise BadInput(f"the runner exited {runner_exit} without {shared / RUNNER_FILE}; its log ends:\n{tail}"
+                       ) from None
+    proof = {"runner": seen, "runner_exit": runner_exit, "nodes": NODES, "shared": str(shared), "times": times,
+             "disks": {name: _files(disks / name / "tmp") for name in NODES}, "shared_files": _files(shared)}
+    write_json_atomic(out / PROOF_FILE, proof)
+    return proof
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.launch.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="the fabric: write cluster.json (and the nodes' disks and logs) here")
+    sub = parser.add_subparsers(dest="role")
+    node = sub.add_parser("node")
+    node.add_argument("--name", choices=tuple(NODES), required=True)
+    node.add_argument("--disk", required=True)
+    node.add_argument("--shared", required=True)
+    node.add_argument("argv", nargs=argparse.REMAINDER)
+    runner = sub.add_parser("runner")
+    runner.add_argument("--address", required=True)
+    runner.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        if args.role == "node":
+            args.argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            _node_main(args)
+        elif args.role == "runner":
+            _runner_main(args)
+        elif args.out:
+            prove(args.out)
+        else:
+            parser.error("--out is required")
+    except BadInput as exc:
+        print(f"python -m harness.launch.cluster: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
