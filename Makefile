@@ -21,10 +21,12 @@ lint: bootstrap
 
 # The NPU nightly's orchestration rehearsed on this CPU (no NPU kernels): the install set against verl's V1 imports,
 # the NPU container without iproute2, the nightly's tiny-verl split and shared run root, a strict-hardware batch-
-# invariance night, verl's ray.init merge on the launcher's local Ray cluster (root: unshare), each with its seeded
-# revert. Not here: the aarch64 resolution against the package index (`pytest tests -m registry`, network).
+# invariance night, and on a multi-node Ray cluster of this host (harness.launch.cluster; root: unshare) jobs placed on
+# a worker with the shared run root and verl's ray.init merge, each with its seeded revert. Not here: the aarch64
+# resolution against the package index (`pytest tests -m registry`, network).
 rehearse: bootstrap
-	$(VENV)/bin/python -m pytest -p no:cacheprovider tests/test_rehearsal.py tests/test_requirements.py \
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --strict-hardware tests/test_rehearsal.py tests/test_requirements.py \
 	  tests/test_isolation.py tests/test_launch_local.py tests/test_ray_address.py \
-	  "tests/test_mla_seeded.py::test_no_claim_passes_under_strict_hardware"
+	  "tests/test_mla_seeded.py::test_no_claim_passes_under_strict_hardware" \
+	  "tests/test_mla_seeded.py::test_the_no_claim_case_fails_the_night_with_its_fix_reverted"
 

@@ -44,7 +44,7 @@ CASES = {
         ({**A3_STACK, "megatron-core": "0.14.0"}, {f"{_MG}.router_replay.mode": "R2"}, {})),
     "mbridge-rope-theta-transformers-5": (
         ({**A3_STACK, "mbridge": "0.15.1"}, {f"{_MG}.vanilla_mbridge": "True"}, {}),
-        (A3_STACK, {f"{_MG}.vanilla_mbridge": "True"}, {})),  # 0.15.1+680253f
+        (A3_STACK, {f"{_MG}.vanilla_mbridge": "True"}, {})),  # the pinned commit 10cb17f: not ===0.15.1
     "vllm-cpu-amx-mla-packs-copies": (
         (stack_versions("cpu"), {}, {}),
         (stack_versions("cpu"), {f"{_RO}.engine_kwargs.vllm.attention_backend": "CPU_MLA"}, {})),

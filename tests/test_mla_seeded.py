@@ -122,3 +122,21 @@ def test_no_claim_passes_under_strict_hardware(pytester):
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 1, result.stdout.str()[-3000:]
 
+
+def test_the_no_claim_case_fails_the_night_with_its_fix_reverted(pytester):
+    """Blocker 4 reverted: the suite's no-claim branch skip-or-fails again (as before the fix), and the nightly's
+    --strict-hardware run of it fails -- the revert the test above exists to catch."""
+    source = INVARIANCE_SUITE.read_text()
+    anchor = '    record_property("consistency.batch_invariance.claim",'
+    assert source.count(anchor) == 1, f"{INVARIANCE_SUITE}: the no-claim branch moved; update this seeded revert"
+    reverted = source.replace(anchor, '    from harness.markers import skip_or_fail\n\n'
+                                      '    skip_or_fail(pytestconfig, "an engine that claims batch invariance")\n'
+                              + anchor)
+    plugins = sorted(f"fixtures.{p.stem}" for p in (ROOT / "fixtures").glob("*.py") if not p.stem.startswith("_"))
+    pytester.makeconftest(f"pytest_plugins = {plugins!r}")  # the root conftest's fixtures, for a copy outside it
+    suite = pytester.makepyfile(**{INVARIANCE_SUITE.stem: reverted})
+    result = run_suite(pytester, suite, "correct", "batched", "--strict-hardware")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 1 and outcomes.get("passed", 0) == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*--strict-hardware: missing an engine that claims batch invariance*"])
+

@@ -18,9 +18,10 @@ from harness.config.requirements import (
     tiers,
 )
 from harness.config.stacks import STACKS
+from harness.markers import requires
 
 VERL = installed_root("verl")
-pytestmark = pytest.mark.skipif(VERL is None, reason="verl is not installed (the CPU tier installs 0.9.1)")
+pytestmark = requires(packages=["verl"])  # the CPU tier installs 0.9.1; --strict-hardware (make rehearse) fails without
 
 
 @pytest.fixture(scope="module")
