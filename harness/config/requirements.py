@@ -1,4 +1,5 @@
-"""Does a tier's requirement set provide every module the running verl job imports?
+"""Does a tier's requirement set provide every module the running verl job imports (verl's, and the Ray and vLLM
+code it runs: RUNTIME_ENTRIES)?
 
 The NPU install once missed TransferQueue: verl 0.9.1's default V1 trainer imports `transfer_queue`
 (`verl/trainer/main_ppo.py` `TaskRunnerV1.run`), the verl wheel lists TransferQueue only in its `verl-core` extra
@@ -31,6 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 VERL_V1_ENTRY = "verl.trainer.main_ppo"
 VERL_LEGACY = ("verl.trainer.main_ppo_v0",)  # trainer.use_v1=False only; deprecated upstream
+# The Ray and vLLM code a verl job runs: the Jobs API its driver is submitted through, Ray's package body (every
+# worker imports it), vLLM's offline entry (verl's rollout server builds on its engine).
+RUNTIME_ENTRIES = (("ray", "ray"), ("ray", "ray.job_submission"), ("vllm", "vllm.entrypoints.llm"))
+# Modules a package ships inside its own wheel and puts on sys.path itself: ray 2.60.0 ray/__init__.py
+# _configure_system inserts ray/thirdparty_files (colorama, psutil) before anything imports them.
+VENDORED = {"ray": "thirdparty_files"}
 
 
 def canonical(name: str) -> str:
@@ -157,7 +164,8 @@ def imported_modules(root: Path, entry: str = VERL_V1_ENTRY, skip: tuple[str, ..
                         todo.append((name, False))
                 elif head and head not in sys.stdlib_module_names:
                     out.setdefault(head, module)
-    return out
+    vendored = root / top / VENDORED[top] if top in VENDORED else None
+    return {m: i for m, i in out.items() if vendored is None or not (vendored / m).exists()}
 
 
 def installed_root(package: str = "verl") -> Path | None:
