@@ -166,6 +166,51 @@ def grad_norm_golden():
                                for i in range(5)], (GRAD_NORM,))
 
 
+def _scaled(run: Run, metric: str, factor: float) -> Run:
+    series = run[metric]
+    return dataclasses.replace(run, series={**run.series, metric: Series(series.steps, tuple(
+        v * factor for v in series.values))})
+
+
+def test_a_20x_smaller_grad_norm_fails_though_its_linear_band_reaches_zero(monkeypatch):
+    """Issue 31: the tiny golden's grad_norm band reached below 0 (its noise is 20 % of its level, inflated for
+    other seeds), so a run with 20x smaller advantages (grad_norm / 20; Adam then takes the same steps) sat inside
+    it. A positive metric's lower edge now stops at reference^2 / (4 bound) below half the centre. The run fails on
+    the band and the window, and a clean one passes. The seeded bug is the linear lower edge: the same run then
+    passes the band and is caught by one statistic at most (issue 31: the window mean alone)."""
+    golden = Baseline.from_runs([make_run(f"g{i}", grad_norm_like, noise=0.5, seed=i, metric=GRAD_NORM)
+                                 for i in range(3)], (GRAD_NORM,))
+    ref = golden.metrics[GRAD_NORM]
+    assert ref.positive and ref.half_width(0) > ref.band_center[0], "the case needs a band reaching below 0"
+    clean = make_run("cand", grad_norm_like, noise=0.5, seed=40, metric=GRAD_NORM)
+    small = _scaled(clean, GRAD_NORM, 1 / 20)
+    assert curves.compare(clean, golden).passed
+    alignment = curves.compare(small, golden)
+    assert {"band", "window-mean"} <= {v.statistic for v in alignment.failures}, alignment.message()
+    assert "(a positive metric's" in next(v.detail for v in alignment.failures if v.statistic == "band")
+    linear = curves.edges
+    monkeypatch.setattr(curves, "edges", lambda metric, reference, bound, positive=False: linear(
+        metric, reference, bound))  # the old, linear band
+    old = {v.statistic for v in curves.compare(small, golden).failures}
+    assert "band" not in old and len(old) <= 1, old
+
+
+def test_the_lower_edge_is_linear_down_to_half_the_centre_then_hyperbolic():
+    """edges(): the calibrated linear edge wherever it stays above half the centre; beyond, reference^2 / (4 bound),
+    continuous with it and with the same slope there, always above 0; a metric with a value <= 0 is not positive;
+    the better side is open."""
+    for r in (0.1, 0.3, 0.5):
+        assert curves.edges(GRAD_NORM, 2.0, 2.0 * r, positive=True) == (2.0 - 2.0 * r, 2.0 + 2.0 * r)
+    lows = [curves.edges(GRAD_NORM, 2.0, 2.0 * r, positive=True)[0] for r in (0.5, 0.5 + 1e-6, 1.0, 3.0, 30.0)]
+    assert lows == sorted(lows, reverse=True) and all(low > 0 for low in lows), lows
+    assert lows[1] == pytest.approx(1.0 - 2e-6, abs=1e-9)  # slope -1 at bound = reference / 2, as the linear edge
+    assert lows[2:] == [0.5, pytest.approx(1 / 6), pytest.approx(1 / 60)]  # twice as wide: twice as low
+    assert curves.edges(GRAD_NORM, 2.0, 6.0)[0] == -4.0  # not positive: linear
+    assert curves.edges(REWARD, -0.5, 0.2)[1] == math.inf
+    runs = [make_run(f"g{i}", lambda s: 0.1, noise=0.2, seed=i, metric=GRAD_NORM) for i in range(2)]
+    assert not Baseline.from_runs(runs, (GRAD_NORM,)).metrics[GRAD_NORM].positive  # some values <= 0
+
+
 @pytest.mark.parametrize("factor", [3, 6, 10])
 def test_one_spike_is_an_event_and_moves_no_window_mean(grad_norm_golden, monkeypatch, factor):
     """Issue 31: one grad-norm step of 11.6 among ~2.5s false-alarmed the window mean of clean runs, and one

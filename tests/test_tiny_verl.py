@@ -18,7 +18,6 @@ import pytest
 from fixtures.dapo import STALE_STEPS
 from harness.config import cpu_tier, task
 from harness.config.models import TINY_TASK
-from harness.markers import upstream_failure
 
 _PROBE = """
 import importlib.metadata, json, torch
@@ -243,20 +242,10 @@ def test_kl_loss_recipe_rehearses_to_the_end_on_cpu(kl_rehearsal_verl_run):
 # overrides and the seeded advantage estimators; frozen-rollout through the rollout's worker extension); the three
 # config-only changes share one run (algorithm-drift).
 REGRESSIONS = (*(f for f in cpu_tier.TRAINER_FAULTS if f not in cpu_tier.CONFIG_FAULTS), "frozen-rollout")
-# Predicted, not yet run on the trainer (issue 31): the golden's own curves with actor/grad_norm and actor/pg_loss
-# x 1/20 (what the small advantage does under Adam and grad clip 1.0: the reward curve does not move) fail no curve
-# statistic over REGRESSION_STEPS = 12 steps (grad_norm's band is +-4 around 2.4: its noise is 20 % of its level,
-# and a linear band reaches below 0), and only the grad_norm window-mean over 15. Strict: an XPASS says it is fixed.
-KNOWN_ONE_STATISTIC = {"small-advantages": "a 20x smaller grad_norm is inside its linear band; needs a log-scale band "
-                                           "for positive heavy-tailed metrics"}
-
-
 @pytest.mark.regression
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.parametrize("fault", [pytest.param(f, marks=upstream_failure(
-    AssertionError, rf"{f} (passed the alignment|failed on .* only)", reason=KNOWN_ONE_STATISTIC[f]))
-    if f in KNOWN_ONE_STATISTIC else f for f in REGRESSIONS])
+@pytest.mark.parametrize("fault", REGRESSIONS)
 def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regression_verl_run, tiny_verl_run,
                                                                      record_property):
     """Each regression is a real verl run of another seed than the golden's (the clean one is the session's run,

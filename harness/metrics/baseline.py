@@ -457,6 +457,12 @@ class MetricBaseline:
         return stats.heavy_tailed([r.series.values for r in self.runs], spike_floor(self.tolerance))
 
     @cached_property
+    def positive(self) -> bool:
+        """Whether this metric is positive, decided from these runs (every value > 0: a norm, a length, a gap): its
+        band's and window's lower edge then never reaches 0 (harness.metrics.curves.edges)."""
+        return all(v > 0 for r in self.runs for v in r.series.values)
+
+    @cached_property
     def spikes(self) -> tuple[int, int]:
         """(spikes, run-steps) over the runs: what a candidate's spike count is bounded by."""
         return sum(len(found) for _, found in self._despiked), sum(len(r.series) for r in self.runs)

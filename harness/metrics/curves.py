@@ -152,14 +152,17 @@ def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     if not rows:
         return CurveVerdict(metric=metric, statistic="band", passed=None, where="-",
                             detail=f"no common steps (candidate {_span(cand)}, baseline {_span(ref.series())})")
-    outside = [s for s, c, r, h in rows if not _inside(metric, c, r, h)]  # NaN/inf count as outside
+    positive = ref.positive
+    outside = [s for s, c, r, h in rows if not _inside(metric, c, r, h, positive)]  # NaN/inf count as outside
     allowed = max(1, math.floor(ref.tolerance.max_outliers * len(rows)))
     nonfinite = [s for s, c, _, _ in rows if not math.isfinite(c)]
-    s, c, r, h = max(rows, key=lambda row: _excess(metric, *row[1:]) if math.isfinite(row[1]) else math.inf)
-    excess = _excess(metric, c, r, h)
+    s, c, r, h = max(rows, key=lambda row: _excess(metric, *row[1:], positive) if math.isfinite(row[1]) else math.inf)
+    excess = _excess(metric, c, r, h, positive)
     margin = f"{excess:.3g} beyond the band" if not excess <= 0 else f"inside the band by {-excess:.3g}"
+    lo = edges(metric, r, h, positive)[0]
+    below = f", lower edge {lo:.3g} (a positive metric's, multiplicative)" if lo > r - h else ""
     detail = (f"{len(outside)} of {len(rows)} steps outside the band (allowed {allowed}); worst step {s}: "
-              f"{c:.4g} vs {r:.4g} +- {h:.3g} ({margin})")
+              f"{c:.4g} vs {r:.4g} +- {h:.3g}{below} ({margin})")
     if nonfinite:
         detail += f"; non-finite at steps {nonfinite[:5]}"
     passed = len(outside) <= allowed and not nonfinite
@@ -168,16 +171,32 @@ def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
                         value=abs(c - r), reference=r, tolerance=h)
 
 
-def _inside(metric: str, value: float, reference: float, bound: float) -> bool:
-    """Within `bound` of `reference`, or beyond it on the metric's better side (BETTER_SIDE); NaN is never inside."""
-    return _excess(metric, value, reference, bound) <= 0
+# A positive metric's lower edge where its linear band would reach below half its centre (edges). Issue 31: the tiny
+# golden's grad_norm band was +-3.1 around 2.1 (its clean runs' noise is 20 % of its level, inflated for other
+# seeds), so it reached below 0, and a run whose advantages were 20x too small (grad_norm 0.1: Adam then takes the
+# same steps, so the reward does not move) sat inside it.
+def edges(metric: str, reference: float, bound: float, positive: bool = False) -> tuple[float, float]:
+    """The interval a value must fall in: `reference` +- `bound`, open on the metric's better side (BETTER_SIDE).
+    For a `positive` metric (a norm, a length, a gap: every reference value > 0), the lower edge is linear while it
+    stays above half the centre. Below that it is reference^2 / (4 bound): continuous with the linear edge and with
+    the same slope at bound = reference / 2. A band twice as wide reaches twice as low, and never reaches 0. Bands
+    within half their centre keep the edges they were calibrated with."""
+    lo = reference - bound
+    if positive and reference > 0 and bound > reference / 2:
+        lo = reference * reference / (4 * bound)
+    hi = math.inf if BETTER_SIDE.get(metric) == "higher" else reference + bound
+    return lo, hi
 
 
-def _excess(metric: str, value: float, reference: float, bound: float) -> float:
-    """How far `value` lies beyond `bound` on the side that fails (negative: inside)."""
-    if BETTER_SIDE.get(metric) == "higher":
-        return (reference - value) - bound
-    return abs(value - reference) - bound
+def _inside(metric: str, value: float, reference: float, bound: float, positive: bool = False) -> bool:
+    """Inside `edges`; NaN is never inside."""
+    return _excess(metric, value, reference, bound, positive) <= 0
+
+
+def _excess(metric: str, value: float, reference: float, bound: float, positive: bool = False) -> float:
+    """How far `value` lies beyond `edges` on the side it is on (negative: inside; NaN for NaN)."""
+    lo, hi = edges(metric, reference, bound, positive)
+    return max(lo - value, value - hi) if not math.isnan(value) else math.nan
 
 
 def _one_sided_note(metric: str) -> str:
@@ -197,11 +216,16 @@ def _judged_by(ref: MetricBaseline, prior_sd: float) -> str:
 
 
 def _judged(metric: str, statistic: str, where: str, value: float, reference: float, bound: float,
-            detail: str) -> CurveVerdict:
-    passed = _inside(metric, value, reference, bound)
-    text = (f"{detail}: |d| {abs(value - reference):.3g} {'<=' if abs(value - reference) <= bound else '>'} "
-            f"{bound:.3g}{_one_sided_note(metric)}" + (" (above: better)" if passed and abs(value - reference) > bound
-                                                       else ""))
+            detail: str, positive: bool = False) -> CurveVerdict:
+    passed = _inside(metric, value, reference, bound, positive)
+    lo = edges(metric, reference, bound, positive)[0]
+    if value < reference and lo > reference - bound:  # below the centre of a positive metric: its lower edge
+        text = (f"{detail}: {value:.4g} {'>=' if passed else '<'} the lower edge {lo:.3g} (a positive metric's, "
+                "multiplicative)")
+    else:
+        text = (f"{detail}: |d| {abs(value - reference):.3g} {'<=' if abs(value - reference) <= bound else '>'} "
+                f"{bound:.3g}{_one_sided_note(metric)}" + (" (above: better)" if passed and
+                                                           abs(value - reference) > bound else ""))
     return CurveVerdict(metric=metric, statistic=statistic, passed=passed, where=where, value=value,
                         reference=reference, tolerance=bound, detail=text)
 
@@ -238,7 +262,7 @@ def window(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     reference, half, how = ref.predict(known, prior)
     bound = max(tol.window_atol, tol.window_rtol * abs(reference), half)
     return _judged(metric, name, where, value, reference, bound,
-                   f"{value:.4g} vs {reference:.4g} ({_centre_kind(ref, 'window')}; {how})")
+                   f"{value:.4g} vs {reference:.4g} ({_centre_kind(ref, 'window')}; {how})", ref.positive)
 
 
 def _centre_kind(ref: MetricBaseline, statistic: str) -> str:
@@ -583,9 +607,10 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
         cand = candidate[metric] if metric in candidate else Series((), ())
         cmap = despiked(cand, ref.tolerance)[0].as_dict()  # what the band verdict judged
         outside = [s for s, c, h in zip(ref.steps, ref.band_center, half, strict=True)
-                   if s in cmap and not abs(cmap[s] - c) <= h]
+                   if s in cmap and not _inside(metric, cmap[s], c, h, ref.positive)]
         out[metric] = {"steps": list(ref.steps), "center": list(ref.band_center),
-                       "lo": [c - h for c, h in zip(ref.band_center, half, strict=True)],
+                       "lo": [edges(metric, c, h, ref.positive)[0] for c, h in zip(ref.band_center, half,
+                                                                                   strict=True)],
                        "hi": [c + h for c, h in zip(ref.band_center, half, strict=True)],
                        "candidate_steps": list(cand.steps),
                        "candidate": [v if math.isfinite(v) else None for v in cand.values],
