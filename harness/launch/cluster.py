@@ -273,10 +273,12 @@ def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
     shared, disks, logs = out / "shared", out / "disks", out / "logs"
     for path in (shared, disks, logs):
         path.mkdir(parents=True, exist_ok=True)
+    if not local.isolated():
+        raise BadInput("the multi-node rehearsal runs inside run_isolated's namespaces (harness.launch.local)")
     setpriv = shutil.which("setpriv")
-    if not local.isolated() or setpriv is None:
-        raise BadInput("the multi-node rehearsal runs inside run_isolated's namespaces and needs util-linux setpriv")
     try:
+        if setpriv is None:
+            raise BadInput("setpriv not found: install util-linux (the runner drops its capabilities with it)")
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
