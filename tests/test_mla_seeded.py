@@ -134,7 +134,7 @@ def test_the_no_claim_case_fails_the_night_with_its_fix_reverted(pytester):
                               + anchor)
     plugins = sorted(f"fixtures.{p.stem}" for p in (ROOT / "fixtures").glob("*.py") if not p.stem.startswith("_"))
     pytester.makeconftest(f"pytest_plugins = {plugins!r}")  # the root conftest's fixtures, for a copy outside it
-    suite = pytester.makepyfile(**{INVARIANCE_SUITE.stem: reverted})
+    suite = pytester.makepyfile(**{f"{INVARIANCE_SUITE.stem}_reverted": reverted})  # a name of its own (xdist)
     result = run_suite(pytester, suite, "correct", "batched", "--strict-hardware")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 1 and outcomes.get("passed", 0) == 0, result.stdout.str()[-3000:]

@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -74,7 +75,8 @@ def _mount(*argv: str) -> None:
 
 def become_node(name: str, ip: str, disk: Path, shared: Path) -> None:
     """Inside the node's fresh namespaces, once the fabric has moved `eth0` in: address it, name the host, and give
-    the node its own disk, on which `shared` stays visible at its own path."""
+    the node its own disk, on which `shared` and the node's image (this checkout and its Python environment, as a
+    cluster's container image holds them) stay visible at their own paths."""
     _ip("link", "set", "lo", "up")
     _ip("addr", "add", f"{ip}/24", "dev", "eth0")
     _ip("link", "set", "eth0", "up")
@@ -82,15 +84,25 @@ def become_node(name: str, ip: str, disk: Path, shared: Path) -> None:
     for mount_point in PRIVATE_DIRS:
         own = disk / mount_point.strip("/")
         own.mkdir(parents=True, exist_ok=True)
-        if shared.is_relative_to(mount_point):  # keep the shared directory at its path on the node's own disk
-            inside = own / shared.relative_to(mount_point)
-            inside.mkdir(parents=True, exist_ok=True)
-            _mount("--bind", str(shared), str(inside))
+        # a checkout under /tmp (a CI clone) stays visible too: its .venv/bin/ray was gone on every node
+        for kept in _visible(shared):
+            if kept.is_relative_to(mount_point):
+                inside = own / kept.relative_to(mount_point)
+                inside.mkdir(parents=True, exist_ok=True)
+                _mount("--bind", str(kept), str(inside))
         _mount("--rbind", str(own), mount_point)
     _mount("-t", "tmpfs", "-o", "size=1g", "tmpfs", "/dev/shm")
     for path in (NODE_CWD, NODE_HOME):
         Path(path).mkdir(parents=True, exist_ok=True)
     os.chdir(NODE_CWD)
+
+
+def _visible(shared: Path) -> list[Path]:
+    """What every node sees at its own path: the shared directory and the image (this checkout, the Python
+    environment and its base interpreter), outermost first and none twice."""
+    paths = {shared.resolve(), Path(__file__).resolve().parents[2], Path(sys.prefix).resolve(),
+             Path(sys.base_prefix).resolve()}
+    return sorted(p for p in paths if not any(p != q and p.is_relative_to(q) for q in paths))
 
 
 def start_node(name: str, argv: list[str], *, disk: Path, shared: Path, env: dict[str, str], log: Path
@@ -148,8 +160,8 @@ def _effective_capabilities() -> int:
 # verl 0.9.1's own `ray.init` runtime env (trainer/constants_ppo.py get_ppo_ray_runtime_env), as a job driver: with a
 # recipe that exports verl's determinism variables, Ray 2.60 refuses to merge it with the job's runtime env unless
 # those travel in the entrypoint's environment (harness.launch.jobs.split_verl_env; the runner launches it both ways).
-VERL_INIT_ENTRYPOINT = ("python -c \"import ray; from verl.trainer.constants_ppo import get_ppo_ray_runtime_env; "
-                        "ray.init(runtime_env=get_ppo_ray_runtime_env()); print('verl ray.init: merged')\"")
+VERL_INIT_ARGV = ("python", "-c", "import ray; from verl.trainer.constants_ppo import get_ppo_ray_runtime_env; "
+                  'ray.init(runtime_env=get_ppo_ray_runtime_env()); print("verl ray.init: merged")')
 DETERMINISM_ENV = {"PYTHONHASHSEED": "0", "VLLM_BATCH_INVARIANT": "0", "NCCL_ALGO": "Ring", "HARNESS_X": "1"}
 
 
@@ -157,14 +169,13 @@ def verl_init_jobs(out: Path) -> dict:
     """Two drivers running verl's ray.init under a recipe that exports DETERMINISM_ENV: `verl_env` as
     harness.launch.jobs.verl_job submits it (the split), `verl_env_merged` with all of it in the job's runtime env
     (the bug: Ray's "Failed to merge the Job's runtime env")."""
-    from harness.launch.jobs import split_verl_env
+    from harness.launch.jobs import split_verl_env, with_env
     from harness.launch.ray_job import JobSpec
 
-    job_env, verl_env = split_verl_env(DETERMINISM_ENV)
-    prefix = " ".join(f"{k}={v}" for k, v in verl_env.items())
-    return {"verl_env": JobSpec("verl_env", f"env {prefix} {VERL_INIT_ENTRYPOINT}", str(out / "verl_env"), 1,
+    job_env, verl_env = split_verl_env(DETERMINISM_ENV)  # as verl_job splits a recipe's environment
+    return {"verl_env": JobSpec("verl_env", shlex.join(with_env(VERL_INIT_ARGV, verl_env)), str(out / "verl_env"), 1,
                                 env=job_env, working_dir=None),
-            "verl_env_merged": JobSpec("verl_env_merged", VERL_INIT_ENTRYPOINT, str(out / "verl_env_merged"), 1,
+            "verl_env_merged": JobSpec("verl_env_merged", shlex.join(VERL_INIT_ARGV), str(out / "verl_env_merged"), 1,
                                        env=DETERMINISM_ENV, working_dir=None)}
 
 

@@ -159,13 +159,13 @@ def band(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
     s, c, r, h = max(rows, key=lambda row: _excess(metric, *row[1:], positive) if math.isfinite(row[1]) else math.inf)
     excess = _excess(metric, c, r, h, positive)
     margin = f"{excess:.3g} beyond the band" if not excess <= 0 else f"inside the band by {-excess:.3g}"
+    passed = len(outside) <= allowed and not nonfinite
     lo = edges(metric, r, h, positive)[0]
-    below = f", lower edge {lo:.3g} (a positive metric's, multiplicative)" if lo > r - h else ""
+    below = f", lower edge {lo:.3g} (a positive metric's)" if not passed and c < r and lo > r - h else ""
     detail = (f"{len(outside)} of {len(rows)} steps outside the band (allowed {allowed}); worst step {s}: "
               f"{c:.4g} vs {r:.4g} +- {h:.3g}{below} ({margin})")
     if nonfinite:
         detail += f"; non-finite at steps {nonfinite[:5]}"
-    passed = len(outside) <= allowed and not nonfinite
     detail += f"; {_judged_by(ref, ref.noise.sigma * ref.tolerance.band_inflation)}{_one_sided_note(metric)}"
     return CurveVerdict(metric=metric, statistic="band", passed=passed, where=f"step {s}", detail=detail,
                         value=abs(c - r), reference=r, tolerance=h)
@@ -219,7 +219,7 @@ def _judged(metric: str, statistic: str, where: str, value: float, reference: fl
             detail: str, positive: bool = False) -> CurveVerdict:
     passed = _inside(metric, value, reference, bound, positive)
     lo = edges(metric, reference, bound, positive)[0]
-    if value < reference and lo > reference - bound:  # below the centre of a positive metric: its lower edge
+    if not passed and value < reference and lo > reference - bound:  # below a positive metric's lower edge
         text = (f"{detail}: {value:.4g} {'>=' if passed else '<'} the lower edge {lo:.3g} (a positive metric's, "
                 "multiplicative)")
     else:
