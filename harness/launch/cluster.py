@@ -14,7 +14,7 @@ cluster mounts NFS or OBS. The nodes:
                      capabilities (setpriv drops them all), its working directory on its own disk. It submits and
                      watches the jobs through the harness's own launcher, over the bridge, as the nightly does.
 
-The runner (`runner`, RUNNER_CHECKS) launches each job twice: once with the fix and once with the fix reverted.
+The runner (`run_runner`, its jobs from `runner_jobs`) launches each job twice: with the fix, and with it reverted.
   run root     the lab job (verl's FileLogger) under HARNESS_RUN_ROOT on the shared directory (the fix,
                harness.launch.jobs.shared_run_root), and under the runner's own `runs/`, which is how the run
                directory was resolved before the fix (blocker 6: the job writes on the worker's disk, the runner

@@ -220,8 +220,7 @@ def _judged(metric: str, statistic: str, where: str, value: float, reference: fl
     passed = _inside(metric, value, reference, bound, positive)
     lo = edges(metric, reference, bound, positive)[0]
     if not passed and value < reference and lo > reference - bound:  # below a positive metric's lower edge
-        text = (f"{detail}: {value:.4g} {'>=' if passed else '<'} the lower edge {lo:.3g} (a positive metric's, "
-                "multiplicative)")
+        text = f"{detail}: {value:.4g} < the lower edge {lo:.3g} (a positive metric's)"
     else:
         text = (f"{detail}: |d| {abs(value - reference):.3g} {'<=' if abs(value - reference) <= bound else '>'} "
                 f"{bound:.3g}{_one_sided_note(metric)}" + (" (above: better)" if passed and
