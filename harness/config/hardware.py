@@ -143,7 +143,11 @@ def with_device_memory(profile: HardwareProfile, properties) -> HardwareProfile:
 
 @lru_cache(maxsize=1)
 def detect() -> Detected:
-    """Detect the accelerator of this process: npu, then cuda, then cpu."""
+    """Detect the accelerator of this process: npu, then cuda, then cpu. Without torch (the harness installed for
+    its reports and CLI alone) there is no device the suites could use: cpu, not an ImportError in every pytest run
+    of that environment (the plugin detects at configure time)."""
+    if not module_exists("torch"):
+        return Detected("cpu", PROFILES["cpu"], os.cpu_count() or 1, "cpu")
     import torch
 
     if npu_available():

