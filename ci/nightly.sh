@@ -17,7 +17,13 @@
 #   TINY_VERL     here | elsewhere | only (default here): where the tiny tier's verl runs go (`--tiny-verl`; they
 #                 need root, unshare and iproute2, which the NPU container lacks: the workflow sets elsewhere and
 #                 runs them in its tiny-verl-cpu job on a CPU runner)
-#   BASELINE_DIR  golden baselines (default baselines/)
+#   RECIPE        your own job (a launch script or Hydra YAML, as `plan --recipe` reads it): every tier runs it instead
+#                 of the scale's built-in job (tiny: rehearsed on verl's real trainer at tiny scale), and the trend
+#                 store keys the night by it
+#   GOLDEN_DIR    your goldens, one per tier, recorded from RECIPE's own runs: GOLDEN_DIR/<scale>.json (`ascend-rl-
+#                 harness baseline record RUN... -o GOLDEN_DIR/<scale>.json`); a tier without one is not judged on
+#                 curves (a failure under --strict-hardware, never a pass against another job's golden)
+#   BASELINE_DIR  golden baselines (default baselines/; without RECIPE)
 #   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
 #   PUBLISH_DIR   where the HTML goes (default ./public)
 #   GITHUB_STEP_SUMMARY  the Markdown summary file (set by GitHub Actions; default reports/nightly-<night>/summary.md)
@@ -36,6 +42,12 @@ case "$HARDWARE" in
 esac
 SCALES="${SCALES:-$DEFAULT_SCALES}"
 BASELINE_DIR="${BASELINE_DIR:-baselines}"
+if [ -n "${RECIPE:-}" ]; then
+  # one recipe's nights are one trend: another job's nights beside them would read as a regression or a fix
+  [ -f "$RECIPE" ] || { echo "ci/nightly.sh: error: RECIPE=$RECIPE is not a file" >&2; exit 2; }
+  TREND_KEY="-$(basename "$RECIPE" | tr -c 'A-Za-z0-9._\n-' '_')"
+fi
+TREND_KEY="${TREND_KEY:-}"
 TREND_STORE="${TREND_STORE:-/data/ascend-rl-harness/trend}"
 PUBLISH_DIR="${PUBLISH_DIR:-public}"
 NIGHT="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -67,15 +79,20 @@ for scale in $SCALES; do
   extra=(--strict-hardware --hardware "$HARDWARE")
   [ -n "${RAY_ADDRESS:-}" ] && extra+=(--ray-address "$RAY_ADDRESS")
   [ -n "${TINY_VERL:-}" ] && extra+=(--tiny-verl "$TINY_VERL")
-  [ -d "$BASELINE_DIR/$HARDWARE" ] && extra+=(--baseline "$BASELINE_DIR/$HARDWARE")
+  if [ -n "${RECIPE:-}" ]; then
+    extra+=(--recipe "$RECIPE")
+    [ -f "${GOLDEN_DIR:-}/$scale.json" ] && extra+=(--baseline "$GOLDEN_DIR/$scale.json")
+  elif [ -d "$BASELINE_DIR/$HARDWARE" ]; then
+    extra+=(--baseline "$BASELINE_DIR/$HARDWARE")
+  fi
   tier_status=0
   run "$HARNESS" run --scale "$scale" --report-dir "$out" -- "${extra[@]}" || tier_status=$?
   # Keep the report whatever happened: the trend store is how a regression is seen the next morning.
   if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
-    run mkdir -p "$TREND_STORE/$scale"
+    run mkdir -p "$TREND_STORE/$scale$TREND_KEY"
     # copy, then rename: a copy cut short (node lost, disk full) never sits in the store as a half-written night
-    run cp "$out/report.json" "$TREND_STORE/$scale/.$NIGHT.json.tmp"
-    run mv "$TREND_STORE/$scale/.$NIGHT.json.tmp" "$TREND_STORE/$scale/$NIGHT.json"
+    run cp "$out/report.json" "$TREND_STORE/$scale$TREND_KEY/.$NIGHT.json.tmp"
+    run mv "$TREND_STORE/$scale$TREND_KEY/.$NIGHT.json.tmp" "$TREND_STORE/$scale$TREND_KEY/$NIGHT.json"
     # FAIL <scale> <suite>::<test> metric .. step .. lines, and the tier's Markdown into the summary (redacted)
     run "$PYTHON" -m harness.report.nightly --summary "$SUMMARY" "$out/report.json" || true
     run mkdir -p "$JUNIT_DIR"
@@ -95,17 +112,17 @@ for scale in $SCALES; do
     # -L: the report set is a generation directory behind links (harness/report/publish.py); publish plain files
     run cp -rL "$REPORTS/$scale" "$PUBLISH_DIR/$NIGHT/$scale"
   fi
-  if compgen -G "$TREND_STORE/$scale/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+  if compgen -G "$TREND_STORE/$scale$TREND_KEY/*.json" >/dev/null || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     # the directory, not a glob: a corrupt entry is then quarantined and the trend goes on. Its verdict counts:
     # a regression, or a night that lost tests, metrics or suites against the night before, fails the night.
     trend_status=0
-    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale" "$TREND_STORE/$scale" || trend_status=$?
+    run "$HARNESS" report -o "$PUBLISH_DIR/trend/$scale$TREND_KEY" "$TREND_STORE/$scale$TREND_KEY" || trend_status=$?
     if [ "$trend_status" -ne 0 ]; then
-      echo "ci/nightly.sh: trend of scale $scale: FAIL (exit $trend_status; $PUBLISH_DIR/trend/$scale/trend.html)" >&2
+      echo "ci/nightly.sh: trend of scale $scale: FAIL (exit $trend_status; $PUBLISH_DIR/trend/$scale$TREND_KEY/trend.html)" >&2
       [ "$status" -eq 0 ] && status=$trend_status
     fi
-    if [ -f "$PUBLISH_DIR/trend/$scale/trend.md" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
-      run "$PYTHON" -m harness.report.nightly --summary "$SUMMARY" "$PUBLISH_DIR/trend/$scale/trend.md"
+    if [ -f "$PUBLISH_DIR/trend/$scale$TREND_KEY/trend.md" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
+      run "$PYTHON" -m harness.report.nightly --summary "$SUMMARY" "$PUBLISH_DIR/trend/$scale$TREND_KEY/trend.md"
     fi
   fi
 done

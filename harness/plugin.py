@@ -158,6 +158,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "unshare and iproute2) go: here (default); elsewhere: deselected, another job runs them (the "
                      "NPU nightly's container has no iproute2 and no privileges: the workflow's tiny-verl-cpu job "
                      "on a CPU runner); only: nothing but them (that CPU job)")
+    g.addoption("--recipe", default=None, metavar="FILE",
+                help="your own job (a launch script or a Hydra YAML, as `plan --recipe` reads it): the tiers run it "
+                     "instead of the scale's built-in job (tiny: rehearsed on verl's real trainer at tiny scale) and "
+                     "judge it against --baseline, a golden recorded from this recipe's own runs")
     g.addoption("--ray-address", default=None,
                 help="the Ray dashboard of an existing cluster, http://HEAD:8265 (Jobs + state API; the launcher "
                      "submits there and device counts come from there)")
@@ -238,6 +242,14 @@ def _check_input_paths(config: pytest.Config) -> None:
             run_sources(path)
         except BadInput as exc:
             raise pytest.UsageError(f"{flag}: {exc}") from None
+    recipe = config.getoption("recipe")
+    if recipe:  # read now: a recipe the launcher would refuse is one usage error, not a failed run minutes later
+        from harness.config.user_recipe import read_recipe
+
+        try:
+            read_recipe(recipe)
+        except BadInput as exc:
+            raise pytest.UsageError(f"--recipe: {exc}") from None
 
 
 def _engine_factory(target: str | None):

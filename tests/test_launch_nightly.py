@@ -141,3 +141,36 @@ def test_step_summary_appends_the_markdown_redacted(tmp_path, capsys):
     assert text.startswith("## ascend-rl-harness nightly: ") and "test_y" in text and "newest night lost 43" in text
     assert token not in text and "RAY_AUTH_TOKEN=***" in text
     assert "FAIL reduced-a2 suites/functional/test_x.py::test_y" in capsys.readouterr().out
+
+
+def _dry_night(tmp_path, **env):
+    base = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "a2", "TREND_STORE": str(tmp_path / "trend"),
+            "PUBLISH_DIR": str(tmp_path / "public"), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path, env={**base, **env})
+    return done, [shlex.split(line) for line in done.stdout.splitlines()]
+
+
+def test_the_night_runs_your_recipe_against_your_goldens_and_keys_the_trend_by_it(tmp_path):
+    """RECIPE + GOLDEN_DIR: every tier runs the team's recipe (`--recipe`), judged against the golden recorded from
+    that recipe for the tier, never the harness's own baselines; the trend store keys the nights by the recipe."""
+    recipe = tmp_path / "our dapo.sh"
+    recipe.write_text("python3 -m verl.trainer.main_ppo trainer.total_training_steps=5\n")
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    (goldens / "tiny.json").write_text("{}")
+    done, commands = _dry_night(tmp_path, RECIPE=str(recipe), GOLDEN_DIR=str(goldens))
+    assert done.returncode == 0, done.stderr
+    runs = [c for c in commands if c[:2] == ["ascend-rl-harness", "run"]]
+    assert runs and all(c[c.index("--recipe") + 1] == str(recipe) for c in runs)
+    by_scale = {c[c.index("--scale") + 1]: c for c in runs}
+    assert by_scale["tiny"][by_scale["tiny"].index("--baseline") + 1] == str(goldens / "tiny.json")
+    # a tier with no golden of this recipe gets none (its curve test then skips, a failure under strict): never
+    # the harness's baselines/, recorded from another job
+    assert all("--baseline" not in c for s, c in by_scale.items() if s != "tiny")
+    stored = [c[-1] for c in commands if c[0] == "mv"]
+    assert stored and all("/tiny-our_dapo.sh/" in p or "-our_dapo.sh/" in p for p in stored), stored
+
+
+def test_a_recipe_that_is_not_a_file_stops_the_night_up_front(tmp_path):
+    done, _ = _dry_night(tmp_path, RECIPE=str(tmp_path / "missing.sh"))
+    assert done.returncode == 2 and "RECIPE=" in done.stderr and done.stderr.count("\n") == 1

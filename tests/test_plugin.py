@@ -209,3 +209,41 @@ def test_mla_suites_skip_only_through_skip_or_fail():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("skip", "importorskip") and getattr(node.func.value, "id", "") == "pytest"]
     assert not bare, f"bare skips (use harness.markers.skip_or_fail): {bare}"
+
+
+RECIPE_SUITE = """
+import pytest
+from fixtures.dapo import session_tiny_verl
+
+@pytest.mark.tiny
+def test_the_session_run_rehearses_the_recipe(pytestconfig):
+    launch = session_tiny_verl(pytestconfig)
+    argv = launch.argv()
+    assert argv[argv.index("--recipe") + 1] == {recipe!r}
+    assert launch.home.name.startswith("tiny-verl-s1234-recipe-")
+
+@pytest.mark.tiny
+def test_no_golden_of_this_recipe_is_not_judged_against_the_built_in_one(alignment_baseline):
+    pass
+"""
+
+
+def test_recipe_runs_the_teams_job_and_wants_its_own_golden(pytester: pytest.Pytester):
+    """--recipe: the tiny tier's verl run is the user's recipe rehearsed (not the built-in DAPO job, whose golden
+    baselines/tiny/dapo_verl.json is then no reference: the curve test asks for the recipe's own golden)."""
+    recipe = pytester.path / "team.sh"
+    recipe.write_text("python3 -m verl.trainer.main_ppo trainer.total_training_steps=5 actor_rollout_ref.actor.optim"
+                      ".lr=1e-6\n")
+    pytester.makepyfile(test_recipe=RECIPE_SUITE.format(recipe=str(recipe.resolve())))
+    result = pytester.runpytest("-p", "fixtures.dapo", "--recipe", str(recipe), "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*a golden recorded from this recipe's own runs*"])
+    strict = pytester.runpytest("-p", "fixtures.dapo", "--recipe", str(recipe), "--strict-hardware")
+    strict.assert_outcomes(passed=1, errors=1)
+
+
+def test_a_recipe_the_launcher_would_refuse_is_a_usage_error_up_front(pytester: pytest.Pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("--recipe", str(pytester.path / "missing.sh"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--recipe*missing.sh*"])
