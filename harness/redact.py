@@ -100,3 +100,11 @@ def for_terminal(text: str) -> str:
     """`text` as it may leave the process for a terminal or a shared log: `redact`ed, and with every terminal
     escape sequence and control character (but newline and tab) removed. Idempotent."""
     return _TERMINAL_CONTROL.sub("", redact(text.replace("\r\n", "\n")))
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` as it may stand inside a one-line message: `for_terminal`, with newlines and tabs shown as `\\n` and
+    `\\t` (a newline in an exported value printed fake verdict lines: issue 48), and cut after `limit` characters
+    (a 100 kB item gave a 100 kB error line)."""
+    text = for_terminal(text).replace("\n", "\\n").replace("\t", "\\t")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
