@@ -294,6 +294,7 @@ def test_jobs_api_answers_are_read_with_a_cap(servers, monkeypatch):
     ("127.0.0.1:6379\x1b]0;owned\x07\n", "not the HOST:PORT `ray start` writes"),
     ("h:1\nINFO Connected to the cluster", "not the HOST:PORT `ray start` writes"),
     ("x" * 100_000, "not the HOST:PORT `ray start` writes"),
+    ("admin:s3cr3t@head:6379", "not the HOST:PORT `ray start` writes"),
     ("fifo", "a FIFO, not a regular file"),
 ])
 def test_the_auto_address_file_is_read_bounded_and_checked(tmp_path, monkeypatch, content, needle):
@@ -309,4 +310,4 @@ def test_the_auto_address_file_is_read_bounded_and_checked(tmp_path, monkeypatch
     with pytest.raises(BadInput, match=re.escape(needle)) as err:
         dashboard_url("auto", "RAY_ADDRESS")
     shown = str(err.value)
-    assert "\n" not in shown and "\x1b" not in shown and len(shown) < 1000
+    assert "\n" not in shown and "\x1b" not in shown and "s3cr3t" not in shown and len(shown) < 1000

@@ -219,7 +219,12 @@ def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, 
                                        files_read=(source, *inner.files_read))
         runs = sorted({f"{_runs_module(c.words, i)} -m {c.words[i + 1]}" for c in read.commands
                        for i in range(1, len(c.words) - 1) if c.words[i] == "-m" and _runs_module(c.words, i)})
+        files = sorted({f"{w} {c.words[i + 1]}" for c in read.commands for i, w in enumerate(c.words[:-1])
+                        if _PYTHON.fullmatch(w) and c.words[i + 1].endswith(".py")})
         other = ""
+        if files and not runs:  # verl's split_placement example: `python3 main_ppo_split.py` (issue 44: true cause)
+            other = (f"; it runs `{one_line(files[0])}`, a script file rather than a module: the harness reads the "
+                     "jobs verl runs as `python3 -m MODULE`")
         if runs:
             other = (f"; it runs `{one_line(runs[0])}`, which is neither verl's trainer nor a recipe's main (a "
                      "distillation, SFT or generation trainer, or a tool, is not a job the harness plans)")

@@ -63,7 +63,6 @@ def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) 
     import threading
 
     from harness.io import open_input
-    from harness.redact import one_line
 
     path = ray_address_file()
     try:  # a regular file of a line (open_input refuses a FIFO, which blocked for ever, or a device), read bounded
@@ -83,8 +82,10 @@ def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) 
     if len(raw) > MAX_ADDRESS_FILE_BYTES or not _GCS_ADDRESS.fullmatch(gcs):
         # Ray's own lookup logs the address raw (escapes, a newline that fakes a log line): it only ever sees one
         # `ray start` writes
-        raise BadInput(f"{option}=auto: {path} holds {one_line(repr(gcs[:200]), 120)}, not the HOST:PORT `ray start` "
-                       f"writes; restart the cluster (`ray start --head`) or pass http://HEAD:{DASHBOARD_PORT}")
+        # not echoed: what is there may be a credential (user:password@host) or terminal control
+        raise BadInput(f"{option}=auto: {path} holds {len(raw)}{'+' if len(raw) > MAX_ADDRESS_FILE_BYTES else ''} "
+                       f"bytes that are not the HOST:PORT `ray start` writes; restart the cluster (`ray start --head`) "
+                       f"or pass http://HEAD:{DASHBOARD_PORT}")
     timeout_s = connect_timeout() if timeout_s is None else timeout_s
     found: list = []
 
