@@ -10,17 +10,39 @@ from __future__ import annotations
 import re
 
 MASK = "***"
-# scheme://user:password@ (or scheme://token@)
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+# scheme://user:password@ (or scheme://token@). The lookbehind starts a scheme only where a run of scheme characters
+# starts: without it every letter of a 300 kB word began a new scan to the word's end (issue 48: quadratic, `plan`
+# ran past 120 s and a pytest failure printing such a line took 267 s).
+_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
 # a query parameter that carries a secret: ?token=..., &sig=...
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:token|access_token|auth|key|password|secret|sig|signature)=)[^&#\s]+")
-# NAME=VALUE of a secret: RAY_AUTH_TOKEN=..., HF_TOKEN=..., WANDB_API_KEY=..., --ray-auth-token=... The name must
-# end in the secret word, so verl's `max_num_batched_tokens=8192` or `ppo_max_token_len_per_gpu=...` stay as they are.
-_SECRET_WORD = r"(?:token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?)"
-_SECRET_ASSIGNMENT = re.compile(rf"(?i)(?<![\w.-])((?:--)?[\w.-]*?{_SECRET_WORD}=)[^\s&#'\"]+")
+# A secret's name ends in a secret word: RAY_AUTH_TOKEN, HF_TOKEN, WANDB_API_KEY, --ray-auth-token, DB_PASSWORD; or
+# its last part (after `_`, `.` or `-`) is a short one: WANDB_KEY, +trainer.wandb_key, SMTP_PASS, GH_PAT, PRIVATE_KEY
+# (issue 48: those were printed, put in --json and in the manifest's env). verl's `max_num_batched_tokens=8192`,
+# `ppo_max_token_len_per_gpu`, `bypass_mode` or `monkey` stay as they are.
+_LONG_WORD = r"(?:token|secret|password|passwd|passphrase|credentials?|api[_-]?key|access[_-]?key)"
+_SHORT_WORD = r"(?:key|pass|pat|pwd)"
+_SECRET_WORD = rf"(?:[\w.-]*?{_LONG_WORD}|(?:[\w.-]*?[_.-])?{_SHORT_WORD})"
+_SECRET_ASSIGNMENT = re.compile(rf"(?i)(?<![\w.-])({_SECRET_WORD}=)[^\s&#'\"]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\"]+")
-_SECRET_NAME = re.compile(rf"(?i)[\w.-]*{_SECRET_WORD}")  # a variable or key that holds a secret: HF_TOKEN
-_SECRET_OPTION = re.compile(rf"(?i)^--?[\w.-]*{_SECRET_WORD}$")  # `--token VALUE`: the next word is the secret
+_SECRET_NAME = re.compile(rf"(?i)^[-+~]*{_SECRET_WORD}$")  # a variable or key that holds a secret: HF_TOKEN
+_SECRET_OPTION = re.compile(rf"(?i)^--?{_SECRET_WORD}$")  # `--token VALUE`: the next word is the secret
+# verl's own config keys that end so and name a dataset column or a flag, not a secret (verl v0.9.0
+# verl/trainer/config/*.yaml: data.prompt_key, data.reward_fn_key, ..., actor_rollout_ref.rollout.*_token):
+# masking them would hide the job's settings from its own plan.
+NOT_SECRET = frozenset({"prompt_key", "response_key", "image_key", "video_key", "audio_key", "teacher_key",
+                        "reward_fn_key", "tools_key", "reward_model_key", "messages_key", "enable_thinking_key",
+                        "data_source_key", "continuous_token", "balance_dp_token"})
+
+
+def secret_name(name: str) -> bool:
+    """Whether `name` (an environment variable, a Hydra key `+a.b_key`, an option `--ray-auth-token`) holds a
+    secret: it ends in a secret word (_SECRET_WORD), case-insensitive, and is none of verl's NOT_SECRET keys."""
+    return _SECRET_NAME.fullmatch(name) is not None and name.rsplit(".", 1)[-1].lower() not in NOT_SECRET
+
+
+def _mask_assignment(match: re.Match) -> str:
+    return f"{match.group(1)}{MASK}" if secret_name(match.group(1)[:-1]) else match.group(0)
 
 
 def redact(text: str) -> str:
@@ -28,7 +50,7 @@ def redact(text: str) -> str:
     NAME=VALUE assignments of secret names and bearer tokens. Idempotent; text without secrets is unchanged."""
     text = _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
     text = _SECRET_QUERY.sub(lambda m: f"{m.group(1)}{MASK}", text)
-    text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    text = _SECRET_ASSIGNMENT.sub(_mask_assignment, text)
     return _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
 
 
@@ -46,7 +68,7 @@ def redact_value(name: str, value: str) -> str:
     """`value` as `redact` shows it when it is assigned to `name` (an environment variable, a mapping's key): MASK
     for a secret name (HF_TOKEN, WANDB_API_KEY, ...), else the value redacted on its own. A mapping {"HF_TOKEN":
     "hf_x"} split the assignment in two, and neither half looked like a secret."""
-    if _SECRET_NAME.fullmatch(name.lstrip("-")):
+    if secret_name(name):
         return MASK if value else value
     return redact(value)
 
@@ -78,3 +100,11 @@ def for_terminal(text: str) -> str:
     """`text` as it may leave the process for a terminal or a shared log: `redact`ed, and with every terminal
     escape sequence and control character (but newline and tab) removed. Idempotent."""
     return _TERMINAL_CONTROL.sub("", redact(text.replace("\r\n", "\n")))
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` as it may stand inside a one-line message: `for_terminal`, with newlines and tabs shown as `\\n` and
+    `\\t` (a newline in an exported value printed fake verdict lines: issue 48), and cut after `limit` characters
+    (a 100 kB item gave a 100 kB error line)."""
+    text = for_terminal(text).replace("\n", "\\n").replace("\t", "\\t")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import re
 import threading
 import time
 
@@ -205,3 +207,107 @@ def test_launch_on_a_cluster_writes_under_the_shared_run_root(tmp_path, monkeypa
     assert main(["launch", "--scale", "full-a3", "--ray-address", "http://head:8265", "--run-dir", "runs/x"]) == 2
     assert "--run-dir runs/x: with a cluster address give an absolute directory" in capsys.readouterr().err
 
+
+
+# ---------------------------------------------------------------------------------------------------- issue 48
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A loopback server that records the Authorization header of every request it gets."""
+
+    seen: list
+    redirect_to: str | None = None
+    bodies: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        if self.redirect_to:
+            self.send_response(302)
+            self.send_header("Location", f"{self.redirect_to}{self.path}")
+            self.end_headers()
+            return
+        body = self.bodies.get(self.path, json.dumps({"ray_version": "2.60.0", "version": "4"}).encode())
+        if self.path.startswith("/api/jobs/") and self.path not in self.bodies:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def servers():
+    """Two loopback servers (two origins); yields a function starting one with the given class attributes."""
+    started = []
+
+    def start(**attrs):
+        handler = type("Handler", (_Recorder,), {"seen": [], **attrs})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", handler
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("credentials", ["token", "url"])
+def test_credentials_never_follow_a_redirect_to_another_origin(servers, monkeypatch, credentials):
+    """A dashboard address that 302s to another port: urllib sent RAY_AUTH_TOKEN (or the URL's user:password) on
+    to the other origin. No redirect is followed on the dashboard paths; the 302 is one line naming it."""
+    other, other_handler = servers()
+    url, handler = servers(redirect_to=other)
+    if credentials == "token":
+        monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cr3t")
+    else:
+        monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+        url = url.replace("http://", "http://admin:s3cr3t@")
+    with pytest.raises(BadInput, match=r"HTTP 302, a redirect to http://127.0.0.1:\d+/api/version, not followed"):
+        check_dashboard(url, timeout_s=5)
+    assert handler.seen and handler.seen[0][1] is not None  # the origin given gets the credentials
+    assert other_handler.seen == []  # the other origin gets nothing
+
+
+def test_jobs_api_answers_are_read_with_a_cap(servers, monkeypatch):
+    """`launch --status / --logs` and the launcher's polls read Ray's Jobs API answers whole (a 1 GB answer went
+    into memory): they GET Ray's own client's paths up to a cap, and refuse past it."""
+    from harness.launch import ray_job
+
+    job = {"type": "SUBMISSION", "job_id": "j1", "submission_id": "harness-x-1", "status": "RUNNING",
+           "entrypoint": "python3 -m verl.trainer.main_ppo", "message": "", "metadata": {}}
+    url, _ = servers(bodies={"/api/jobs/harness-x-1": json.dumps(job).encode(),
+                             "/api/jobs/harness-x-1/logs": json.dumps({"logs": "x" * (2 << 20)}).encode()})
+    monkeypatch.setattr(ray_job, "MAX_LOG_BYTES", 1 << 20)
+    client = ray_job._Deadlined(None, "the Ray job server", url)  # Ray's client is never asked for these reads
+    assert str(client.get_job_status("harness-x-1").value) == "RUNNING"
+    with pytest.raises(BadInput, match=r"the Ray job server: an answer of more than 1.0 MB"):
+        client.get_job_logs("harness-x-1")
+    with pytest.raises(RuntimeError, match="HTTP 404"):  # as Ray's client says an unknown job
+        client.get_job_info("harness-y-2")
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("127.0.0.1:6379\x1b]0;owned\x07\n", "not the HOST:PORT `ray start` writes"),
+    ("h:1\nINFO Connected to the cluster", "not the HOST:PORT `ray start` writes"),
+    ("x" * 100_000, "not the HOST:PORT `ray start` writes"),
+    ("admin:s3cr3t@head:6379", "not the HOST:PORT `ray start` writes"),
+    ("fifo", "a FIFO, not a regular file"),
+])
+def test_the_auto_address_file_is_read_bounded_and_checked(tmp_path, monkeypatch, content, needle):
+    """RAY_ADDRESS=auto: the address file was read whole (a FIFO blocked for ever, a 1 GB file took 2.2 GB) and
+    handed to Ray raw, whose warning echoed it (escapes, a fake log line)."""
+    (tmp_path / "ray").mkdir()
+    path = tmp_path / "ray" / "ray_current_cluster"
+    if content == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    with pytest.raises(BadInput, match=re.escape(needle)) as err:
+        dashboard_url("auto", "RAY_ADDRESS")
+    shown = str(err.value)
+    assert "\n" not in shown and "\x1b" not in shown and "s3cr3t" not in shown and len(shown) < 1000

@@ -136,3 +136,76 @@ def test_engine_says_it_imports_code(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"], cwd=tmp_path,
                            env=env(), capture_output=True, text=True, timeout=120)
     assert "imports and runs" in " ".join(plain.stdout.split())
+
+
+# Issue 48: a secret under a name the redactor did not know (WANDB_KEY, *_PASS, PRIVATE_KEY, GH_PAT,
+# +trainer.wandb_key) was printed, put in --json and stored as a plain env value in the K8s manifest.
+SUFFIX_SECRETS = ["WANDB_KEY", "wandb_key", "SMTP_PASS", "PRIVATE_KEY", "GH_PAT", "db_passwd", "Mail-Password",
+                  "AWS_SECRET", "+trainer.wandb_key", "++trainer.Wandb_Key", "OPENAI_CREDENTIAL", "ssh_private_key"]
+NOT_SECRETS = ["data.prompt_key", "data.reward_fn_key", "max_num_batched_tokens", "bypass", "monkey", "compass",
+               "actor_rollout_ref.rollout.balance_dp_token", "trainer.total_training_steps"]
+
+
+@pytest.mark.parametrize("name", SUFFIX_SECRETS)
+def test_a_secret_is_known_by_its_suffix_on_every_output(name):
+    from harness.config.scales import get_scale
+    from harness.launch.k8s import ENV_SECRET, _env
+    from harness.redact import redact, redact_doc
+
+    assert redact(f"x {name}={TOKEN} y") == f"x {name}=*** y"  # text: a command line, a note
+    assert TOKEN not in str(redact_doc({name: TOKEN, "overrides": [f"{name}={TOKEN}"]}))  # --json
+    env_var = name.lstrip("+").replace(".", "_").replace("-", "_")
+    entry = next(e for e in _env(get_scale("tiny"), "/runs/x", {env_var: TOKEN}) if e["name"] == env_var)
+    assert entry == {"name": env_var, "valueFrom": {"secretKeyRef": {"name": ENV_SECRET, "key": env_var}}}
+
+
+@pytest.mark.parametrize("name", NOT_SECRETS)
+def test_a_setting_that_only_looks_like_a_secret_is_shown(name):
+    from harness.redact import redact, redact_value
+
+    assert redact(f"{name}=prompt") == f"{name}=prompt"
+    assert redact_value(name, "prompt") == "prompt"
+
+
+def test_redaction_is_linear():
+    """The redaction regexes cannot backtrack quadratically: none nests a quantifier, and none whose leading
+    character class repeats can start again inside a run of that class (a lookbehind guards it). The old
+    `_CREDENTIALS` started a scan to the end of a word at every letter: one 300 kB word took minutes."""
+    import re
+    import re._constants as c
+    import re._parser as sre
+
+    from harness import redact as module
+
+    def repeats(items, inside=False):
+        for op, av in items:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                assert not inside, "a quantifier nested in a quantifier"
+                repeats(av[2], inside or av[1] > 1)  # an optional group `(...)?` repeats nothing
+            elif op is c.SUBPATTERN:
+                repeats(av[-1], inside)
+            elif op is c.BRANCH:
+                for alternative in av[1]:
+                    repeats(alternative, inside)
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                repeats(av[1], inside)
+
+    def unguarded(items) -> bool:
+        items = list(items)
+        while items and items[0][0] is c.SUBPATTERN:
+            items = list(items[0][1][-1]) + items[1:]
+        if not items or items[0][0] is c.ASSERT_NOT:
+            return False
+        if items[0][0] is c.BRANCH:
+            return any(unguarded(list(alt) + items[1:]) for alt in items[0][1][1])
+        leads_a_run = items[0][0] in (c.MAX_REPEAT, c.MIN_REPEAT)
+        return leads_a_run or (items[0][0] is c.IN and len(items) > 1 and items[1][0] in (c.MAX_REPEAT, c.MIN_REPEAT))
+
+    patterns = [v for v in vars(module).values() if isinstance(v, re.Pattern)]
+    assert len(patterns) >= 6
+    for pattern in patterns:
+        parsed = sre.parse(pattern.pattern, pattern.flags)
+        repeats(parsed)
+        assert not unguarded(parsed), pattern.pattern
+    word = "a" * 300_000  # and the property's case: a 300 kB word is kept as it is
+    assert module.redact(word) == word and module.for_terminal(f"x://{word}") == f"x://{word}"

@@ -8,6 +8,7 @@ use: every command of the fixtures is echo-like or a builtin)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -119,7 +120,7 @@ def _bash_argv(text: str) -> list[str]:
     return [a.decode() for a in out.split(b"\0")[:-1]]
 
 
-def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path):
+def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path, monkeypatch):
     """cann-recipes-train's train_deepseekv3_256die_*.sh have no verl command: they export VLLM_DP_SIZE (the fork's
     rollout DP) and run `bash ./verl_patches/scripts/internal/train_*.sh` from llm_rl/deepseek."""
     top = tmp_path / "deepseek"
@@ -127,6 +128,7 @@ def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path
     wrapper = top / "scripts" / "train.sh"
     wrapper.write_text('export VLLM_DP_SIZE=64\nexport MODEL=/m/DeepSeek-V3\nLOCAL=not-exported\n'
                        'if [ "$MASTER" = "$IP" ]; then\n  bash ./scripts/internal/train.sh\nfi\n')
+    monkeypatch.chdir(top)  # where its README runs it from, and bash resolves ./scripts/... there
     (top / "scripts" / "internal" / "train.sh").write_text(
         "python3 -m verl.trainer.main_ppo_npu a=$MODEL b=${LOCAL:-unset} dp=$VLLM_DP_SIZE\n")
     recipe = read_recipe(str(wrapper))
@@ -139,7 +141,8 @@ def test_a_wrapper_is_followed_into_the_script_it_runs_with_its_exports(tmp_path
                              env={"PATH": os.defpath}).stdout
         assert [a.decode() for a in out.split(b"\0")[:-1]] == list(recipe.overrides)
     (top / "scripts" / "internal" / "train.sh").unlink()
-    with pytest.raises(BadInput, match=r"it runs ./scripts/internal/train.sh \(not found beside it\)"):
+    with pytest.raises(BadInput, match=r"it runs ./scripts/internal/train.sh, found neither in the working "
+                                       r"directory \(.*\) nor beside it"):
         read_recipe(str(wrapper))
 
 
@@ -175,7 +178,7 @@ def test_refuses_devices_and_fifos_fast(tmp_path):
         assert time.monotonic() - started < 2
     big = tmp_path / "big.sh"
     big.write_bytes(b"#" * (MAX_RECIPE_BYTES + 1))
-    with pytest.raises(BadInput, match="more than 4 MiB"):
+    with pytest.raises(BadInput, match=f"more than {MAX_RECIPE_BYTES >> 20} MiB"):
         read_recipe(str(big))
 
 
@@ -265,3 +268,125 @@ def test_yaml_alias_fanout_is_bounded(width, depth, bracket):
         assert len(recipe.overrides) <= MAX_YAML_VALUES
     except BadInput as exc:
         assert "alias bomb" in str(exc)
+
+
+# ---------------------------------------------------------------------------------------------------- issue 48
+# The reader never reaches outside the job's tree, passes a wrapper's arguments, and has a bound before it
+# allocates.
+JOB = "python3 -m verl.trainer.main_ppo"
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_script_planted_above_the_job_is_never_the_job(tmp_path, monkeypatch):
+    """bash finds `bash scripts/train.sh` in its working directory only; the reader walked every ancestor up to `/`,
+    so a scripts/train.sh planted in a shared parent became the job."""
+    _tree(tmp_path, {"shared/scripts/train.sh": f"{JOB} planted=1\n", "shared/job/run.sh": "bash scripts/train.sh\n"})
+    monkeypatch.chdir(tmp_path / "shared" / "job")
+    with pytest.raises(BadInput, match="it runs scripts/train.sh, found neither in the working directory"):
+        read_recipe("run.sh")
+    # beside the wrapper (bash "$(dirname "$0")/x.sh" run from elsewhere) is the one other place
+    _tree(tmp_path, {"shared/job/scripts/train.sh": f"{JOB} mine=1\n", "shared/job/sub/run.sh": "bash train.sh\n",
+                     "shared/job/sub/train.sh": f"{JOB} beside=1\n"})
+    assert read_recipe("run.sh").overrides == ("mine=1",)
+    recipe = read_recipe("sub/run.sh")
+    assert recipe.overrides == ("beside=1",) and recipe.files_read == ("sub/run.sh", "sub/train.sh")
+
+
+def test_a_link_out_of_the_tree_is_refused(tmp_path, monkeypatch):
+    _tree(tmp_path, {"elsewhere/train.sh": f"{JOB} planted=1\n", "job/run.sh": "bash train.sh\n"})
+    (tmp_path / "job" / "train.sh").symlink_to(tmp_path / "elsewhere" / "train.sh")
+    monkeypatch.chdir(tmp_path / "job")
+    with pytest.raises(BadInput, match=r"it runs train.sh, which resolves to .*elsewhere/train.sh, outside the "
+                                       r"job's tree"):
+        read_recipe("run.sh")
+
+
+def test_a_wrappers_arguments_are_passed_as_bash_passes_them(tmp_path, monkeypatch):
+    _tree(tmp_path, {"train.sh": f'TP=${{1:-4}}\n{JOB} tp=$TP pp=${{2:-8}} n=$#\n',
+                     "run.sh": 'bash -x ./train.sh 2 "1"\n'})
+    monkeypatch.chdir(tmp_path)
+    recipe = read_recipe("run.sh")
+    assert recipe.overrides == ("tp=2", "pp=1", "n=2")  # was tp=4 pp=8: the arguments were dropped
+    if shutil.which("bash"):
+        recorder = 'python3() { shift 2; printf "%s\\0" "$@"; }; export -f python3; bash run.sh 2>/dev/null'
+        out = subprocess.run(["bash", "-c", recorder], capture_output=True, cwd=tmp_path, timeout=10,
+                             env={"PATH": os.defpath}).stdout
+        assert [a.decode() for a in out.split(b"\0")[:-1]] == list(recipe.overrides)
+
+
+def test_a_wrapper_cycle_and_a_deep_nest_say_so(tmp_path, monkeypatch):
+    _tree(tmp_path, {"a.sh": "bash b.sh\n", "b.sh": "bash a.sh\n",
+                     **{f"d{k}.sh": f"bash d{k + 1}.sh\n" for k in range(8)}, "d8.sh": f"{JOB} x=1\n"})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput, match=r"a wrapper cycle \(a.sh runs b.sh runs a.sh\)"):
+        read_recipe("a.sh")
+    with pytest.raises(BadInput, match=r"wrappers nest more than 4 deep \(d0.sh runs d1.sh runs .* runs d5.sh\)"):
+        read_recipe("d0.sh")
+    assert read_recipe("d4.sh").files_read == tuple(f"d{k}.sh" for k in range(4, 9))
+
+
+@pytest.mark.parametrize("script, entry", [
+    # issue 44: verl main's array launcher (68 of its 120 launch scripts), an interpreter left to the caller,
+    # torchrun, a Ray job
+    ('LAUNCH=(python3)\nif [ "$UV" ]; then LAUNCH=(uv run --frozen python3); fi\n"${LAUNCH[@]}" -m '
+     "verl.trainer.main_ppo a=1\n", "verl.trainer.main_ppo"),
+    ("$PYTHON -m verl.trainer.main_ppo a=1\n", "verl.trainer.main_ppo"),
+    ('PY=(python3 -u)\n"${PY[@]}" -m recipe.dapo.main_dapo a=1\n', "recipe.dapo.main_dapo"),
+    ("torchrun --nnodes 1 --nproc_per_node=8 -m verl.trainer.main_ppo a=1\n", "verl.trainer.main_ppo"),
+    ("ray job submit --address http://h:8265 --runtime-env-json='{}' -- python3 -m verl.trainer.main_ppo a=1\n",
+     "verl.trainer.main_ppo"),
+])
+def test_the_job_is_read_as_bash_runs_it(script, entry):
+    recipe = parse_launch_script(script, "run.sh")
+    assert recipe.entrypoint == entry and recipe.overrides == ("a=1",)
+
+
+@pytest.mark.parametrize("script, cause", [
+    ("torchrun --standalone -m verl.trainer.sft_trainer a=1\n", "runs `torchrun -m verl.trainer.sft_trainer`, which"),
+    ("python3 -m verl.trainer.main_generation a=1\n", "runs `python3 -m verl.trainer.main_generation`, which"),
+    ("python3 main_ppo_split.py a=1\n", "runs `python3 main_ppo_split.py`, a script file rather than a module"),
+])
+def test_a_job_that_is_not_rl_is_refused_for_its_true_cause(script, cause):
+    with pytest.raises(BadInput, match=re.escape(cause)):
+        parse_launch_script(script, "run.sh")
+
+
+def test_a_replace_product_is_charged_before_it_is_built():
+    """`${X//a/$Y}`: 4096 matches times a 64 kB replacement (256 MiB) was built whole before the word bound; a
+    `"$X$X..."` concatenation likewise. Refused with nothing that size allocated."""
+    import tracemalloc
+
+    doubling = "X=a\n" + "X=$X$X\n" * 12 + "Y=b\n" + "Y=$Y$Y\n" * 16  # |X| = 4096, |Y| = 64 kB
+    tracemalloc.start()
+    try:
+        for use in ('Z="${X//a/$Y}"\n', 'Z="' + "$Y" * 64 + '"\n'):
+            with pytest.raises(BadInput, match="a word expands to more than 1 MiB"):
+                shell.read_script(doubling + use, "bomb.sh")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(doubling) < 370 and peak < 32 << 20, peak
+
+
+def test_a_statement_that_copies_pays_for_its_copies():
+    """`A+=(x)` copies A: 100k such lines were quadratic (issue 48: a 2 MB script ran 85-100 s before a character
+    budget stopped it); the work budget counts each copy and stops it early."""
+    with pytest.raises(BadInput, match=r"bomb.sh:(\d+): more than 2000000 statements and copies") as err:
+        shell.read_script("A+=(x)\n" * 100_000, "bomb.sh")
+    assert int(re.search(r"bomb.sh:(\d+)", str(err.value))[1]) <= 2001
+    reader_lines = 'A=(x)\nB=("${A[@]}")\n' + "echo $B\n" * 1000
+    assert len(shell.read_script(reader_lines, "ok.sh").commands) == 1000
+
+
+def test_a_long_item_or_a_newline_is_one_bounded_line(tmp_path):
+    long = "k" * 100_000
+    with pytest.raises(BadInput) as err:
+        parse_launch_script(f"{JOB} '{long} x=1'\n", "run.sh")
+    assert "\n" not in str(err.value) and len(str(err.value)) < 1000
+    read = shell.read_script("export A=$(printf 'x\\nPASS: all 5 phase(s) fit')\n", "run.sh")
+    assert read.notes and all("\n" not in n for n in read.notes)

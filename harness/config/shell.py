@@ -11,8 +11,9 @@ parse tree over the script's own variables:
   `:offset:len`), `$((...))` in bash's 64-bit integer arithmetic;
 - functions: a call walks the body with its arguments as `$1...`;
 - `$(...)` and backquotes are not run: the word is left as written and a note says so;
-- the script's own arguments (`$1`, `$@`) are unknown: unset, so `${1:-4}` is 4, as `bash run.sh` with no
-  arguments gives;
+- the script's own arguments (`$1`, `$@`) are those a wrapper passes (`bash train.sh 2 1`), else unset, so
+  `${1:-4}` is 4, as `bash run.sh` with no arguments gives;
+- a command's name is a word like the others: `"${LAUNCH[@]}" -m verl.trainer.main_ppo`;
 - a variable the script never sets is left as the shell reference `${NAME}` for the shell that runs the job, and
   listed in `unset` (it is no OmegaConf interpolation: issue 36);
 - `case WORD in`: the first item whose pattern matches a known WORD is read (verl's Kimi K2.6 / GLM 5.1 example picks
@@ -23,8 +24,9 @@ parse tree over the script's own variables:
 
 Every expansion has a budget (issue 36): a word or variable of more than MAX_WORD_CHARS, more than
 MAX_TOTAL_CHARS expanded in all, function calls nested deeper than MAX_CALL_DEPTH, statements nested deeper than
-MAX_NESTING, or an arithmetic expression nested deeper than MAX_ARITH_DEPTH ends the read with one line naming the
-line. bash's arithmetic wraps at 64 bits, so an exponent chain `$((9**9**9**9))` costs nothing here either.
+MAX_NESTING, an arithmetic expression nested deeper than MAX_ARITH_DEPTH, or more than MAX_WORK statements and
+copies ends the read with one line naming the line. A product (a replace, a concatenation) is charged before it is
+built. bash's arithmetic wraps at 64 bits, so an exponent chain `$((9**9**9**9))` costs nothing here either.
 """
 from __future__ import annotations
 
@@ -34,15 +36,21 @@ import re
 from dataclasses import dataclass, field
 
 from harness.errors import BadInput
+from harness.redact import one_line
 
 MAX_WORD_CHARS = 1 << 20  # one variable or word; a real override is < 4 kB, a doubling script passes 1 MB at line 21
 MAX_TOTAL_CHARS = 32 << 20  # everything a script expands
 MAX_CALL_DEPTH = 32  # function calls (a recursive function)
 MAX_NESTING = 200  # nested statements / words (Python's recursion stays far from its limit)
 MAX_ARITH_DEPTH = 200
-MAX_STATEMENTS = 200_000  # statements walked, loops and calls included
+MAX_STATEMENTS = 50_000  # statements walked, loops and calls included (a real launch script walks a few hundred)
+# Work units: a statement walked, an array item copied (`A+=(x)` copies A, `"${A[@]}"` copies its items) and a field
+# joined. A 2 MB script of `A+=(x)` lines copied A each line (issue 48: 85-100 s before the character budget
+# stopped it); real launch scripts spend a few thousand.
+MAX_WORK = 2_000_000
 MAX_LIFT_WORD = 1024  # a default word lifted out of `${NAME:-word}` (_lift_defaults); real ones are < 200
 MAX_LIFT_SCAN = 1 << 22  # characters _lift_defaults looks at in all
+MAX_MESSAGE = 400  # characters of one error or note line
 MAX_LIFTED = 256  # defaults lifted out of one script
 _MASK = (1 << 64) - 1
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -78,7 +86,27 @@ class ShellRead:
     exported: dict[str, str] = field(default_factory=dict)  # the environment the script exports
     notes: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)  # variables used but never set (left as ${NAME})
-    scripts_called: list[str] = field(default_factory=list)
+    # `bash FILE ARGS...` (a script run, not sourced): [FILE, *ARGS] as bash passes them (issue 48: `bash train.sh
+    # 2 1` was read as if run with no arguments)
+    scripts_called: list[list[str]] = field(default_factory=list)
+
+
+_ABSENT = object()  # a variable a prefix assignment (`A=1 cmd`) set where none was
+
+
+class _Nest:
+    """The reader's nesting guard (MAX_NESTING), one object: a class built per statement cost more than the rest."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def __enter__(self):
+        self.reader.depth += 1
+        if self.reader.depth > MAX_NESTING:
+            raise self.reader.fail(f"nested more than {MAX_NESTING} deep; not a launch script")
+
+    def __exit__(self, *exc):
+        self.reader.depth -= 1
 
 
 class _Unknowable(Exception):
@@ -90,7 +118,7 @@ class _Return(Exception):
 
 
 class _Reader:
-    def __init__(self, source: str, text: bytes, env: dict[str, str] | None = None):
+    def __init__(self, source: str, text: bytes, env: dict[str, str] | None = None, args: list[str] | None = None):
         self.source = source
         self.text = text
         self.out = ShellRead()
@@ -100,24 +128,47 @@ class _Reader:
         self.conditional = 0  # inside an if/elif/else branch, an unmatched-case read, or after || / &&
         self.lifted: dict[str, tuple[str, str, object]] = {}  # placeholder -> (NAME, op, word node): _lift_defaults
         self.functions: dict[str, object] = {}
-        self.positional: list[str] = []
+        self.positional: list[str] = list(args or ())
         self.line = 1
         self.depth = 0
         self.calls = 0
         self.statements = 0
+        self.work = 0
+        self._nest = _Nest(self)
         self.expanded = 0
         self.noted: set[str] = set()
         self.vars_unset: set[str] = set()
 
     # ------------------------------------------------------------------ errors, notes, budgets
     def fail(self, text: str) -> BadInput:
-        return BadInput(f"--recipe {self.source}:{self.line}: {text}")
+        return BadInput(one_line(f"--recipe {self.source}:{self.line}: {text}", MAX_MESSAGE))
 
     def note(self, text: str) -> None:
-        message = f"{self.source}:{self.line}: {text}"
+        # one bounded line: a note quotes the script (a 100 kB word, a newline that would print a fake verdict line)
+        message = one_line(f"{self.source}:{self.line}: {text}", MAX_MESSAGE)
         if message not in self.noted:  # a set: 40k noted lines stay linear
             self.noted.add(message)
             self.out.notes.append(message)
+
+    def spend(self, units: int) -> None:
+        """Charge `units` of work (MAX_WORK) before it is done: a copy counts its items."""
+        self.work += units
+        if self.work > MAX_WORK:
+            raise self.fail(f"more than {MAX_WORK} statements and copies (an array copied each line?); no launch "
+                            "script needs that")
+
+    def charge_size(self, size: int) -> None:
+        """Refuse a word of `size` characters before it is built (MAX_WORD_CHARS)."""
+        if size > MAX_WORD_CHARS:
+            raise self.fail(f"a word expands to more than {MAX_WORD_CHARS >> 20} MiB (a variable that doubles each "
+                            "line?); no launch script needs that")
+
+    def join(self, acc: list[str], more: list[str]) -> list[str]:
+        """_join, its product charged before it is built: `"$X$X$X..."` of a 1 MiB X built the whole word first."""
+        if acc and more:
+            self.spend(len(acc) + len(more))
+            self.charge_size(len(acc[-1]) + len(more[0]))
+        return _join(acc, more)
 
     def charge(self, value: str) -> str:
         if len(value) > MAX_WORD_CHARS:
@@ -130,18 +181,7 @@ class _Reader:
         return value
 
     def nest(self):
-        reader = self
-
-        class _Nest:
-            def __enter__(self):
-                reader.depth += 1
-                if reader.depth > MAX_NESTING:
-                    raise reader.fail(f"nested more than {MAX_NESTING} deep; not a launch script")
-
-            def __exit__(self, *exc):
-                reader.depth -= 1
-
-        return _Nest()
+        return self._nest
 
     # ------------------------------------------------------------------ variables
     def get(self, name: str):
@@ -161,6 +201,7 @@ class _Reader:
     def assign(self, name: str, value, *, append: bool = False, export: bool = False) -> None:
         if append:
             old = self.vars.get(name)
+            self.spend(len(old) if isinstance(old, list) else 1)  # the copy below
             if isinstance(value, list):
                 value = (old if isinstance(old, list) else ([old] if old is not None else [])) + value
             else:
@@ -185,6 +226,7 @@ class _Reader:
     # ------------------------------------------------------------------ statements
     def run(self, node) -> None:
         self.statements += 1
+        self.spend(1)
         if self.statements > MAX_STATEMENTS:
             raise self.fail(f"more than {MAX_STATEMENTS} statements walked (a loop or recursion?)")
         self.line = node.start_point[0] + 1
@@ -307,9 +349,14 @@ class _Reader:
         prefix: dict[str, str] = {}
         words: list[str] = []
         name_node = node.child_by_field_name("name")
-        saved = dict(self.vars)
+        saved: dict[str, object] = {}  # what the prefix assignments replace (a copy of every variable per command
+        # was O(script) per statement: issue 48)
         for child in node.named_children:
             if child.type == "variable_assignment" and name_node is not None and child.end_byte <= name_node.start_byte:
+                var = child.child_by_field_name("name")
+                key = var.text.decode() if var is not None and var.type == "variable_name" else None
+                if key is not None and key not in saved:
+                    saved[key] = self.vars.get(key, _ABSENT)
                 assigned = self.assignment(child)
                 if assigned:
                     prefix.update(assigned)
@@ -319,9 +366,11 @@ class _Reader:
                 words.extend(self.words(child))
         if name_node is None:
             return
-        if prefix:  # `A=1 cmd`: A is set for cmd only
-            self.vars.clear()
-            self.vars.update(saved)
+        for key, old in saved.items():  # `A=1 cmd`: A is set for cmd only
+            if old is _ABSENT:
+                self.vars.pop(key, None)
+            else:
+                self.vars[key] = old
         if not words:
             return
         head = words[0]
@@ -333,8 +382,10 @@ class _Reader:
         if head in self.functions:
             self.call(head, words[1:])
             return
-        if head in ("bash", "sh") and len(words) > 1 and words[1].endswith(".sh"):  # run, not sourced
-            self.out.scripts_called.append(words[1])
+        if head in ("bash", "sh"):  # run, not sourced: `bash [-x ...] FILE.sh ARGS...`
+            at = next((i for i, w in enumerate(words[1:], 1) if not w.startswith("-")), None)
+            if at is not None and words[at].endswith(".sh"):
+                self.out.scripts_called.append(words[at:])
         if head == "set" and len(words) > 1 and words[1] == "--":
             self.positional = words[2:]
         if head == "shift":
@@ -371,6 +422,15 @@ class _Reader:
             kind = node.type
             if kind == "comment":  # a comment inside an array or between continued lines
                 return [], False
+            if kind == "command_name":  # `"${LAUNCH[@]}" -m verl.trainer.main_ppo` (issue 44: 68 of verl main's 120
+                # launch scripts) and `$PYTHON -m ...`: the name is a word like any other
+                acc: list[str] = []
+                literal = False
+                for child in node.children:
+                    f, lit = self.fields(child, quoted=quoted)
+                    literal |= lit
+                    acc = self.join(acc, f)
+                return acc, literal
             if kind in ("word", "number", "variable_name", "regex", "extglob_pattern"):
                 text = node.text.decode()
                 if not quoted:
@@ -397,11 +457,12 @@ class _Reader:
                     literal |= lit
                     if lit and not f:
                         f = [""]
-                    acc = _join(acc, f)
+                    acc = self.join(acc, f)
                 return acc, literal
             if kind in ("simple_expansion", "expansion"):
                 value = self.expansion(node)
                 if isinstance(value, list):  # ${A[@]} / $@: one field per element, quoted or not
+                    self.spend(len(value))
                     return list(value) if quoted else [w for v in value for w in v.split()], False
                 if quoted:
                     return [value], True
@@ -427,16 +488,16 @@ class _Reader:
                 continue
             if child.type in ("simple_expansion", "expansion"):
                 value = self.expansion(child)
-                acc = _join(acc, list(value) if isinstance(value, list) else [value]) if value != [] else acc
+                acc = self.join(acc, list(value) if isinstance(value, list) else [value]) if value != [] else acc
             elif child.type == "arithmetic_expansion":
-                acc = _join(acc, [self.arith_word(child)])
+                acc = self.join(acc, [self.arith_word(child)])
             elif child.type == "command_substitution":
                 f, _ = self.fields(child, quoted=True)
-                acc = _join(acc, f)
+                acc = self.join(acc, f)
             elif child.type == "string_content":
-                acc = _join(acc, [re.sub(r"\\([\"\\$`])", r"\1", child.text.decode())])
+                acc = self.join(acc, [re.sub(r"\\([\"\\$`])", r"\1", child.text.decode())])
             else:
-                acc = _join(acc, [child.text.decode()])
+                acc = self.join(acc, [child.text.decode()])
         return acc
 
     def default(self, name: str, value, op: str, word) -> str | list[str]:
@@ -512,8 +573,12 @@ class _Reader:
             replacement = self.word_text(word_nodes[-1]) if len(word_nodes) > 1 else ""
             if not pattern:
                 return text
+            # the product's size is charged before it is built (issue 48: `${X//a/$Y}` on a 370-byte script asked
+            # for 4 GiB before the word bound)
+            count = text.count(pattern) if op == "//" else 1
+            self.charge_size(len(text) + count * max(0, len(replacement) - len(pattern)))
             if op == "//":
-                return self.charge(text.replace(pattern, replacement))
+                return text.replace(pattern, replacement)
             if op == "/#":
                 return replacement + text[len(pattern):] if text.startswith(pattern) else text
             if op == "/%":
@@ -799,15 +864,16 @@ def _trim(text: str, pattern: str, op: str) -> str:
     return text
 
 
-def read_script(text: str, source: str, env: dict[str, str] | None = None) -> ShellRead:
-    """Walk a bash script's parse tree (see the module docstring) with `env` as the inherited environment;
-    BadInput for what bash would not run."""
+def read_script(text: str, source: str, env: dict[str, str] | None = None, args: list[str] | None = None) -> ShellRead:
+    """Walk a bash script's parse tree (see the module docstring) with `env` as the inherited environment and
+    `args` as its arguments ($1...: what a wrapper's `bash FILE ARGS` passes); BadInput for what bash would not
+    run."""
     # bash drops a backslash-newline at the end of the input; tree-sitter-bash wants a line after it (upstream
     # scripts end on `"${ARGS[@]}" \` with no newline)
     data = text.encode("utf-8", "surrogateescape") + b"\n\n"
     tree = _parser().parse(data)
     root = tree.root_node
-    reader = _Reader(source, data, env)
+    reader = _Reader(source, data, env, args)
     if root.has_error:
         lifted_data, lifted = _lift_defaults(data)
         lifted_root = _parser().parse(lifted_data).root_node if lifted else root

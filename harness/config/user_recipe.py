@@ -22,12 +22,13 @@ from pathlib import Path
 from harness.config.shell import read_script
 from harness.errors import BadInput
 from harness.io import open_input
+from harness.redact import one_line
 
 ENTRY_PREFIX = "verl.trainer."  # main_ppo, or a fork's entry (cann-recipes-train runs main_ppo_npu)
 _PYTHON = re.compile(r"(.*/)?python(\d+(\.\d+)?)?$")
 # A recipe is a launch script or a YAML of a few kB; /dev/zero or a 1 GB file is refused before it is read whole
 # (issue 36: `--recipe /dev/zero` was read until memory ran out).
-MAX_RECIPE_BYTES = 4 << 20
+MAX_RECIPE_BYTES = 1 << 20
 # A Hydra YAML's flattened keys: verl's whole config has ~1,000; a 300-byte alias bomb (each level a list of the
 # previous level 9 times) names 10^9, which walking the aliases would build (issue 36).
 MAX_YAML_VALUES = 100_000
@@ -50,6 +51,9 @@ class UserRecipe:
     entrypoint: str | None = None  # the module the script runs (None: a YAML or command-line overrides only)
     notes: tuple[str, ...] = ()
     unset: tuple[str, ...] = ()  # shell variables the script uses and never sets (left as ${NAME} for the job's shell)
+    # every file the reader read, the recipe first and then each script a wrapper runs: what `launch` names, so a
+    # script planted where a wrapper looks for its target is never run unseen (issue 48)
+    files_read: tuple[str, ...] = ()
 
     def override_map(self) -> dict[str, str | None]:
         """Key (without +/++/~) -> value as written; None for a deletion (`~key`)."""
@@ -63,7 +67,7 @@ def split_override(override: str, where: str = "override") -> tuple[str, str | N
     key, sep, value = override.partition("=")
     key = key.lstrip("+")
     if not sep or not re.fullmatch(r"[\w\-@/]+(\.[\w\-@/]+)*", key):
-        raise BadInput(f"{where}: {override!r} is not a Hydra override (key=value, +key=value or ~key)")
+        raise BadInput(f"{where}: '{one_line(override)}' is not a Hydra override (key=value, +key=value or ~key)")
     return key, value
 
 
@@ -84,8 +88,8 @@ def read_recipe(path: str | None = None, overrides: Sequence[str] = (),
             parse_launch_script(text, str(path), env)
     for override in overrides:
         split_override(override, "overrides after --")
-    return UserRecipe(source=recipe.source, overrides=recipe.overrides + tuple(overrides), env=recipe.env,
-                      entrypoint=recipe.entrypoint, notes=recipe.notes, unset=recipe.unset)
+    return dataclasses.replace(recipe, overrides=recipe.overrides + tuple(overrides),
+                               files_read=recipe.files_read or ((str(path),) if path is not None else ()))
 
 
 def _read_bounded(path: str) -> str:
@@ -185,39 +189,47 @@ def _is_entry(module: str) -> bool:
     `recipe.dapo.main_dapo`, `recipe.r1_ascend.main_ppo`, `recipe.async_flow.grpo_main`, `recipe.spo.spo_main_ppo`).
     A bare `main_gkd` run from a recipe's own directory is not: nothing says it is verl's."""
     if module.startswith(ENTRY_PREFIX):
-        return True
+        return not _NOT_RL.search(module[len(ENTRY_PREFIX):])
     parts = module.split(".")
     return len(parts) >= 2 and parts[0] in ("recipe", "verl_recipe", "verl") and "main" in parts[-1]
 
 
-def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, str] | None = None,
-                        depth: int = 0) -> UserRecipe:
+def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, str] | None = None, *,
+                        args: Sequence[str] = (), chain: tuple[Path, ...] = ()) -> UserRecipe:
     """The `python3 -m verl.trainer.main_ppo ...` (or a recipe's main) command of a bash launch script: its
     overrides, and the environment the script exports (plus `NAME=value` prefixes of that command). The script is
     read with bash's grammar and never run (harness.config.shell). A wrapper with no verl command of its own that
     runs `bash other.sh` is followed into that script with the environment it exports, as bash passes it on
-    (cann-recipes-train's train_deepseekv3_256die_*.sh export VLLM_DP_SIZE and run internal/train_grpo_*.sh)."""
-    read = read_script(text, source, dict(env or {}))
+    (cann-recipes-train's train_deepseekv3_256die_*.sh export VLLM_DP_SIZE and run internal/train_grpo_*.sh), and
+    with the arguments it passes; `chain` is the wrappers read so far (a cycle or a nest deeper than
+    MAX_WRAPPER_DEPTH is refused as such)."""
+    read = read_script(text, source, dict(env or {}), list(args))
     notes = list(read.notes)
+    chain = (*chain, Path(source).resolve())
     mains = [c for c in read.commands if _entry_index(c.words) is not None]
     if not mains:
-        found = [(called, _called_file(source, called)) for called in read.scripts_called]
-        runs = [(called, file) for called, file in found if file is not None]
-        if runs and depth < MAX_WRAPPER_DEPTH:
-            called, file = runs[0]
-            inner = parse_launch_script(_read_bounded(str(file)), _shown(file), read.exported, depth + 1)
-            note = (f"{source}: no verl command of its own; it runs {called}, read as {_shown(file)} with the "
-                    f"{len(read.exported)} variable(s) it exports")
-            return dataclasses.replace(inner, source=source, notes=(*notes, note, *inner.notes))
-        called = f"; it runs {', '.join(read.scripts_called)} (not found beside it): pass that file to --recipe" \
-            if read.scripts_called else ""
-        others = sorted({c.words[i + 1] for c in read.commands for i in range(1, len(c.words) - 1)
-                         if c.words[i] == "-m" and any(_PYTHON.fullmatch(w) for w in c.words[:i])})
-        if others and not called:
-            called = (f"; it runs `python3 -m {others[0]}`, which is neither verl's trainer nor a recipe's main "
-                      "(a distillation or SFT trainer, or a tool, is not a job the harness plans)")
+        if read.scripts_called:
+            called, *called_args = read.scripts_called[0]
+            file = _called_file(source, called, chain)
+            inner = parse_launch_script(_read_bounded(str(file)), _shown(file), read.exported, chain=chain,
+                                        args=called_args)
+            note = (f"{source}: no verl command of its own; it runs {one_line(' '.join(read.scripts_called[0]))}, "
+                    f"read as {_shown(file)} with the {len(read.exported)} variable(s) it exports")
+            return dataclasses.replace(inner, source=source, notes=(*notes, note, *inner.notes),
+                                       files_read=(source, *inner.files_read))
+        runs = sorted({f"{_runs_module(c.words, i)} -m {c.words[i + 1]}" for c in read.commands
+                       for i in range(1, len(c.words) - 1) if c.words[i] == "-m" and _runs_module(c.words, i)})
+        files = sorted({f"{w} {c.words[i + 1]}" for c in read.commands for i, w in enumerate(c.words[:-1])
+                        if _PYTHON.fullmatch(w) and c.words[i + 1].endswith(".py")})
+        other = ""
+        if files and not runs:  # verl's split_placement example: `python3 main_ppo_split.py` (issue 44: true cause)
+            other = (f"; it runs `{one_line(files[0])}`, a script file rather than a module: the harness reads the "
+                     "jobs verl runs as `python3 -m MODULE`")
+        if runs:
+            other = (f"; it runs `{one_line(runs[0])}`, which is neither verl's trainer nor a recipe's main (a "
+                     "distillation, SFT or generation trainer, or a tool, is not a job the harness plans)")
         raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` (or a recipe's "
-                       f"`python3 -m recipe.<name>.main_...`) command in it{called}")
+                       f"`python3 -m recipe.<name>.main_...`) command in it{other}")
     if len(mains) > 1:
         raise BadInput(f"--recipe {source}: {len(mains)} verl commands (lines {', '.join(str(m.line) for m in mains)});"
                        " keep the one to plan in its own file")
@@ -257,21 +269,39 @@ def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, 
         split_override(override, f"--recipe {source}:{main.line}")
     env = {**read.exported, **main.prefix}
     return UserRecipe(source=source, overrides=tuple(overrides), env=env, entrypoint=entrypoint,
-                      notes=tuple(notes), unset=tuple(read.unset))
+                      notes=tuple(notes), unset=tuple(read.unset), files_read=(source,))
 
 
-def _called_file(source: str, called: str) -> Path | None:
-    """The script a wrapper runs by a relative path: bash resolves it in the directory the wrapper is started from,
-    which the wrapper's own directory or one above it is (`bash ./verl_patches/scripts/internal/x.sh` from
-    llm_rl/deepseek); an absolute path or one with `$` is the running machine's, not found here."""
+def _called_file(source: str, called: str, chain: tuple[Path, ...]) -> Path:
+    """The script a wrapper (`source`, the last of `chain`) runs by `bash CALLED`, found as bash finds it: a relative
+    path in the working directory, then beside the wrapper (where `bash "$(dirname "$0")/x.sh"` points), and
+    nowhere else. It walked every ancestor up to `/` (issue 48: a `scripts/train.sh` planted in a shared parent
+    became the job). BadInput, naming the cause, for a target found nowhere, one reached through a link that leaves
+    the job's tree (the working directory and the recipe's own directory), a cycle, or a nest deeper than
+    MAX_WRAPPER_DEPTH."""
+    shown = one_line(called)
     if "$" in called or Path(called).is_absolute():
-        return None
-    wrapper = Path(source).resolve()
-    for base in wrapper.parents:
-        candidate = base / called
-        if candidate.is_file() and candidate.resolve() != wrapper:
-            return candidate
-    return None
+        raise BadInput(f"--recipe {source}: it runs {shown}, a path of the machine that runs the job (not read "
+                       "here): pass that file to --recipe")
+    cwd, beside = Path.cwd(), Path(source).resolve().parent
+    roots = (cwd.resolve(), chain[0].parent)
+    candidate = next((base / called for base in (cwd, beside) if (base / called).is_file()), None)
+    if candidate is None:
+        raise BadInput(f"--recipe {source}: it runs {shown}, found neither in the working directory ({cwd}) nor "
+                       f"beside it ({beside}); run from the directory bash runs it from, or pass that file to "
+                       "--recipe")
+    real = candidate.resolve()
+    if not any(real.is_relative_to(root) for root in roots):
+        raise BadInput(f"--recipe {source}: it runs {shown}, which resolves to {real}, outside the job's tree "
+                       f"({' and '.join(dict.fromkeys(map(str, roots)))}); a link out of it is not followed: pass "
+                       "that file to --recipe")
+    names = " runs ".join(_shown(f) for f in (*chain, real))
+    if real in chain:
+        raise BadInput(f"--recipe {source}: a wrapper cycle ({names}); bash would never reach a verl command")
+    if len(chain) > MAX_WRAPPER_DEPTH:
+        raise BadInput(f"--recipe {source}: wrappers nest more than {MAX_WRAPPER_DEPTH} deep ({names}); pass the "
+                       "script with the verl command to --recipe")
+    return candidate
 
 
 def _shown(file: Path) -> str:
@@ -282,13 +312,28 @@ def _shown(file: Path) -> str:
         return str(file)
 
 
+# What runs a module (`X -m MODULE`): python, torchrun (issue 44: verl's SFT and some RL examples), or an
+# interpreter the script leaves to its caller (`$PYTHON -m`, kept as `${PYTHON}` when the script never sets it).
+_LAUNCHER = re.compile(r"(.*/)?torchrun$")
+_UNSET_INTERPRETER = re.compile(r"\$\{\w+\}$")
+# verl.trainer modules that are not an RL job (issue 44: refused for the true cause, not "names no model")
+_NOT_RL = re.compile(r"sft|generation|eval")
+
+
+def _runs_module(words: list[str], i: int) -> str | None:
+    """The interpreter whose `-m` words[i] is: `python [-u ...] -m` (possibly behind a launcher such as
+    `ray job submit ... --` or `uv run ...`), `torchrun [options] -m`, `${PYTHON} -m`; None for another `-m`."""
+    j = i - 1
+    while j > 0 and re.fullmatch(r"-[uBOsSEIX]+", words[j]):  # python's own flags before -m
+        j -= 1
+    if _PYTHON.fullmatch(words[j]) or _UNSET_INTERPRETER.fullmatch(words[j]):
+        return words[j]
+    return next((w for w in words[:i] if _LAUNCHER.fullmatch(w)), None)
+
+
 def _entry_index(words: list[str]) -> int | None:
-    """Index of `-m` in `python [-u ...] -m <entry> ...` (possibly behind a launcher such as `ray job submit --`)."""
+    """Index of `-m` in the command that runs a verl job's entry module (_runs_module, _is_entry)."""
     for i in range(1, len(words) - 1):
-        if words[i] == "-m" and _is_entry(words[i + 1]):
-            j = i - 1
-            while j > 0 and re.fullmatch(r"-[uBOsSEIX]+", words[j]):  # python's own flags before -m
-                j -= 1
-            if _PYTHON.fullmatch(words[j]):
-                return i
+        if words[i] == "-m" and _is_entry(words[i + 1]) and _runs_module(words, i):
+            return i
     return None

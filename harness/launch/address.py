@@ -13,6 +13,7 @@ import base64
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,13 @@ def ray_address_file() -> Path:
     return Path(base) / "ray" / "ray_current_cluster"
 
 
+# What `ray start` writes to the address file: the GCS's HOST:PORT (ray 2.60 scripts/scripts.py start ->
+# ray/_private/utils.py write_ray_address(ray_params.gcs_address)): a host name, an IPv4 or a bracketed IPv6
+# address, and a port.
+_GCS_ADDRESS = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):\d{1,5}")
+MAX_ADDRESS_FILE_BYTES = 4096
+
+
 def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) -> str:
     """`auto` as Ray 2.60's job CLI resolves it (ray/dashboard/utils.py get_address_for_submission_client ->
     ray_address_to_api_server_url): the GCS address in the running cluster's address file (ray_address_file), then
@@ -54,9 +62,15 @@ def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) 
     (any GCS process `ps` shows, without an address file) is left out: it picks an arbitrary cluster."""
     import threading
 
+    from harness.io import open_input
+
     path = ray_address_file()
-    try:
-        gcs = path.read_text().strip()
+    try:  # a regular file of a line (open_input refuses a FIFO, which blocked for ever, or a device), read bounded
+        with open_input(path, "rb") as f:
+            raw = f.read(MAX_ADDRESS_FILE_BYTES + 1)
+        gcs = raw.decode("utf-8", "replace").strip()
+    except BadInput as exc:
+        raise BadInput(f"{option}=auto: {exc}") from None
     except FileNotFoundError:
         raise BadInput(f"{option}=auto: no running Ray cluster on this machine ({path} is missing; `ray start --head` "
                        f"writes it); start one or pass http://HEAD:{DASHBOARD_PORT}") from None
@@ -65,6 +79,13 @@ def auto_dashboard(option: str = "RAY_ADDRESS", timeout_s: float | None = None) 
     if not gcs:
         raise BadInput(f"{option}=auto: {path} is empty; restart the cluster (`ray start --head`) or pass "
                        f"http://HEAD:{DASHBOARD_PORT}")
+    if len(raw) > MAX_ADDRESS_FILE_BYTES or not _GCS_ADDRESS.fullmatch(gcs):
+        # Ray's own lookup logs the address raw (escapes, a newline that fakes a log line): it only ever sees one
+        # `ray start` writes
+        # not echoed: what is there may be a credential (user:password@host) or terminal control
+        raise BadInput(f"{option}=auto: {path} holds {len(raw)}{'+' if len(raw) > MAX_ADDRESS_FILE_BYTES else ''} "
+                       f"bytes that are not the HOST:PORT `ray start` writes; restart the cluster (`ray start --head`) "
+                       f"or pass http://HEAD:{DASHBOARD_PORT}")
     timeout_s = connect_timeout() if timeout_s is None else timeout_s
     found: list = []
 
@@ -178,38 +199,81 @@ def split_credentials(url: str) -> tuple[str, dict]:
     return f"{parts.scheme}://{host}", {"Authorization": "Basic " + base64.b64encode(pair).decode()}
 
 
-def check_dashboard(url: str, option: str = "--ray-address", timeout_s: float | None = None) -> str:
-    """Ask the dashboard for its version within `timeout_s`; the Ray version it reports, or BadInput in one line."""
-    timeout_s = connect_timeout() if timeout_s is None else timeout_s
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: the request carries `Authorization` (RAY_AUTH_TOKEN, or the URL's user:password),
+    and urllib sent it on to whatever host a 302 named (issue 48). A dashboard answers its API paths itself; a 3xx
+    is reported instead (HTTPError)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+MAX_VERSION_BYTES = 64 << 10  # /api/version: {"ray_version": ..., ...}, a few hundred bytes
+
+
+def auth_headers(url: str) -> tuple[str, dict]:
+    """`url` without its credentials, and the Authorization header that carries them (split_credentials), or Ray's
+    bearer token (RAY_AUTH_MODE=token) when RAY_AUTH_TOKEN is set."""
     bare, headers = split_credentials(url)
     token = os.environ.get("RAY_AUTH_TOKEN")
     if token:  # Ray token authentication (RAY_AUTH_MODE=token): the dashboard wants the bearer token
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"{bare}/api/version", headers=headers)
+    return bare, headers
+
+
+def get_bounded(url: str, path: str, *, cap: int, timeout_s: float, what: str, stall: str | None = None) -> bytes:
+    """GET `path` of the dashboard `url`: the answer's bytes, read within `timeout_s` in all and refused past `cap`
+    bytes before more is read (issue 48: Jobs API answers were read whole), never following a redirect (_NoRedirect);
+    HTTPError for an error status (a 3xx included), BadInput for an answer over the cap or a stall (`stall`, else a
+    line naming `what`)."""
+    from harness.io import size_text
+
+    bare, headers = auth_headers(url)
+    request = urllib.request.Request(f"{bare}{path}", headers=headers)
     deadline = time.monotonic() + timeout_s
 
     def fetch() -> bytes:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:  # noqa: S310 (http(s) only, checked)
+        with _OPENER.open(request, timeout=timeout_s) as reply:
             chunks, size = [], 0
-            while size < 65536 and time.monotonic() < deadline:
-                chunk = reply.read1(65536 - size)
+            while size <= cap and time.monotonic() < deadline:
+                chunk = reply.read1(cap + 1 - size)
                 if not chunk:
-                    break
+                    return b"".join(chunks)
                 chunks.append(chunk)
                 size += len(chunk)
-            return b"".join(chunks)
+            if size > cap:
+                raise BadInput(f"{what}: an answer of more than {size_text(cap)} (no Ray answer is that big); check "
+                               "the address")
+            return b"".join(chunks)  # the deadline: `within` reports it
 
+    return within(timeout_s, stall or f"{what}: no complete answer within {timeout_s:g} s (it stalls or trickles); "
+                             "check the cluster, or raise HARNESS_RAY_CONNECT_TIMEOUT", fetch)
+
+
+def check_dashboard(url: str, option: str = "--ray-address", timeout_s: float | None = None) -> str:
+    """Ask the dashboard for its version within `timeout_s`; the Ray version it reports, or BadInput in one line."""
+    from harness.redact import one_line
+
+    timeout_s = connect_timeout() if timeout_s is None else timeout_s
     try:
-        body = within(timeout_s, f"{option} {redact(url)}: no Ray dashboard answers within {timeout_s:g} s (no "
+        body = get_bounded(url, "/api/version", cap=MAX_VERSION_BYTES, timeout_s=timeout_s,
+                           what=f"{option} {redact(url)}: the Ray dashboard",
+                           stall=f"{option} {redact(url)}: no Ray dashboard answers within {timeout_s:g} s (no "
                                  "complete answer: it stalls or trickles); check the cluster, or raise "
-                                 "HARNESS_RAY_CONNECT_TIMEOUT", fetch)
+                                 "HARNESS_RAY_CONNECT_TIMEOUT")
     except urllib.error.HTTPError as exc:
         hint = "; set RAY_AUTH_TOKEN (the cluster uses token authentication)" if exc.code in (401, 403) else ""
+        if 300 <= exc.code < 400:
+            hint = (f", a redirect to {one_line(redact(exc.headers.get('Location') or '?'), 120)}, not followed (the "
+                    "credentials stay with the address given); pass the dashboard's own address")
         raise BadInput(f"{option} {redact(url)}: the dashboard answered HTTP {exc.code}{hint}") from None
+    except BadInput:
+        raise
     except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
         reason = getattr(exc, "reason", exc)
         raise BadInput(f"{option} {redact(url)}: no Ray dashboard answers within {timeout_s:g} s "
-                       f"({type(reason).__name__}: {reason}); start the cluster or pass "
+                       f"({type(reason).__name__}: {one_line(str(reason), 120)}); start the cluster or pass "
                        f"http://HEAD:{DASHBOARD_PORT}") from None
     try:
         return str(json.loads(body).get("ray_version", "unknown"))

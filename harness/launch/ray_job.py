@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
-from harness.launch.address import call_timeout, check_dashboard, dashboard_url, stalled, within
+from harness.launch.address import call_timeout, check_dashboard, dashboard_url, get_bounded, stalled, within
 from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
 from harness.redact import for_terminal, redact, redact_doc
 
@@ -167,7 +167,7 @@ def _client(address: str):
     except Exception as exc:  # ConnectionError, RuntimeError from the version check, ...
         raise BadInput(f"--ray-address {redact(url)}: no Ray job server answers there ({type(exc).__name__}); "
                        "start the cluster (`ray start --head --dashboard-host ...`) or pass http://HEAD:8265") from None
-    return _Deadlined(client, f"the Ray job server at {redact(url)}"), url
+    return _Deadlined(client, f"the Ray job server at {redact(url)}", url), url
 
 
 class _Deadlined:
@@ -176,14 +176,45 @@ class _Deadlined:
     SubmissionClient._do_request: `requests.request(...)` with no `timeout`), so a Jobs API that stalled after the
     version check hung `launch` (even with --timeout) and `launch --status` forever."""
 
-    def __init__(self, client, what: str):
-        self._client, self._what = client, what
+    def __init__(self, client, what: str, url: str):
+        self._client, self._what, self._url = client, what, url
+
+    # The reads: Ray's client reads an answer whole (`requests` without `stream`), so a server answering 1 GB for a
+    # status was read into memory (issue 48). These GET the same paths Ray's client does (ray 2.60.0
+    # ray/dashboard/modules/job/sdk.py JobSubmissionClient.get_job_info / get_job_status / get_job_logs), bounded by
+    # harness.launch.address.get_bounded (a cap, a deadline, no redirect).
+    def _get(self, path: str, cap: int):
+        import json
+        import urllib.error
+
+        try:
+            body = get_bounded(self._url, path, cap=cap, timeout_s=call_timeout(), what=self._what)
+            return json.loads(body)
+        except urllib.error.HTTPError as exc:  # as Ray's client raises it: "Job ... does not exist" for a 404
+            raise RuntimeError(f"HTTP {exc.code} from {path}") from None
+        except ValueError:
+            raise RuntimeError(f"{path}: the answer is not JSON") from None
+
+    def get_job_info(self, job_id: str):
+        from ray.job_submission import JobDetails
+
+        return JobDetails(**self._get(f"/api/jobs/{check_job_id(job_id)}", MAX_INFO_BYTES))
+
+    def get_job_status(self, job_id: str):
+        return self.get_job_info(job_id).status
+
+    def get_job_logs(self, job_id: str) -> str:
+        return str(self._get(f"/api/jobs/{check_job_id(job_id)}/logs", MAX_LOG_BYTES).get("logs", ""))
 
     def __getattr__(self, name):
         attr = getattr(self._client, name)
         if not callable(attr):
             return attr
         return lambda *a, **kw: within(call_timeout(), stalled(f"{self._what} ({name})"), attr, *a, **kw)
+
+
+MAX_INFO_BYTES = 1 << 20  # a job's details: status, message, entrypoint, metadata, runtime env
+MAX_LOG_BYTES = 256 << 20  # a job's driver log as the Jobs API returns it (JSON); a verl run logs tens of MB
 
 
 def _alive_nodes(url: str, attempts: int = 3) -> set[str] | None:
