@@ -119,7 +119,7 @@ def _pin(item: str, where: str) -> Pin:
         return Pin(canonicalize_name(name), str(version), str(wheel))
     try:
         req = Requirement(item)
-    except InvalidRequirement as exc:
+    except (InvalidRequirement, ValueError) as exc:  # ValueError: a version of 5000 digits (Python's int limit)
         raise BadInput(f"{where}: {shown(item)!r} is not `name==version` ({shown(str(exc).splitlines()[0])})") \
             from None
     exact = [s for s in req.specifier if s.operator == "=="]
@@ -201,20 +201,26 @@ def build(stack: Stack, cache: Path | None = None) -> tuple[Path | None, bool]:
             _check_import(pin, work)
         (work / BUILDING_LOCK).unlink()
         (work / ".complete").write_text(json.dumps([p.source for p in stack.pins]) + "\n")
-        try:
-            work.rename(target)
-        except OSError as exc:
-            # two gates finished the same overlay: the second rename meets a non-empty directory (ENOTEMPTY, or
-            # EEXIST where the file system says so; issue 48). The first one's is the same overlay: use it.
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (target / ".complete").is_file():
-                raise
-        return target, False
+        return publish(work, target), False
     except subprocess.TimeoutExpired:
         raise StackSkip(f"{stack.label}: pip took more than {PIP_TIMEOUT_S} s") from None
     finally:
         os.close(lock)
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def publish(work: Path, target: Path) -> Path:
+    """`work`, a finished overlay, renamed to `target`. Two gates that finish the same overlay race here: the second
+    rename meets the first one's non-empty directory (ENOTEMPTY, or EEXIST where the file system says so; issue
+    48), which holds the same pins and is used; `work` is removed."""
+    try:
+        work.rename(target)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (target / ".complete").is_file():
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+    return target
 
 
 def clean_leftovers(cache: Path, older_than_s: float = STALE_TMP_S) -> list[Path]:
