@@ -260,6 +260,7 @@ def test_pip_argv_too_long_is_one_line(tmp_path):
      "--report-dir /proc/self/x: cannot be made a directory"),
     (["run", "--scale", "tiny", "--report-dir", "/proc/self/x"], "--report-dir /proc/self/x: cannot be made"),
     (["gate", "--from", "installed", "--to", "verl==" + "9" * 100_000], "(100006 characters)"),
+    (["launch", "--stall-timeout", "1e-300"], "--stall-timeout 1e-300: must be a finite number in [1e-09, 1e+09]"),
 ])
 def test_bad_input_is_one_line(capsys, argv, says):
     assert main(argv) == 2
