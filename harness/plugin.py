@@ -232,6 +232,8 @@ def check_report_dir(path: str | os.PathLike, option: str = "--report-dir") -> P
     check of `run`, `gate` and this plugin."""
     from harness.io import file_kind
 
+    if not os.fspath(path).strip():  # Path("") is ".": `run --report-dir ""` wrote its set into the working directory
+        raise BadInput(f"{option} '': empty; pass a directory")
     path = Path(path)
     kind = file_kind(path)
     if kind not in (None, "directory"):

@@ -187,6 +187,7 @@ def test_a_signal_to_the_gate_stops_its_child_run(tmp_path, signum):
     proc.send_signal(signum)
     _, err = proc.communicate()
     assert proc.returncode == 128 + signum, err
+    assert "gate: interrupted: stopped the run on A and its processes (its exit " in err, err
     assert not (out / "A" / "report.json").exists(), "the child's selection ran on to the end"
     assert _group_alive(str(out)) == []
 
@@ -259,6 +260,8 @@ def test_pip_argv_too_long_is_one_line(tmp_path):
     (["gate", "--from", "installed", "--to", "installed", "--report-dir", "/proc/self/x"],
      "--report-dir /proc/self/x: cannot be made a directory"),
     (["run", "--scale", "tiny", "--report-dir", "/proc/self/x"], "--report-dir /proc/self/x: cannot be made"),
+    (["run", "--scale", "tiny", "--report-dir", ""], "--report-dir '': empty"),  # ran the suites into the cwd
+    (["gate", "--from", "installed", "--to", "/dev/zero"], "--to /dev/zero: is a character device"),
     (["gate", "--from", "installed", "--to", "verl==" + "9" * 100_000], "(100006 characters)"),
     (["launch", "--stall-timeout", "1e-300"], "--stall-timeout 1e-300: must be a finite number in [1e-09, 1e+09]"),
 ])

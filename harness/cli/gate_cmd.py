@@ -160,14 +160,17 @@ def _run(env: dict, report_dir: Path, selection: list[str], option: str, side: s
     from harness.report.schema import load_report
 
     argv = [sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", str(report_dir)]
-    code, tail = _child([*argv, "--", *selection] if selection else argv, {**env, "COLUMNS": "120"}, RUN_TIMEOUT_S,
+    code, tail = _child(f"the run on {side}", [*argv, "--", *selection] if selection else argv,
+                        {**env, "COLUMNS": "120"}, RUN_TIMEOUT_S,
                         show=lambda line: _say(f"  {side}: {line[:200]}"))
     path = report_dir / "report.json"
     if code in (0, 1) and _fresh(path, started):
         return load_report(path)
     last = next((line for line in reversed(tail) if ": error: " in line), tail[-1] if tail else f"exit {code}")
     logs = [str(p) for p in (report_dir / "pytest-failed.log", report_dir / LOG_NAME) if _fresh(p, started)]
-    why = f"{last.strip()[-300:]}" + (f" (see {logs[0]})" if logs else "")  # only a log this run wrote
+    why = last.strip()[-300:]
+    if logs and logs[0] not in why:  # only a log this run wrote (issue 48 named A/pytest.log, never written)
+        why += f" (see {logs[0]})"
     if code == 2:
         raise BadInput(f"{option}: `run` on {side} judged nothing: {why}")
     if side == "A":
@@ -184,7 +187,7 @@ def _fresh(path: Path, started: float) -> bool:
         return False
 
 
-def _child(argv: list[str], env: dict, timeout_s: float, show=None) -> tuple[int, list[str]]:
+def _child(what: str, argv: list[str], env: dict, timeout_s: float, show=None) -> tuple[int, list[str]]:
     """Run `argv` in the checkout in a process group of its own, each line of its output (stdout and stderr) to
     `show`: (its exit code, its last lines). Past `timeout_s`, or when the gate is interrupted, the whole group is
     stopped (_stop; issue 48: on SIGTERM the gate waited for its child's whole run, up to an hour, and a SIGINT
@@ -205,6 +208,7 @@ def _child(argv: list[str], env: dict, timeout_s: float, show=None) -> tuple[int
         return proc.wait(), list(tail)
     except BaseException:  # SIGINT, SIGTERM (harness.errors.Terminated): the child's group goes with the gate
         _stop(proc)
+        _say(f"interrupted: stopped {what} and its processes (its exit {proc.returncode})")
         raise
     finally:
         watchdog.cancel()
@@ -224,7 +228,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _pytest(env: dict, nodeids: list[str]) -> int:
-    return _child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny", *nodeids],
+    return _child("the bisection's oracle",
+                  [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny", *nodeids],
                   env, ORACLE_TIMEOUT_S)[0]
 
 

@@ -73,7 +73,10 @@ def parse_stack(text: str, option: str, installed: dict[str, str]) -> Stack:
     from harness.io import file_kind
 
     path = Path(text)
-    if path.suffix != ".whl" and file_kind(path) == "regular file":  # file_kind: a 100 kB "path" is no OSError
+    kind = file_kind(path)  # file_kind: a 100 kB "path" is no OSError
+    if kind not in (None, "regular file", "unreadable path"):  # a FIFO, /dev/zero: was read as a pin "fifo.txt"
+        raise BadInput(f"{option} {shown(text)}: is a {kind}; pass a requirements file or `name==version` items")
+    if path.suffix != ".whl" and kind == "regular file":
         from harness.config.requirements import requirement_entries
 
         # one reader of requirements files (issue 48: `-r base.txt` and `-c` were dropped here, and the file read
