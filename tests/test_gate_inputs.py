@@ -332,6 +332,8 @@ def test_calibrate_curves_never_writes_onto_an_input(tmp_path):
     assert golden.read_bytes() == before
     proc = _calibrate("--runs", str(golden))
     assert proc.returncode == 2 and "is a regular file; pass the cache directory" in proc.stderr, proc.stderr
+    proc = _calibrate("--runs", "")
+    assert proc.returncode == 2 and "--runs '': empty" in proc.stderr, proc.stderr
 
 
 def test_calibrate_curves_names_a_corrupt_cached_run(tmp_path):
