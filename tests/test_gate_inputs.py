@@ -194,10 +194,10 @@ def test_a_signal_to_the_gate_stops_its_child_run(tmp_path, signum):
 
 # -- overlays ------------------------------------------------------------------------------------------------------
 
-def _tiny_wheel(out: Path, version: str = "1.0") -> Path:
+def _tiny_wheel(out: Path, version: str = "1.0", body: bytes = b"VALUE = 1\n") -> Path:
     """A real wheel of one module, `gatetiny`, that nothing installs."""
     info = f"gatetiny-{version}.dist-info"
-    files = {"gatetiny/__init__.py": b"VALUE = 1\n",
+    files = {"gatetiny/__init__.py": body,
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: gatetiny\nVersion: {version}\n".encode(),
              f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
              f"{info}/top_level.txt": b"gatetiny\n"}
@@ -243,6 +243,19 @@ def test_two_gates_finishing_one_overlay_both_get_it(tmp_path):
     (work / "gatetiny").mkdir(parents=True)
     with pytest.raises(OSError, match="not empty"):
         st.publish(work, target)
+
+
+def test_an_unbuildable_b_is_said_before_a_runs(tmp_path, capsys, monkeypatch):
+    """Issue 48: B's stack was built only after A's whole selection had run, so an unbuildable B was reported 10
+    minutes late. Here B's one package does not import: exit 2 before any selection runs."""
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    broken = _tiny_wheel(tmp_path, "2.0", b"raise ImportError('seeded: this stack cannot import')\n")
+    out = tmp_path / "g"
+    assert main(["gate", "--from", "installed", "--to", str(broken), "--select", "-k advantage",
+                 "--report-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "SKIP, the stack cannot be built: gatetiny 2.0 does not import" in err
+    assert "running the selection" not in err and not list(out.glob("A/*.json")), "A ran before B was built"
 
 
 def test_pip_argv_too_long_is_one_line(tmp_path):
