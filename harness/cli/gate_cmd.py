@@ -53,12 +53,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     except ValueError as exc:  # `--select "'"`: a traceback before issue 48
         raise BadInput(f"--select {st.shown(args.select)}: {exc}; quote pytest's arguments as a shell would") \
             from None
-    # Absolute before any child starts: `run` starts in the checkout, the gate's own files go where it was started;
-    # a relative directory meant both (issue 48: from elsewhere it replaced the checkout's report set).
-    out = check_report_dir(args.report_dir).absolute()
     installed = st.installed_versions()
     a = st.parse_stack(args.from_stack, "--from", installed)
     b = st.parse_stack(args.to_stack, "--to", installed)
+    # Absolute before any child starts: `run` starts in the checkout, the gate's own files go where it was started;
+    # a relative directory meant both (issue 48: from elsewhere it replaced the checkout's report set).
+    out = check_report_dir(args.report_dir).absolute()
     with exclusive(out, "this gate's report directory"):
         for side in ("A", "B"):  # a side's directory another run holds: said now, not after A's whole selection
             with exclusive(check_report_dir(out / side), "this report directory"):
