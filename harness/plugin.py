@@ -222,7 +222,32 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("report_dir"):  # outcomes + record_property measurements -> report.json/.html/.md
         from harness.report.collect import ReportCollector
 
+        try:
+            check_report_dir(config.getoption("report_dir"))
+        except BadInput as exc:
+            raise pytest.UsageError(str(exc)) from None
         config.pluginmanager.register(ReportCollector(config, config.getoption("report_dir")), "harness-report")
+
+
+def check_report_dir(path: str | os.PathLike, option: str = "--report-dir") -> Path:
+    """`path` as a report directory, created if absent; BadInput, one line naming `option`, for a file there or a
+    directory that cannot be made, whatever the reason (issue 48: `--report-dir /proc/self/x`, ENOENT, was a
+    traceback in `run` and an INTERNALERROR here; a full, read-only or denied file system said so already). The one
+    check of `run`, `gate` and this plugin."""
+    from harness.io import file_kind
+
+    if not os.fspath(path).strip():  # Path("") is ".": `run --report-dir ""` wrote its set into the working directory
+        raise BadInput(f"{option} '': empty; pass a directory")
+    path = Path(path)
+    kind = file_kind(path)
+    if kind not in (None, "directory"):
+        raise BadInput(f"{option} {path}: is a {kind}; pass a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise BadInput(f"{option} {path}: cannot be made a directory ({getattr(exc, 'strerror', None) or exc}); "
+                       "choose a directory you can write") from None
+    return path
 
 
 def _check_input_paths(config: pytest.Config) -> None:

@@ -27,6 +27,7 @@ def test_stacks_are_pins_over_the_installed_one(tmp_path):
     b = st.parse_stack("verl==0.9.0, transformers==5.19.0", "--to", INSTALLED)
     assert [(p.name, p.version) for p in b.pins] == [("verl", "0.9.0")], "an unchanged pin moves nothing"
     req = tmp_path / "stack.txt"
+    (tmp_path / "base.txt").write_text("ray==2.60.0\n")
     req.write_text("# a constraints file\n-r base.txt\nTransformers==5.18.0  # a step\nray==2.60.0\n")
     c = st.parse_stack(str(req), "--to", INSTALLED)
     assert [(p.name, p.version) for p in c.pins] == [("transformers", "5.18.0")]

@@ -61,7 +61,9 @@ def real(low: float, high: float, *, low_open: bool = False, high_open: bool = F
     return parse
 
 
-positive_float = real(0.0, numeric.MAX_SECONDS, low_open=True)  # --timeout: seconds a wait can take
+# --timeout, --stall-timeout: seconds a wait can take, within the numeric policy's durations (issue 48:
+# `--stall-timeout 1e-300` was taken, a bound no step can meet)
+positive_float = real(numeric.MIN_SECONDS, numeric.MAX_SECONDS)
 fraction = real(0.0, 1.0, high_open=True)  # a relative tolerance: 0.05 = 5 %
 
 

@@ -13,8 +13,12 @@ package that moves and every known-bug row (harness/config/known_bugs.py) whose 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -26,51 +30,79 @@ from harness.errors import BadInput
 
 RUN_TIMEOUT_S = 3600  # one side's selection: the tiny tier's suites take ~10 min on 2 cores
 ORACLE_TIMEOUT_S = 1200
+STOP_S = 30  # a child's grace after SIGTERM to stop its tiny verl launcher and Ray before SIGKILL
 
 
 def _say(text: str) -> None:
-    print(f"gate: {text}", file=sys.stderr, flush=True)
+    """One progress line on stderr, terminal escapes removed (issue 48: a stack label's reached the terminal raw)."""
+    from harness.redact import for_terminal
+
+    print(f"gate: {for_terminal(text)}", file=sys.stderr, flush=True)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args)
     from harness.gate import stacks as st
-    from harness.gate.verdict import BROKEN, bisect, compare, oracle_test
+    from harness.io import exclusive
+    from harness.plugin import check_report_dir
 
+    started = time.time()  # a report older than this is an earlier gate's (issue 48), never this one's
+    try:
+        selection = shlex.split(args.select or "")
+    except ValueError as exc:  # `--select "'"`: a traceback before issue 48
+        raise BadInput(f"--select {st.shown(args.select)}: {exc}; quote pytest's arguments as a shell would") \
+            from None
     installed = st.installed_versions()
     a = st.parse_stack(args.from_stack, "--from", installed)
     b = st.parse_stack(args.to_stack, "--to", installed)
+    # Absolute before any child starts: `run` starts in the checkout, the gate's own files go where it was started;
+    # a relative directory meant both (issue 48: from elsewhere it replaced the checkout's report set).
+    out = check_report_dir(args.report_dir).absolute()
+    with exclusive(out, "this gate's report directory"):
+        for side in ("A", "B"):  # a side's directory another run holds: said now, not after A's whole selection
+            with exclusive(check_report_dir(out / side), "this report directory"):
+                pass
+        return _gate(args, st, a, b, installed, selection, out, started)
+
+
+def _gate(args, st, a, b, installed: dict, selection: list[str], out: Path, started: float) -> int:
+    from harness.gate.verdict import BROKEN, bisect, compare, judged, oracle_test
+
     moves = st.moved(a, b, installed)
-    selection = shlex.split(args.select or "")
-    out = Path(args.report_dir)
     timings: dict[str, float] = {}
     _say(f"{len(moves)} package(s) move: " + (", ".join(f"{n} {va} -> {vb}" for n, (va, vb) in moves.items())
                                               or "none"))
+
     def ready(stack):
         """(the stack's environment, its overlay, whether it was cached); StackSkip when it cannot be built."""
         overlay, cached = st.build(stack)
         return st.environment(overlay, stack.versions(installed).get("verl")), overlay, cached
 
-    reports, configs = {}, {}
+    # Both stacks are built before either selection runs (issue 48: an unbuildable B was said after A's whole run).
+    envs, reports, configs = {}, {}, {}
     for side, stack, option in (("A", a, "--from"), ("B", b, "--to")):
-        started = time.monotonic()
+        begun = time.monotonic()
         try:
-            env, overlay, cached = ready(stack)
+            envs[side], overlay, cached = ready(stack)
         except st.StackSkip as exc:
             raise BadInput(f"{option} {stack.label}: SKIP, the stack cannot be built: {exc}") from None
-        timings[f"build_{side}_s"] = round(time.monotonic() - started, 1)
+        timings[f"build_{side}_s"] = round(time.monotonic() - begun, 1)
         _say(f"stack {side} ({stack.label}): " + ("the installed stack" if overlay is None else
                                                   f"overlay {overlay} ({'cached' if cached else 'built'}, "
                                                   f"{timings[f'build_{side}_s']} s)"))
-        _say(f"running the selection on {side} (`run --scale tiny{' -- ' + args.select if args.select else ''}`)")
-        started = time.monotonic()
-        reports[side] = report = _run(env, out / side, selection, side == "A", option, side)
-        timings[f"run_{side}_s"] = round(time.monotonic() - started, 1)
-        configs[side] = _resolved(env)
-        counts = report.counts if report else {}
-        _say(f"{side}: " + (", ".join(f"{v} {k}" for k, v in counts.items() if v) if report else
-                            "the run wrote no report (it crashed)") + f" in {timings[f'run_{side}_s']} s")
+    for side, option in (("A", "--from"), ("B", "--to")):
+        shown = f" -- {st.shown(args.select)}" if args.select else ""
+        _say(f"running the selection on {side} (`run --scale tiny{shown}`)")
+        begun = time.monotonic()
+        reports[side] = report = _run(envs[side], out / side, selection, option, side, started)
+        timings[f"run_{side}_s"] = round(time.monotonic() - begun, 1)
+        if side == "A" and not judged(report):  # issue 48: a selection of nothing was SAFE
+            raise BadInput(f"--select {st.shown(args.select) or '(default)'}: no test was judged on A "
+                           f"({_counts(report) or 'none collected'}); select tests that run on the tiny tier")
+        configs[side] = _resolved(envs[side])
+        _say(f"{side}: " + (_counts(report) if report else "the run crashed and wrote no report")
+             + f" in {timings[f'run_{side}_s']} s")
     ra, rb = reports["A"], reports["B"]
     comparison = compare(ra, rb, configs["A"], configs["B"]) if rb is not None else None
     curves = _curves(ra, rb, out) if rb is not None else None
@@ -83,20 +115,20 @@ def cmd_gate(args: argparse.Namespace) -> int:
         _say(f"bisecting {len(moves)} moved package(s) with {oracle} as the oracle")
 
         def reproduces(names: set[str]):
-            started = time.monotonic()
+            begun = time.monotonic()
             try:
                 env, _, _ = ready(st.combine(a, b, names))
             except st.StackSkip as exc:
-                return None, str(exc), time.monotonic() - started
+                return None, str(exc), time.monotonic() - begun
             code = _pytest(env, [oracle])
             result = None if code in (4, 5) else code != 0
             _say(f"  A + {', '.join(sorted(names))}: " + {True: "reproduces", False: "passes",
                                                           None: f"SKIP (pytest exit {code})"}[result])
-            return result, f"pytest exit {code}", time.monotonic() - started
+            return result, f"pytest exit {code}", time.monotonic() - begun
 
-        started = time.monotonic()
+        begun = time.monotonic()
         bisection = bisect(list(moves), reproduces)
-        timings["bisect_s"] = round(time.monotonic() - started, 1)
+        timings["bisect_s"] = round(time.monotonic() - begun, 1)
     doc = {
         "from": a.label, "to": b.label, "selection": selection,
         "moved": {n: {"a": va, "b": vb} for n, (va, vb) in moves.items()},
@@ -115,42 +147,90 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return 0 if doc["passed"] else 1
 
 
-def _run(env: dict, report_dir: Path, selection: list[str], reference: bool, option: str, label: str):
-    """`run --scale tiny [-- selection]` on one stack; its RunReport, or None when it wrote none (a crash on B)."""
-    from harness.cli.run_cmd import CHECKOUT
+def _counts(report) -> str:
+    return ", ".join(f"{v} {k}" for k, v in report.counts.items() if v)
+
+
+def _run(env: dict, report_dir: Path, selection: list[str], option: str, side: str, started: float):
+    """`run --scale tiny [-- selection]` on one stack: its RunReport, or None when the run crashed on B. Judged by
+    the child's exit code and a report written after `started` only (issue 48: a stale report.json of an earlier
+    gate made a broken stack SAFE). `run`'s exit 2 (its report directory locked, a full disk, a usage error) is
+    no verdict: its one line, exit 2."""
+    from harness.report.publish import LOG_NAME
     from harness.report.schema import load_report
 
     argv = [sys.executable, "-m", "harness.cli", "run", "--scale", "tiny", "--report-dir", str(report_dir)]
-    # run's own progress (one line per finished test, a heartbeat: its output to a pipe) goes on, prefixed
-    with subprocess.Popen([*argv, "--", *selection] if selection else argv, env={**env, "COLUMNS": "120"},
-                          cwd=CHECKOUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace") as proc:
-        watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)
-        watchdog.start()
-        try:
-            for line in proc.stdout:
-                if line.strip():
-                    print(f"  {label}: {line.rstrip()[:200]}", file=sys.stderr, flush=True)
-        finally:
-            watchdog.cancel()
+    code, tail = _child(f"the run on {side}", [*argv, "--", *selection] if selection else argv,
+                        {**env, "COLUMNS": "120"}, RUN_TIMEOUT_S,
+                        show=lambda line: _say(f"  {side}: {line[:200]}"))
     path = report_dir / "report.json"
-    if not path.is_file():
-        if reference:
-            raise BadInput(f"{option}: the selection wrote no report on the reference stack A "
-                           f"({report_dir}/pytest.log says why)")
-        return None
-    return load_report(path)
+    if code in (0, 1) and _fresh(path, started):
+        return load_report(path)
+    last = next((line for line in reversed(tail) if ": error: " in line), tail[-1] if tail else f"exit {code}")
+    logs = [str(p) for p in (report_dir / "pytest-failed.log", report_dir / LOG_NAME) if _fresh(p, started)]
+    why = last.strip()[-300:]
+    if logs and logs[0] not in why:  # only a log this run wrote (issue 48 named A/pytest.log, never written)
+        why += f" (see {logs[0]})"
+    if code == 2:
+        raise BadInput(f"{option}: `run` on {side} judged nothing: {why}")
+    if side == "A":
+        raise BadInput(f"{option}: the selection crashed on the reference stack A (exit {code}): {why}")
+    _say(f"B crashed (exit {code}): {why}")
+    return None
+
+
+def _fresh(path: Path, started: float) -> bool:
+    """`path` is a file written since `started` (time.time(); the file system's clock may be a tick behind)."""
+    try:
+        return path.is_file() and path.stat().st_mtime >= started - 1.0
+    except OSError:
+        return False
+
+
+def _child(what: str, argv: list[str], env: dict, timeout_s: float, show=None) -> tuple[int, list[str]]:
+    """Run `argv` in the checkout in a process group of its own, each line of its output (stdout and stderr) to
+    `show`: (its exit code, its last lines). Past `timeout_s`, or when the gate is interrupted, the whole group is
+    stopped (_stop; issue 48: on SIGTERM the gate waited for its child's whole run, up to an hour, and a SIGINT
+    sent to the gate alone left the child running)."""
+    from harness.cli.run_cmd import CHECKOUT
+
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    proc = subprocess.Popen(argv, env=env, cwd=CHECKOUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    watchdog = threading.Timer(timeout_s, _stop, (proc,))
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            if line.strip():
+                tail.append(line.rstrip()[-2000:])
+                if show:
+                    show(line.rstrip())
+        return proc.wait(), list(tail)
+    except BaseException:  # SIGINT, SIGTERM (harness.errors.Terminated): the child's group goes with the gate
+        _stop(proc)
+        _say(f"interrupted: stopped {what} and its processes (its exit {proc.returncode})")
+        raise
+    finally:
+        watchdog.cancel()
+        proc.stdout.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to `proc`'s process group (`run` stops its launcher and Ray on it, harness.errors.Terminated), then
+    SIGKILL to what is left of the group after STOP_S."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(STOP_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _pytest(env: dict, nodeids: list[str]) -> int:
-    from harness.cli.run_cmd import CHECKOUT
-
-    try:
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny",
-                               *nodeids], env=env, cwd=CHECKOUT, timeout=ORACLE_TIMEOUT_S,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-    except subprocess.TimeoutExpired:
-        return 124
+    return _child("the bisection's oracle",
+                  [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--scale", "tiny", *nodeids],
+                  env, ORACLE_TIMEOUT_S)[0]
 
 
 def _resolved(env: dict) -> dict:
@@ -242,17 +322,22 @@ def _write(out: Path, doc: dict) -> None:
 
 
 def _junit(doc: dict) -> str:
+    """One test case for the gate, one per broken test; every text through harness.report.junit's XML escape (issue
+    48: a label's control characters made a junit.xml no parser reads)."""
     from xml.etree import ElementTree as ET
+
+    from harness.report.junit import _text
 
     comparison = doc["comparison"] or {"broken": [], "flipped": [], "config": []}
     failures = len(comparison["broken"]) + (doc["state"] == "BROKEN")
     suite = ET.Element("testsuite", name="gate", tests=str(1 + len(comparison["broken"])), failures=str(failures))
-    case = ET.SubElement(suite, "testcase", classname="gate", name=f"{doc['from']} -> {doc['to']}")
+    case = ET.SubElement(suite, "testcase", classname="gate", name=_text(f"{doc['from']} -> {doc['to']}"))
     if doc["state"] == "BROKEN":
-        ET.SubElement(case, "failure", message=doc.get("named") or "BROKEN").text = json.dumps(comparison["broken"])
+        ET.SubElement(case, "failure", message=_text(doc.get("named") or "BROKEN")).text = _text(
+            json.dumps(comparison["broken"]))
     for row in comparison["broken"]:
-        broke = ET.SubElement(suite, "testcase", classname="gate.broken", name=row["test"])
-        ET.SubElement(broke, "failure", message=f"{row['a']} on A, {row['b']} on B").text = row["reason_b"]
+        broke = ET.SubElement(suite, "testcase", classname="gate.broken", name=_text(row["test"]))
+        ET.SubElement(broke, "failure", message=f"{row['a']} on A, {row['b']} on B").text = _text(row["reason_b"])
     return ET.tostring(suite, encoding="unicode") + "\n"
 
 
@@ -299,14 +384,18 @@ def _html(doc: dict) -> str:
 
 
 def _print(doc: dict) -> None:
-    print(_markdown(doc), end="")
-    print(f"{doc['state']}: {doc['from']} -> {doc['to']}" + (f"; broke: {doc['named']}" if doc.get("named") else "")
-          + f" (report {doc['reports']['B'].rsplit('/', 1)[0]}/gate.json)")
+    from harness.redact import for_terminal
+
+    print(for_terminal(_markdown(doc)), end="")
+    print(for_terminal(f"{doc['state']}: {doc['from']} -> {doc['to']}" + (f"; broke: {doc['named']}" if doc.get(
+        "named") else "") + f" (report {doc['reports']['B'].rsplit('/', 1)[0]}/gate.json)"))
 
 
 def _dry_run(args: argparse.Namespace) -> int:
     """Two NPU stack rows: what moves and which known-bug verdicts change; nothing installed."""
     from harness.config.known_bugs import KNOWN_BUGS, check, in_range, stack_row
+    from harness.gate import stacks as st
+    from harness.io import file_kind
 
     def affected(bug, versions: dict) -> str:
         """Whether the stack holds the row's components at affected versions: affected / not affected / absent."""
@@ -316,8 +405,13 @@ def _dry_run(args: argparse.Namespace) -> int:
         return "affected" if all(not spec or in_range(versions[name], spec) for name, spec in ranges) else "clear"
 
     def versions(name: str, option: str) -> dict:
+        """A row's versions; for a constraints file, what the file pins over the row it is named after (issue 48:
+        the file was taken by its name only, its content never read)."""
         row = stack_row(name, option)
-        return {"python": row.python, **{p.name: p.version for p in row.pins}}
+        pinned = {"python": row.python, **{p.name: p.version for p in row.pins}}
+        if file_kind(name) == "regular file":
+            pinned.update(st.parse_stack(name, option, {}).versions({}))
+        return pinned
 
     va, vb = versions(args.from_stack, "--from"), versions(args.to_stack, "--to")
     moves = {n: {"a": va.get(n), "b": vb.get(n)} for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)}

@@ -234,14 +234,13 @@ def _refuse_owned_options(extra: list[str]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.cli.args import scale_arg
     from harness.io import exclusive
+    from harness.plugin import check_report_dir
     from harness.report.publish import check_store, staged
 
     scale = scale_arg(args.scale)
     root = project_root()
     _refuse_owned_options(args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
-    report_dir = Path(args.report_dir)
-    if report_dir.exists() and not report_dir.is_dir():
-        raise BadInput(f"--report-dir {report_dir}: is a file; pass a directory")
+    report_dir = check_report_dir(args.report_dir)
     if args.history:
         check_store(args.history)
     with exclusive(report_dir, "this report directory"), staged(report_dir) as generation:

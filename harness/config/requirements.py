@@ -45,25 +45,60 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def requirement_lines(path: Path, _seen: frozenset = frozenset()) -> list[str]:
-    """The requirement specifiers of a pip requirements file, `-r` includes followed (relative to the file)."""
+# pip's own reading of a requirements file (pip 23.2 pip/_internal/req/req_file.py: COMMENT_RE, join_lines,
+# break_args_options): a comment starts at a `#` that opens the line or follows white space, a line ending in `\`
+# continues on the next, and a requirement's own options (`--hash=sha256:...`) follow it after a space.
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+_INCLUDE = re.compile(r"^(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?<=^-[rc]))(\S.*)$")
+MAX_REQUIREMENTS_BYTES = 1 << 20  # a stack file is a few kB; issue 48: `gate` read a file of any size whole
+MAX_INCLUDE_DEPTH = 16  # -r / -c nesting: base.txt under cpu.txt is 2
+
+
+def requirement_entries(path: Path, _seen: tuple[Path, ...] = ()) -> list[tuple[str, str]]:
+    """(requirement specifier, `file:line` it comes from) of a pip requirements or constraints file, `-r` and `-c`
+    includes followed relative to the including file (issue 48: `gate --to requirements/cpu.txt` dropped them and
+    never saw base.txt), a requirement's options (`--hash=...`) dropped, other option lines (`--index-url`) skipped.
+    BadInput, one line naming the file, for a missing, special or oversized file, an include cycle or nesting
+    deeper than MAX_INCLUDE_DEPTH."""
     from harness.errors import BadInput
+    from harness.io import open_input, size_text
 
     path = Path(path)
     if path.resolve() in _seen:
-        raise BadInput(f"{path}: `-r` includes itself; remove the cycle")
-    if not path.is_file():
-        raise BadInput(f"{path}: no such requirements file")
-    out = []
-    for raw in path.read_text().splitlines():
-        line = raw.split(" #")[0].strip()
-        if not line or line.startswith("#"):
+        raise BadInput(f"{path}: `-r`/`-c` includes itself (through {' -> '.join(str(p) for p in _seen)}); remove "
+                       "the cycle")
+    if len(_seen) >= MAX_INCLUDE_DEPTH:
+        raise BadInput(f"{path}: `-r`/`-c` includes nested deeper than {MAX_INCLUDE_DEPTH}; flatten them")
+    try:
+        with open_input(path, "rb") as f:
+            raw = f.read(MAX_REQUIREMENTS_BYTES + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise BadInput(f"{path}: no such requirements file") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_REQUIREMENTS_BYTES:
+        raise BadInput(f"{path}: more than {size_text(MAX_REQUIREMENTS_BYTES)}, not a requirements file; is it the "
+                       "right file?")
+    out: list[tuple[str, str]] = []
+    pending, first = "", 0
+    for number, line in enumerate(raw.decode("utf-8-sig", errors="replace").splitlines(), 1):
+        if line.endswith("\\") and not _COMMENT.match(line):
+            pending, first = pending + line[:-1], first or number
             continue
-        if line.startswith(("-r ", "--requirement ")):
-            out += requirement_lines(path.parent / line.split(None, 1)[1], _seen | {path.resolve()})
-        elif not line.startswith("-"):
-            out.append(line)
+        line, where = pending + line, f"{path}:{first or number}"
+        pending, first = "", 0
+        line = _COMMENT.sub("", line).strip()
+        include = _INCLUDE.match(line)
+        if include:
+            out += requirement_entries(path.parent / include.group(2).strip(), (*_seen, path.resolve()))
+        elif line and not line.startswith("-"):
+            out.append((line.split(" -", 1)[0].strip(), where))
     return out
+
+
+def requirement_lines(path: Path) -> list[str]:
+    """The requirement specifiers of a pip requirements file (requirement_entries without where each comes from)."""
+    return [spec for spec, _ in requirement_entries(path)]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ that cannot be installed or imported is a StackSkip: never a verdict.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -18,14 +21,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.io import STALE_TMP_S, open_lock
 
 INSTALLED = "installed"
 PIP_TIMEOUT_S = 900  # one overlay: a wheel from the index or a local file, no dependencies
+BUILDING, BUILDING_LOCK = ".building-", ".building.lock"  # an overlay being built, and the flock its builder holds
 
 
 class StackSkip(Exception):
@@ -45,7 +51,7 @@ class Pin:
 
 @dataclass(frozen=True)
 class Stack:
-    label: str  # as the user wrote it
+    label: str  # as the user wrote it, made printable (shown)
     pins: tuple[Pin, ...]  # only what differs from the installed stack
 
     def versions(self, installed: dict[str, str]) -> dict[str, str]:
@@ -64,43 +70,65 @@ def parse_stack(text: str, option: str, installed: dict[str, str]) -> Stack:
     separated). BadInput, one line naming `option`, for anything else."""
     if text.strip() in ("", INSTALLED):
         return Stack(INSTALLED, ())
+    from harness.io import file_kind
+
     path = Path(text)
-    if path.is_file() and path.suffix != ".whl":
-        items = []
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if line and not line.startswith("-"):  # -r / -c / --index-url: options, not pins of this stack
-                items.append((line, f"{option} {text}:{number}"))
+    kind = file_kind(path)  # file_kind: a 100 kB "path" is no OSError
+    if kind not in (None, "regular file", "unreadable path"):  # a FIFO, /dev/zero: was read as a pin "fifo.txt"
+        raise BadInput(f"{option} {shown(text)}: is a {kind}; pass a requirements file or `name==version` items")
+    if path.suffix != ".whl" and kind == "regular file":
+        from harness.config.requirements import requirement_entries
+
+        # one reader of requirements files (issue 48: `-r base.txt` and `-c` were dropped here, and the file read
+        # whole whatever its size): includes followed, `--hash=` options accepted
+        items = [(spec, f"{option} {where}") for spec, where in requirement_entries(path)]
     else:
-        items = [(item, f"{option} {text!r}") for item in text.replace(",", " ").split()]
-    pins = {}
+        items = [(item, f"{option} {shown(text)}") for item in text.replace(",", " ").split()]
+    pins, origin = {}, {}
     for item, where in items:
         pin = _pin(item, where)
-        if installed.get(pin.name) != pin.version or pin.wheel is not None:
-            pins[pin.name] = pin
-    return Stack(text, tuple(sorted(pins.values(), key=lambda p: p.name)))
+        if pin.name in origin and pins[pin.name].source != pin.source:
+            # issue 48: the last of two pins was taken silently; pip refuses the same ("Double requirement given")
+            raise BadInput(f"{where}: {pin.name} {pin.version} conflicts with {pins[pin.name].version} pinned at "
+                           f"{origin[pin.name]}; pin each package once")
+        pins[pin.name], origin[pin.name] = pin, where
+    moved = {n: p for n, p in pins.items() if installed.get(n) != p.version or p.wheel is not None}
+    return Stack(shown(text, 200), tuple(sorted(moved.values(), key=lambda p: p.name)))
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """`text` as a message may quote it: terminal escapes removed (harness.redact.for_terminal: issue 48, a stack
+    label printed raw rewrote the terminal) and cut to `limit` characters (a 100 kB item made a 100 kB error)."""
+    from harness.redact import for_terminal
+
+    text = for_terminal(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _pin(item: str, where: str) -> Pin:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+    from harness.io import file_kind
+
     if item.endswith(".whl"):
+        if file_kind(item) != "regular file":
+            raise BadInput(f"{where}: wheel {shown(item)} does not exist")
         wheel = Path(item).resolve()
-        if not wheel.is_file():
-            raise BadInput(f"{where}: wheel {item} does not exist")
         try:
             name, version, _, _ = parse_wheel_filename(wheel.name)
-        except InvalidWheelFilename as exc:
-            raise BadInput(f"{where}: {wheel.name} is not a wheel file name ({exc})") from None
+        except InvalidWheelFilename:
+            raise BadInput(f"{where}: {shown(wheel.name)} is not a wheel file name") from None
         return Pin(canonicalize_name(name), str(version), str(wheel))
     try:
         req = Requirement(item)
-    except InvalidRequirement as exc:
-        raise BadInput(f"{where}: {item!r} is not `name==version` ({str(exc).splitlines()[0]})") from None
+    except (InvalidRequirement, ValueError) as exc:  # ValueError: a version of 5000 digits (Python's int limit)
+        raise BadInput(f"{where}: {shown(item)!r} is not `name==version` ({shown(str(exc).splitlines()[0])})") \
+            from None
     exact = [s for s in req.specifier if s.operator == "=="]
     if len(exact) != 1 or len(req.specifier) != 1 or req.url:
-        raise BadInput(f"{where}: {item!r} pins no single version: a stack moves a package to one `name==version`")
+        raise BadInput(f"{where}: {shown(item)!r} pins no single version: a stack moves a package to one "
+                       "`name==version`")
     return Pin(canonicalize_name(req.name), exact[0].version, f"{req.name}=={exact[0].version}")
 
 
@@ -153,28 +181,76 @@ def build(stack: Stack, cache: Path | None = None) -> tuple[Path | None, bool]:
     if (target / ".complete").is_file():
         return target, True
     cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".building-", dir=cache))
+    clean_leftovers(cache)
+    work = Path(tempfile.mkdtemp(prefix=BUILDING, dir=cache))
+    # the flock held while this process builds (clean_leftovers skips it), taken before the lock file has its name:
+    # a cleaner never sees the named lock unheld while its builder lives
+    lock = open_lock(work / ".taking")
     try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target",
-                               str(work), "--disable-pip-version-check", "-q", *(p.source for p in stack.pins)],
-                              capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.rename(work / ".taking", work / BUILDING_LOCK)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target",
+                                   str(work), "--disable-pip-version-check", "-q", *(p.source for p in stack.pins)],
+                                  capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except OSError as exc:  # E2BIG: issue 48, thousands of pins made pip's argv too long (a traceback)
+            raise BadInput(f"{stack.label}: pip cannot be started for {len(stack.pins)} package(s) "
+                           f"({exc.strerror or exc}); move fewer packages in one stack") from None
         if proc.returncode != 0:
             last = [line for line in proc.stderr.splitlines() if line.strip() and "WARNING" not in line]
-            raise StackSkip(f"{stack.label}: pip cannot install {', '.join(p.source for p in stack.pins)} "
+            raise StackSkip(f"{stack.label}: pip cannot install {shown(', '.join(p.source for p in stack.pins))} "
                             f"({(last or ['exit ' + str(proc.returncode)])[-1].strip()[:200]})")
         for pin in stack.pins:
             _check_import(pin, work)
+        (work / BUILDING_LOCK).unlink()
         (work / ".complete").write_text(json.dumps([p.source for p in stack.pins]) + "\n")
-        if target.exists():  # another gate built it meanwhile
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            work.rename(target)
-        return target, False
+        return publish(work, target), False
     except subprocess.TimeoutExpired:
         raise StackSkip(f"{stack.label}: pip took more than {PIP_TIMEOUT_S} s") from None
     finally:
+        os.close(lock)
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def publish(work: Path, target: Path) -> Path:
+    """`work`, a finished overlay, renamed to `target`. Two gates that finish the same overlay race here: the second
+    rename meets the first one's non-empty directory (ENOTEMPTY, or EEXIST where the file system says so; issue
+    48), which holds the same pins and is used; `work` is removed."""
+    try:
+        work.rename(target)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (target / ".complete").is_file():
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def clean_leftovers(cache: Path, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove the `.building-*` directories of builders that died (issue 48: a `kill -9` mid-overlay left 151 MB
+    that nothing cleaned): one whose BUILDING_LOCK nobody holds, or one without it (a builder killed before it
+    took it, or one from before it existed) older than `older_than_s`. A live builder is left alone. Returns them."""
+    removed = []
+    for work in cache.glob(BUILDING + "*"):
+        try:
+            lock = os.open(work / BUILDING_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - work.lstat().st_mtime > older_than_s:
+                    shutil.rmtree(work, ignore_errors=True)
+                    removed.append(work)
+            continue
+        except OSError:  # not a directory, a planted link: nothing of ours
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live builder
+        finally:
+            os.close(lock)
+        shutil.rmtree(work, ignore_errors=True)
+        removed.append(work)
+    return removed
 
 
 def _check_import(pin: Pin, overlay: Path) -> None:

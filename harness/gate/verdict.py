@@ -1,8 +1,9 @@
 """What changed between two stacks' reports, one verdict for it, and the bisection that names the package.
 
 - SAFE: every test has the same outcome, and verl resolves the same algorithm config.
-- CHANGED: outcomes or the resolved config differ, but nothing that passed on A fails on B.
-- BROKEN: a test that passed on A fails (or errors) on B.
+- CHANGED: outcomes or the resolved config differ, but nothing that passed on A fails, skips or is gone on B.
+- BROKEN: a test that passed on A fails (or errors), skips or is absent on B (issue 48: the nightly's rule,
+  nothing goes green by skipping, holds here too), or a side judged no test at all (all skipped or none run).
 
 Bisection (`bisect`) looks for the smallest set of moved packages that, applied over A, reproduces B's failure of
 the oracle test (the cheapest test that broke): every single package first, then pairs (verl's pins move with
@@ -48,12 +49,17 @@ def compare(a: RunReport, b: RunReport, config_a: dict, config_b: dict) -> Compa
             continue
         row = {"test": nodeid, "a": oa, "b": ob, "reason_b": (tb.reason if tb else "")[:300],
                "duration_s": tb.duration_s if tb else None}
-        (broken if oa == "passed" and ob in FAILING else flipped).append(row)
+        (broken if oa == "passed" else flipped).append(row)  # ob differs: failing, skipped or absent
     config = [{"key": k, "a": config_a.get(k, ABSENT), "b": config_b.get(k, ABSENT)}
               for k in sorted(set(config_a) | set(config_b)) if config_a.get(k, ABSENT) != config_b.get(k, ABSENT)]
     numbers = _numbers(outcomes_a, outcomes_b)
-    verdict = BROKEN if broken else CHANGED if (flipped or config) else SAFE
+    verdict = BROKEN if (broken or not (judged(a) and judged(b))) else CHANGED if (flipped or config) else SAFE
     return Comparison(verdict, broken, flipped, config, numbers)
+
+
+def judged(report: RunReport | None) -> int:
+    """How many tests of `report` have a verdict (all but the skipped): 0 is never SAFE (`--select` of nothing)."""
+    return sum(t.outcome != "skipped" for t in report.tests) if report else 0
 
 
 def _numbers(a: dict, b: dict) -> list[dict]:
@@ -70,8 +76,10 @@ def _numbers(a: dict, b: dict) -> list[dict]:
 
 
 def oracle_test(comparison: Comparison) -> str | None:
-    """The cheapest test that broke: what each bisection step runs."""
-    rows = sorted(comparison.broken, key=lambda r: (r["duration_s"] is None, r["duration_s"] or 0.0, r["test"]))
+    """The cheapest test that broke by failing: what each bisection step runs (a skip on B fails no pytest run, so
+    it cannot be an oracle)."""
+    rows = sorted((r for r in comparison.broken if r["b"] in FAILING),
+                  key=lambda r: (r["duration_s"] is None, r["duration_s"] or 0.0, r["test"]))
     return rows[0]["test"] if rows else None
 
 

@@ -1,0 +1,359 @@
+"""Issue 48's gate classes, each by the mechanism that fixes it: the verdict comes from this gate's runs only,
+writes never land on inputs (one directory means one directory), every bad input is one line and exit 2, and what
+the gate prints or writes is readable. The gate's own seeded upgrade is tests/test_gate.py."""
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from harness.cli import main
+from harness.config.requirements import MAX_INCLUDE_DEPTH, MAX_REQUIREMENTS_BYTES, requirement_entries
+from harness.errors import BadInput
+from harness.gate import stacks as st
+from harness.gate.verdict import BROKEN, CHANGED, SAFE, compare, oracle_test
+from harness.report.schema import SCHEMA, SCHEMA_VERSION, MachineInfo, RunReport, TestVerdict, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALLED = {"verl": "0.9.1", "transformers": "5.19.0", "ray": "2.60.0"}
+
+
+def _report(outcomes: dict[str, str]) -> RunReport:
+    machine = MachineInfo("h", "linux", "3.11", 2, "cpu", "cpu", 0, "cpu", None, None, {"verl": "0.9.1"})
+    tests = tuple(TestVerdict(n, o, 1.0) for n, o in outcomes.items())
+    return RunReport(SCHEMA, SCHEMA_VERSION, "2026-12-04T00:00:00Z", "r", None, None, "tiny", None, (), machine, tests,
+                     1.0, 0)
+
+
+# -- the verdict comes from this gate's runs only --------------------------------------------------------------------
+
+def test_nothing_goes_green_by_skipping_and_nothing_judged_is_never_safe():
+    a = _report({"t::a": "passed", "t::b": "passed", "t::c": "failed"})
+    skipped = compare(a, _report({"t::a": "skipped", "t::b": "passed", "t::c": "failed"}), {}, {})
+    assert skipped.verdict == BROKEN and [r["test"] for r in skipped.broken] == ["t::a"], "a pass that skips on B"
+    gone = compare(a, _report({"t::b": "passed", "t::c": "failed"}), {}, {})
+    assert gone.verdict == BROKEN and gone.broken[0]["b"] == "absent", "a pass that is not run on B"
+    assert oracle_test(skipped) is None, "a skip fails no pytest run: no bisection oracle"
+    nothing = _report({"t::a": "skipped"})
+    assert compare(nothing, nothing, {}, {}).verdict == BROKEN, "`--select` of nothing judged was SAFE"
+    assert compare(_report({}), _report({}), {}, {}).verdict == BROKEN
+    fixed = compare(a, _report({"t::a": "passed", "t::b": "passed", "t::c": "skipped"}), {}, {})
+    assert fixed.verdict == CHANGED, "a failure that skips on B is a change, nothing that passed broke"
+    assert compare(a, a, {}, {}).verdict == SAFE
+
+
+def test_stack_files_follow_includes_with_bounds(tmp_path, monkeypatch):
+    """`-r` / `-c` are followed relative to the including file (issue 48: `--to requirements/cpu.txt` never saw
+    base.txt), `--hash=` lines (continued with `\\`) are pins, and a cycle, deep nesting, a FIFO or a huge file is
+    one line."""
+    stacks = tmp_path / "stacks"
+    (stacks / "sub").mkdir(parents=True)
+    (stacks / "sub" / "base.txt").write_text("ray==2.61.0 --hash=sha256:00\n")
+    (stacks / "pins.txt").write_text("verl==0.9.0\n")
+    top = stacks / "top.txt"
+    top.write_text("-r sub/base.txt\n--constraint=pins.txt\ntransformers==5.18.0 \\\n    --hash=sha256:aa \\\n"
+                   "    --hash=sha256:bb\n--index-url https://example.invalid/simple\n")
+    monkeypatch.chdir(tmp_path)  # includes are relative to the file, not to where the gate runs
+    stack = st.parse_stack(str(top), "--to", INSTALLED)
+    assert {p.name: p.version for p in stack.pins} == {"ray": "2.61.0", "verl": "0.9.0", "transformers": "5.18.0"}
+    assert ("transformers==5.18.0", f"{top}:3") in requirement_entries(top)
+
+    (stacks / "pins.txt").write_text("-r top.txt\n")
+    with pytest.raises(BadInput, match=r"includes itself"):
+        st.parse_stack(str(top), "--to", INSTALLED)
+    for i in range(MAX_INCLUDE_DEPTH + 1):
+        (stacks / f"d{i}.txt").write_text(f"-r d{i + 1}.txt\n")
+    (stacks / f"d{MAX_INCLUDE_DEPTH + 1}.txt").write_text("verl==0.9.0\n")
+    with pytest.raises(BadInput, match=r"nested deeper than"):
+        st.parse_stack(str(stacks / "d0.txt"), "--to", INSTALLED)
+    big = stacks / "big.txt"
+    big.write_text("# x\n" * (MAX_REQUIREMENTS_BYTES // 4 + 1))
+    with pytest.raises(BadInput, match=r"big.txt: more than"):
+        st.parse_stack(str(big), "--to", INSTALLED)
+    os.mkfifo(stacks / "fifo.txt")
+    (stacks / "via-fifo.txt").write_text("-r fifo.txt\n")
+    with pytest.raises(BadInput, match=r"fifo.txt: a FIFO"):  # would block for ever on open()
+        st.parse_stack(str(stacks / "via-fifo.txt"), "--to", INSTALLED)
+
+
+def test_a_conflicting_pin_is_named_with_both_places(tmp_path):
+    (tmp_path / "base.txt").write_text("verl==0.9.1\n")
+    stack = tmp_path / "stack.txt"
+    stack.write_text("verl==0.9.0\n-r base.txt\n")
+    with pytest.raises(BadInput, match=rf"^--to {tmp_path}/base.txt:1: verl 0.9.1 conflicts with 0.9.0 pinned at "
+                                       rf"--to {stack}:1"):
+        st.parse_stack(str(stack), "--to", INSTALLED)
+    with pytest.raises(BadInput, match="verl 0.9.2 conflicts with 0.9.0"):
+        st.parse_stack("verl==0.9.0, verl==0.9.2", "--to", INSTALLED)
+    assert [p.version for p in st.parse_stack("verl==0.9.0 verl==0.9.0", "--to", INSTALLED).pins] == ["0.9.0"]
+
+
+def test_dry_run_reads_a_constraints_file_not_its_name(capsys, tmp_path):
+    """Issue 48: `--dry-run --to FILE` took the stack row FILE is named after, whatever FILE pins."""
+    row = ROOT / "requirements/npu-vllm-ascend-0.23.0.txt"
+    edited = tmp_path / row.name
+    edited.write_text(row.read_text().replace("transformers==5.5.4", "transformers==5.6.0"))
+    assert main(["gate", "--dry-run", "--from", "vllm-ascend-0.23.0", "--to", str(edited), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["moved"] == {"transformers": {"a": "5.5.4", "b": "5.6.0"}}
+
+
+def _locked(directory: Path) -> int:
+    """DIR/.lock held through a file description of its own, as another `run` holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"pid 4242", 0)
+    return fd
+
+
+def test_a_locked_report_directory_is_one_line_before_any_run(tmp_path, capsys):
+    """Issue 48: B's report directory locked by another run made an installed -> installed gate BROKEN after A's
+    whole selection; it is said before anything runs, exit 2, and A's directory is untouched."""
+    out = tmp_path / "g"
+    fd = _locked(out / "B")
+    try:
+        assert main(["gate", "--from", "installed", "--to", "installed", "--report-dir", str(out)]) == 2
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert f"{out}/B: this report directory is in use by pid 4242" in err and len(err.splitlines()) == 1
+    assert not (out / "A" / "report.json").exists() and not (out / "gate.json").exists()
+
+
+def _gate_process(cwd: Path, *argv: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "gate", "--from", "installed", "--to", "installed",
+                             *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_stale_report_never_decides_and_a_relative_report_dir_is_one_directory(tmp_path):
+    """Issue 48: the gate read report.json whatever its child did, so an earlier gate's reports made a stack on which
+    `run` cannot even start SAFE (exit 0); a relative --report-dir meant the gate's cwd for its own files and the
+    checkout for run's; and the error named `A/pytest.log`, which was never written. Here `run` exits 2 on A (a
+    pytest usage error): the gate exits 2 naming the log that exists, under its own working directory."""
+    out = tmp_path / "rel"
+    old = time.time() - 86400
+    for side in ("A", "B"):
+        stale = write_report(_report({"t::a": "passed"}), out / side / "report.json")
+        os.utime(stale, (old, old))
+    proc = _gate_process(tmp_path, "--report-dir", "rel", "--select=--no-such-pytest-option")
+    _, err = proc.communicate()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("ascend-rl-harness gate: error:")]
+    assert len(lines) == 1 and "--from: `run` on A judged nothing" in lines[0], err
+    failed_log = out / "A" / "pytest-failed.log"
+    assert failed_log.is_file() and str(failed_log) in lines[0], "the log named is the one written"
+    assert "pytest.log says why" not in err
+    assert not (ROOT / "rel").exists(), "nothing under the checkout"
+    assert not (out / "gate.json").exists()
+
+
+def _group_alive(marker: str) -> list[int]:
+    """Pids of processes whose command line names `marker` (this test's own report directory)."""
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    alive.append(int(proc.name))
+            except OSError:
+                continue
+    return alive
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_gate_stops_its_child_run(tmp_path, signum):
+    """Issue 48: on SIGTERM the gate waited for its child's whole run (up to an hour), and a SIGINT sent to the
+    gate alone left the child running. The child's process group is stopped: its run writes no report, and no
+    process of it is left."""
+    out = tmp_path / "g"
+    proc = _gate_process(tmp_path, "--report-dir", str(out), "--select", "-k advantage")
+    for line in proc.stderr:  # the child has started once it prints its command line
+        if "  A: " in line:
+            break
+    else:
+        pytest.fail(f"the gate ended before its child started: {proc.wait()}")
+    proc.send_signal(signum)
+    _, err = proc.communicate()
+    assert proc.returncode == 128 + signum, err
+    assert "gate: interrupted: stopped the run on A and its processes (its exit " in err, err
+    assert not (out / "A" / "report.json").exists(), "the child's selection ran on to the end"
+    assert _group_alive(str(out)) == []
+
+
+# -- overlays ------------------------------------------------------------------------------------------------------
+
+def _tiny_wheel(out: Path, version: str = "1.0", body: bytes = b"VALUE = 1\n") -> Path:
+    """A real wheel of one module, `gatetiny`, that nothing installs."""
+    info = f"gatetiny-{version}.dist-info"
+    files = {"gatetiny/__init__.py": body,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: gatetiny\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             f"{info}/top_level.txt": b"gatetiny\n"}
+    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+              for n, d in files.items()] + [f"{info}/RECORD,,"]
+    wheel = out / f"gatetiny-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in {**files, f"{info}/RECORD": "\n".join(record).encode() + b"\n"}.items():
+            zf.writestr(name, data)
+    return wheel
+
+
+def test_overlay_leftovers_of_a_killed_builder_are_cleaned_and_a_live_one_is_not(tmp_path):
+    """Issue 48: `kill -9` mid-overlay left `.building-*` (151 MB) that nothing cleaned."""
+    cache = tmp_path / "cache"
+    dead, live, unlocked_old, unlocked_new = (cache / f"{st.BUILDING}{n}" for n in ("dead", "live", "old", "new"))
+    for work in (dead, live, unlocked_old, unlocked_new):
+        work.mkdir(parents=True)
+        (work / "payload").write_bytes(b"x" * 1024)
+    (dead / st.BUILDING_LOCK).touch()  # its builder died: nobody holds it
+    held = os.open(live / st.BUILDING_LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    os.utime(unlocked_old, (time.time() - 2 * st.STALE_TMP_S,) * 2)
+    try:
+        overlay, cached = st.build(st.parse_stack(str(_tiny_wheel(tmp_path)), "--to", {}), cache)
+    finally:
+        os.close(held)
+    assert not cached and (overlay / "gatetiny" / "__init__.py").is_file()
+    assert sorted(p.name for p in cache.glob(st.BUILDING + "*")) == [live.name, unlocked_new.name]
+    assert not (overlay / st.BUILDING_LOCK).exists()
+
+
+def test_two_gates_finishing_one_overlay_both_get_it(tmp_path):
+    """Not reproduced by issue 48 but read: the second `rename` onto the first gate's (non-empty) overlay raised
+    ENOTEMPTY. Each builder meets the other's finished directory there; the first one's is used."""
+    target = tmp_path / st.overlay_key(st.parse_stack(str(_tiny_wheel(tmp_path)), "--to", {}))
+    work = tmp_path / f"{st.BUILDING}late"
+    for d in (target, work):
+        (d / "gatetiny").mkdir(parents=True)
+        (d / ".complete").write_text("[]\n")
+    assert st.publish(work, target) == target and not work.exists() and (target / ".complete").is_file()
+    (target / ".complete").unlink()  # a directory there that is no finished overlay is not taken
+    (work / "gatetiny").mkdir(parents=True)
+    with pytest.raises(OSError, match="not empty"):
+        st.publish(work, target)
+
+
+def test_an_unbuildable_b_is_said_before_a_runs(tmp_path, capsys, monkeypatch):
+    """Issue 48: B's stack was built only after A's whole selection had run, so an unbuildable B was reported 10
+    minutes late. Here B's one package does not import: exit 2 before any selection runs."""
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    broken = _tiny_wheel(tmp_path, "2.0", b"raise ImportError('seeded: this stack cannot import')\n")
+    out = tmp_path / "g"
+    assert main(["gate", "--from", "installed", "--to", str(broken), "--select", "-k advantage",
+                 "--report-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "SKIP, the stack cannot be built: gatetiny 2.0 does not import" in err
+    assert "running the selection" not in err and not list(out.glob("A/*.json")), "A ran before B was built"
+
+
+def test_pip_argv_too_long_is_one_line(tmp_path):
+    """Issue 48: thousands of pins made pip's argv too long: OSError (E2BIG), a traceback."""
+    stack = st.Stack("huge", (st.Pin("x", "1.0", "x==1.0 " + "y" * 300_000),))
+    with pytest.raises(BadInput, match=r"^huge: pip cannot be started for 1 package\(s\) \(Argument list too long\)"):
+        st.build(stack, tmp_path)
+    assert not list(tmp_path.iterdir()), "nothing half-built"
+
+
+# -- one line and exit 2; readable output --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["gate", "--from", "installed", "--to", "installed", "--select", "'"], "--select ': No closing quotation"),
+    (["gate", "--from", "installed", "--to", "installed", "--report-dir", "/proc/self/x"],
+     "--report-dir /proc/self/x: cannot be made a directory"),
+    (["run", "--scale", "tiny", "--report-dir", "/proc/self/x"], "--report-dir /proc/self/x: cannot be made"),
+    (["run", "--scale", "tiny", "--report-dir", ""], "--report-dir '': empty"),  # ran the suites into the cwd
+    (["gate", "--from", "installed", "--to", "/dev/zero"], "--to /dev/zero: is a character device"),
+    (["gate", "--from", "installed", "--to", "verl==" + "9" * 100_000], "(100006 characters)"),
+    (["launch", "--stall-timeout", "1e-300"], "--stall-timeout 1e-300: must be a finite number in [1e-09, 1e+09]"),
+])
+def test_bad_input_is_one_line(capsys, argv, says):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.splitlines()) == 1 and len(err) < 1000, err[:2000]
+
+
+def test_the_plugin_refuses_a_report_dir_it_cannot_make(pytester):
+    """Issue 48: `pytest --report-dir /proc/self/x` was an INTERNALERROR (FileNotFoundError)."""
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--report-dir", "/proc/self/x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*--report-dir /proc/self/x: cannot be made a directory*"])
+
+
+def test_labels_are_printable_and_junit_parses(tmp_path, capsys):
+    """Issue 48: a stack label's terminal escapes were printed raw and its control characters made a junit.xml no
+    XML parser reads."""
+    from harness.cli.gate_cmd import _junit, _print
+
+    hostile = tmp_path / "st\x1b]0;pwned\x07ack\x1b[2J\x01.txt"
+    hostile.write_text("verl==0.9.0\n")
+    label = st.parse_stack(str(hostile), "--to", INSTALLED).label
+    assert not any(c in label for c in "\x1b\x07\x01"), label
+    doc = {"from": "installed", "to": label + "\x1b[31m\x01", "state": BROKEN, "named": "verl\x0b",
+           "comparison": {"broken": [{"test": "t::a\x1b[2J", "a": "passed", "b": "failed", "reason_b": "bad \x00"}],
+                          "flipped": [], "config": [], "numbers": []},
+           "moved": {}, "curves": None, "bisection": None, "timings": {}, "reports": {"B": str(tmp_path / "B")}}
+    root = ET.fromstring(_junit(doc))
+    assert root.find("testcase/failure") is not None and "t::a" in root.findall("testcase")[1].get("name")
+    _print(doc)
+    assert "\x1b" not in capsys.readouterr().out
+
+
+# -- calibrate-curves ----------------------------------------------------------------------------------------------
+
+def _calibrate(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "scripts/calibrate-curves"), *argv], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--scale-step", "0"], "--scale-step 0: must be a finite number in [0.01, 10]"),  # looped for ever
+    (["--held-out", "200-204"], "--held-out: 5 seed(s); at least 6"),
+    (["--steps", "0"], "--steps 0: must be a whole number"),
+    (["--golden", "/nonexistent/golden.json"], "/nonexistent/golden.json: no such baseline"),
+    (["--spike-metric", "nope"], "--spike-metric nope: not a curve metric"),
+])
+def test_calibrate_curves_refuses_bad_input_before_any_lab_run(tmp_path, argv, says):
+    """Issue 48: each was a traceback, an endless loop, or found only after the whole calibration."""
+    runs = tmp_path / "runs"
+    proc = _calibrate("--runs", str(runs), "--calibration", "0-9", *argv)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert not runs.exists(), "a lab run started before the input was checked"
+
+
+def test_calibrate_curves_never_writes_onto_an_input(tmp_path):
+    """Issue 48: `--out X --golden X` overwrote the golden, then failed; a --runs file was a traceback."""
+    golden = tmp_path / "golden.json"
+    golden.write_bytes((ROOT / "baselines/tiny/dapo_lab.json").read_bytes())
+    before = golden.read_bytes()
+    proc = _calibrate("--runs", str(tmp_path / "runs"), "--out", str(golden), "--golden", str(golden))
+    assert proc.returncode == 2 and f"--out {golden}: is one of the inputs" in proc.stderr, proc.stderr
+    assert golden.read_bytes() == before
+    proc = _calibrate("--runs", str(golden))
+    assert proc.returncode == 2 and "is a regular file; pass the cache directory" in proc.stderr, proc.stderr
+    proc = _calibrate("--runs", "")
+    assert proc.returncode == 2 and "--runs '': empty" in proc.stderr, proc.stderr
+
+
+def test_calibrate_curves_names_a_corrupt_cached_run(tmp_path):
+    """Issue 48: a cached run a killed calibration left corrupt was a traceback."""
+    run = tmp_path / "runs" / "lab-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{not json\n" * 3)
+    proc = _calibrate("--runs", str(tmp_path / "runs"), "--steps", "3", "--calibration", "0-9", "--held-out", "10-15")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"the cached run {run} is unreadable" in proc.stderr and "remove it" in proc.stderr
