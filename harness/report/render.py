@@ -435,7 +435,7 @@ BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ ver
 <p class="where"><code class="nodeid">{{ f.nodeid }}</code>{% if f.test_at %} &middot; test
 <code class="test-at">{{ f.test_at }}</code>{% endif %}{% if f.call_at and f.call_at != f.test_at %} &middot;
 failing call <code class="call-at">{{ f.call_at }}</code>{% endif %}</p>
-{% for b in f.bugs %}<p class="known">known bug <a class="known-bug" href="#bug-{{ b.id }}">{{ b.id }}</a>:
+{% for b in f.bugs %}<p class="known">{{ b.label }} <a class="known-bug" href="#bug-{{ b.id }}">{{ b.id }}</a>:
 fix: {{ b.fix }}</p>{% endfor %}
 <p class="rerun-one">rerun: <code class="rerun">{{ f.rerun }}</code></p>
 {% if f.traceback %}<pre class="excerpt">{{ f.excerpt }}</pre>
@@ -614,7 +614,7 @@ def render_markdown(report: RunReport) -> str:
         # inline code through _md, not a fence: CI comments render inline HTML, and a fence's text is not escaped
         lines += [f"### {_md(f.outcome)}: `{_md(f.nodeid)}`", "", f"`E {_md(f.e_line)}`", ""]
         lines += [f"- {where}"] if where else []
-        lines += [f"- known bug `{_md(b.id)}`: fix: {_md(b.fix)}" for b in f.bugs]
+        lines += [f"- {b.label} `{_md(b.id)}`: fix: {_md(b.fix)}" for b in f.bugs]
         lines += [f"- rerun: `{_md(f.rerun)}`", ""]
     for nodeid, doc in report.properties("throughput"):
         if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):

@@ -86,6 +86,9 @@ class MachineInfo:
     driver: str | None  # NPU driver / CUDA driver version, None on CPU
     cann: str | None  # CANN toolkit version, None without CANN
     packages: dict[str, str | None]
+    # the CPU's fingerprint (harness.config.host.fingerprint): a known-bug row's host condition is judged on it, as
+    # doctor judges it on this machine (the AMX row was blamed on a host without AMX); None where it was not recorded
+    host: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,17 @@ def machine_info() -> MachineInfo:
         cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
         device_count=found.device_count, hardware_profile=found.profile.name,
         driver=_driver_version(found.kind), cann=cann_version(),
-        packages={p: installed.get(p) for p in STACK_PACKAGES})  # null where absent (a CPU run has no torch_npu)
+        packages={p: installed.get(p) for p in STACK_PACKAGES},  # null where absent (a CPU run has no torch_npu)
+        host=_host())
+
+
+def _host() -> dict | None:
+    from harness.config.host import fingerprint
+
+    try:
+        return fingerprint()
+    except Exception:  # noqa: BLE001 -- provenance (no torch, no /proc/cpuinfo): never fail a report for it
+        return None
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
@@ -190,13 +203,13 @@ def report_name(prefix: str, created: str) -> str:
 _STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
 _MACHINE = {"hostname": _STR, "platform": _STR, "python": _STR, "cpu_count": _INT, "device_kind": _STR,
             "device_name": _STR, "device_count": _INT, "hardware_profile": _STR, "driver": _OPT_STR, "cann": _OPT_STR,
-            "packages": (dict,)}
+            "packages": (dict,), "host": (dict, type(None))}
 _REPORT = {"created": _STR, "name": _STR, "commit": _OPT_STR, "dirty": (bool, type(None)), "scale": _OPT_STR,
            "plan": (dict, type(None)), "command": (list,), "machine": (dict,), "tests": (list,), "duration_s": _NUM,
            "exit_status": _INT}
 _TEST = {"nodeid": _STR, "outcome": _STR, "duration_s": _NUM, "reason": _STR, "markers": (list,),
          "properties": (dict,), "benchmark": (dict, type(None)), "traceback": _STR, "log": _STR}
-_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty"}
+_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty", "host"}
 _BENCH_STATS = ("median", "mean", "stddev", "rounds", "ops")
 
 
