@@ -174,7 +174,7 @@ FIRST_SCREEN = """(function () {
   return {eline: seen(NEEDLES[0]), bug: seen(NEEDLES[1], true), rerun: seen(NEEDLES[2]), scrolled: window.scrollY};
 })()""".replace("NEEDLES", json.dumps(["AssertionError: decode tokens stale after sync: W_UV differs from kv_b_proj",
                                       "vllm-cpu-amx-mla-packs-copies",
-                                      "python -m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00"]))
+                                      "-m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00"]))
 OPEN_ALL = """(function () { document.querySelectorAll('details').forEach(function (d) { d.open = true; });
   return document.documentElement.scrollHeight; })()"""
 # main@2adc21b's renderer drew fixtures.report.red_report() (64 tests, 4 long failures) 7100 px tall in Chromium at

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 import textwrap
 
 import pytest
@@ -265,10 +266,12 @@ def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch, c
     assert first == {"test_ok", "test_broken", "test_param[a-1]"}
     assert (tmp_path / "out" / ".pytest_cache").is_dir()  # the cache is the report directory's
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rerun what failed: ")]
-    assert printed == ["rerun what failed: ascend-rl-harness run --scale tiny --report-dir out -- --lf"]
-    command = shlex.split(printed[0].removeprefix("rerun what failed: "))
-    assert command[0] == "ascend-rl-harness"
-    assert main(command[1:]) == 1  # the printed command itself
+    # the run's own command on exactly its failed node id, with this interpreter (harness.report.failures)
+    assert printed == ["rerun what failed: " + shlex.join([sys.executable, "-m", "pytest",
+                                                           "suites/test_lf_tree.py::test_broken", "-m", "tiny",
+                                                           "--scale", "tiny"])]
+    # `run -- --lf` still reruns the report directory's failures (its cache)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "--lf"]) == 1
     rerun = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
     assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in rerun] == [("test_broken", "failed")]
     # --ff: the failure first, then the rest

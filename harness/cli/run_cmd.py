@@ -339,7 +339,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return emit(verdict(passed, state, {
             "scale": scale.name, "report": report.name, "counts": c, "duration_s": report.duration_s,
             "exit_status": report.exit_status,
-            "rerun": None if report.passed else rerun_failed(args.report_dir, scale.name),
+            "rerun": None if report.passed else rerun_failed(report),
             "failing": [{"nodeid": t.nodeid, "outcome": t.outcome, "reason": t.reason} for t in report.tests
                         if t.failing],
             "regressions": [dataclasses.asdict(s) for s in regressed], "lost": trend_failures,
@@ -352,8 +352,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return 1
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {counts_text(report)}")
-    if not report.passed:  # plain `pytest --lf` in the checkout finds no failures: the cache is the report dir's
-        console.print(f"rerun what failed: {escape(rerun_failed(args.report_dir, scale.name))}")
+    if not report.passed:  # the run's own command on exactly its failed node ids (harness.report.failures)
+        console.print(f"rerun what failed: {escape(rerun_failed(report))}")
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")

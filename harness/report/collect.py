@@ -188,7 +188,8 @@ class ReportCollector:
             name=report_name(scale.name if scale else "tests", created),
             commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale),
             command=tuple(redact_argv(self.config.invocation_params.args)), machine=machine_info(), tests=tuple(tests),
-            duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status)
+            duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status,
+            paths=tuple(redact_argv([str(a) for a in self.config.args])))
 
 
 def _plan_doc(scale) -> dict | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
@@ -219,12 +220,54 @@ def known_bugs(test: TestVerdict, report: RunReport, bugs=None) -> tuple[BugMatc
     return tuple(out)
 
 
+# options of the run's command a rerun must not repeat: they select tests (the rerun names them), place the run's
+# report set and cache (a rerun must not replace the night's report), or spread it over workers. (option, takes a
+# value)
+_NOT_REPEATED = {"-k": True, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
+                 "--sw": False, "--stepwise": False, "--report-dir": True, "--rootdir": True, "-n": True,
+                 "--numprocesses": True}
+
+
+def rerun_args(report: RunReport, nodeids) -> list[str]:
+    """The run's own pytest command (report.command: engine, scale, options) selecting exactly `nodeids`: its
+    positional paths replaced by them, and what selected, placed or spread the run dropped (_NOT_REPEATED, and
+    `-o cache_dir=`). Why: the page's rerun line dropped `--engine` (pytest said "not found", exit 4) and
+    `run -- --lf` collected all 94 tests of a night instead of its 4 failures (newcomer review, round 5)."""
+    paths, out, skip = set(report.paths), [], False
+    for i, word in enumerate(report.command):
+        if skip:
+            skip = False
+            continue
+        option, eq, _ = word.partition("=")
+        if option in _NOT_REPEATED:
+            skip = _NOT_REPEATED[option] and not eq
+            continue
+        if word.startswith("-n") and word[2:].isdigit():  # xdist's -n4
+            continue
+        if word == "-o" and i + 1 < len(report.command) and report.command[i + 1].startswith("cache_dir="):
+            skip = True
+            continue
+        if word.startswith("-o") and word[2:].startswith("cache_dir="):
+            continue
+        if word in paths or (not paths and not word.startswith("-") and i == len(out)):
+            continue  # a positional (older reports record none: the leading ones, as `run` puts suites/ first)
+        out.append(word)
+    return [*nodeids, *out]
+
+
+def rerun_line(report: RunReport, nodeids) -> str:
+    """`rerun_args` as one shell line with this interpreter (the venv that runs the harness, not a bare `python`)."""
+    return shlex.join([sys.executable, "-m", "pytest", *rerun_args(report, nodeids)])
+
+
 def rerun_command(test: TestVerdict, report: RunReport) -> str:
-    """The command that reruns just this test: pytest on its node id, with the run's scale (a suite's tier
-    fixtures need it; the harness's own tests/ take none)."""
-    nodeid = test.nodeid if test.nodeid != "<collection>" else ""
-    scale = f" --scale {shlex.quote(report.scale)}" if report.scale and not nodeid.startswith("tests/") else ""
-    return f"python -m pytest {shlex.quote(nodeid) if nodeid else ''}{scale}".replace("  ", " ").rstrip()
+    """The command that reruns just this test (a collection error: the run's command as it was)."""
+    return rerun_line(report, [test.nodeid] if test.nodeid != "<collection>" else [])
+
+
+def rerun_failed(report: RunReport) -> str:
+    """The command that reruns exactly what failed in `report`."""
+    return rerun_line(report, [t.nodeid for t in report.tests if t.failing and t.nodeid != "<collection>"])
 
 
 def brief(test: TestVerdict, report: RunReport) -> FailureBrief:
@@ -237,13 +280,6 @@ def brief(test: TestVerdict, report: RunReport) -> FailureBrief:
 def briefs(report: RunReport) -> list[FailureBrief]:
     """One brief per failing test, in the order they ran (the report's order): the first is the first to fail."""
     return [brief(t, report) for t in report.tests if t.failing]
-
-
-def rerun_failed(report_dir: str, scale: str | None) -> str:
-    """The command that reruns what failed in a `run`'s report directory: pytest's cache lives there, so plain
-    `pytest --lf` in the checkout finds no failures (harness.cli.run_cmd.pytest_args)."""
-    return "ascend-rl-harness run" + (f" --scale {shlex.quote(scale)}" if scale else "") + \
-        (f" --report-dir {shlex.quote(str(report_dir))}" if str(report_dir) != "reports" else "") + " -- --lf"
 
 
 # ----------------------------------------------------------------------------- shortening reprs (collect side)

@@ -473,17 +473,6 @@ source: {{ b.source }}; <code>ascend-rl-harness doctor</code> checks a stack and
 """
 
 
-def _report_dir(report: RunReport) -> str:
-    """The --report-dir the run's pytest command line names (`run` passes it; reports/ as `make job` uses)."""
-    args = list(report.command)
-    for i, arg in enumerate(args):
-        if arg == "--report-dir" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--report-dir="):
-            return arg.split("=", 1)[1]
-    return "reports"
-
-
 def _suites(report: RunReport, previous: RunReport | None, prev_tests) -> list[dict]:
     """The test table collapsed by suite (the test's file), each with its counts: 64 rows of passes were 5.2k px of
     a 19.7k px page, above nothing a reader needed (issue 33). Every suite starts closed (its failures lead the
@@ -573,7 +562,7 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
                   versions=table(["package", "version", "\u0394 previous" if previous else ""], version_rows,
                                  "versions"),
                   machine=machine, failing=failing, findings=findings, run_dirs=run_dirs, bugs=bugs,
-                  rerun_all=rerun_failed(_report_dir(report), report.scale),
+                  rerun_all=rerun_failed(report),
                   suites=_suites(report, previous, prev_tests),
                   env_line=" \u00b7 ".join([*(f"{k} {v}" for k, v in versions(report).items() if v),
                                              f"{m.device_kind}: {m.device_name}", m.hostname]),
@@ -605,7 +594,7 @@ def render_markdown(report: RunReport) -> str:
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
     failing = briefs(report)
     if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
-        lines.append(f"rerun what failed: `{_md(rerun_failed(_report_dir(report), report.scale))}`")
+        lines.append(f"rerun what failed: `{_md(rerun_failed(report))}`")
         lines.append("")
     for f in failing:
         where = " · ".join(part for part in (f"test `{_md(f.test_at)}`" if f.test_at else "",

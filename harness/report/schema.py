@@ -106,6 +106,9 @@ class RunReport:
     tests: tuple[TestVerdict, ...]
     duration_s: float
     exit_status: int
+    # the positional arguments of `command` (pytest's config.args: files, directories, node ids): the rerun lines
+    # replace them with the failed node ids (harness.report.failures.rerun_args)
+    paths: tuple[str, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -206,10 +209,11 @@ _MACHINE = {"hostname": _STR, "platform": _STR, "python": _STR, "cpu_count": _IN
             "packages": (dict,), "host": (dict, type(None))}
 _REPORT = {"created": _STR, "name": _STR, "commit": _OPT_STR, "dirty": (bool, type(None)), "scale": _OPT_STR,
            "plan": (dict, type(None)), "command": (list,), "machine": (dict,), "tests": (list,), "duration_s": _NUM,
-           "exit_status": _INT}
+           "exit_status": _INT, "paths": (list,)}
 _TEST = {"nodeid": _STR, "outcome": _STR, "duration_s": _NUM, "reason": _STR, "markers": (list,),
          "properties": (dict,), "benchmark": (dict, type(None)), "traceback": _STR, "log": _STR}
-_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty", "host"}
+_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty", "host",
+             "paths"}
 _BENCH_STATS = ("median", "mean", "stddev", "rounds", "ops")
 
 
@@ -270,13 +274,13 @@ def report_from_dict(doc, source: str = "<dict>") -> RunReport:
     machine = _check(fields.pop("machine"), _MACHINE, f"{where} (machine)")
     if not all(isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in machine["packages"].items()):
         raise BadInput(f"{where} (machine): packages must map names to version strings or null")
-    command = fields.pop("command", [])
-    if not all(isinstance(a, str) for a in command):
-        raise BadInput(f"{where}: command must be a list of strings")
+    command, paths = fields.pop("command", []), fields.pop("paths", [])
+    if not all(isinstance(a, str) for a in (*command, *paths)):
+        raise BadInput(f"{where}: command and paths must be lists of strings")
     tests = tuple(_test_from_dict(t, f"{where} (test {i})") for i, t in enumerate(fields.pop("tests")))
     # held as the current version: a version 1 report is a version 2 one with empty tracebacks and logs
     return RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, **{"plan": None, "dirty": None, **fields},
-                     command=tuple(command), tests=tests, machine=MachineInfo(**machine))
+                     command=tuple(command), tests=tests, machine=MachineInfo(**machine), paths=tuple(paths))
 
 
 def load_report(path: str | os.PathLike) -> RunReport:
