@@ -577,6 +577,14 @@ def _md(text) -> str:
             .replace("`", "'").replace("\n", " "))
 
 
+def _code(text, table: bool = False) -> str:
+    """A Markdown code span: its text is literal (CommonMark decodes no entity inside backticks, so _md's `&gt;`
+    showed as `-&gt;` in report.md, newcomer review round 5) and safe as it is (no HTML is read inside one); only a
+    backtick or a newline could end it, and in a table cell a pipe."""
+    text = str(text).replace("`", "'").replace("\n", " ")
+    return f"`{text.replace('|', chr(92) + '|') if table else text}`"
+
+
 def counts_text(report: RunReport) -> str:
     """Every outcome counted, and of how many: the page said 3 xfailed where report.md left them out (39 + 1 + 4
     of 47). One text for the page, the Markdown and the console."""
@@ -589,34 +597,34 @@ def render_markdown(report: RunReport) -> str:
     """A short summary for a CI comment: verdict, then one block per failure (E line, where, known bug, rerun),
     throughput, benchmarks."""
     lines = [f"## ascend-rl-harness {_md(report.name)}: {'✅ PASS' if report.passed else '❌ FAIL'}", "",
-             f"{counts_text(report)} · scale `{_md(report.scale)}` · "
-             f"commit `{_md((report.commit or 'unknown')[:12])}` · "
+             f"{counts_text(report)} · scale {_code(report.scale)} · "
+             f"commit {_code((report.commit or 'unknown')[:12])} · "
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
     failing = briefs(report)
     if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
-        lines.append(f"rerun what failed: `{_md(rerun_failed(report))}`")
+        lines.append(f"rerun what failed: {_code(rerun_failed(report))}")
         lines.append("")
     for f in failing:
-        where = " · ".join(part for part in (f"test `{_md(f.test_at)}`" if f.test_at else "",
-                                             f"failing call `{_md(f.call_at)}`"
+        where = " · ".join(part for part in (f"test {_code(f.test_at)}" if f.test_at else "",
+                                             f"failing call {_code(f.call_at)}"
                                              if f.call_at and f.call_at != f.test_at else "") if part)
         # inline code through _md, not a fence: CI comments render inline HTML, and a fence's text is not escaped
-        lines += [f"### {_md(f.outcome)}: `{_md(f.nodeid)}`", "", f"`E {_md(f.e_line)}`", ""]
+        lines += [f"### {_md(f.outcome)}: {_code(f.nodeid)}", "", _code('E ' + f.e_line), ""]
         lines += [f"- {where}"] if where else []
-        lines += [f"- {b.label} `{_md(b.id)}`: fix: {_md(b.fix)}" for b in f.bugs]
-        lines += [f"- rerun: `{_md(f.rerun)}`", ""]
+        lines += [f"- {b.label} {_code(b.id)}: fix: {_md(b.fix)}" for b in f.bugs]
+        lines += [f"- rerun: {_code(f.rerun)}", ""]
     for nodeid, doc in report.properties("throughput"):
         if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):
             continue
         roof = (doc.get("roofline") or {}).get("tps_per_card_limit") if isinstance(doc.get("roofline"), dict) else None
-        lines.append(f"- throughput `{_md(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
+        lines.append(f"- throughput {_code(nodeid)}: **{doc['tps_per_card']:.1f} TPS/card**"
                      + (f" ({_md(fmt(doc['tps_per_device']))} per device, {_md(doc['devices'])} devices on "
                         f"{_md(doc['hardware'])})" if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
                      + (f", target {_md(fmt(doc['target']))}" if doc.get("target") is not None else "")
                      + (f", roofline {_md(fmt(roof))}" if roof else ""))
     for nodeid, doc in report.properties("throughput.graph_mode"):
         if isinstance(doc, dict) and finite(doc.get("speedup")):
-            lines.append(f"- graph mode vs eager `{_md(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
+            lines.append(f"- graph mode vs eager {_code(nodeid)}: **{doc['speedup']:.2f}x** decode throughput")
     bench = _benchmarks_rows(report)
     if bench:
         lines += ["", "| benchmark | median ms | mean ms | stddev ms | rounds | ops/s |", "|---|---|---|---|---|---|"]
@@ -760,6 +768,6 @@ def render_trend_markdown(reports: list[RunReport], steps: list[Step]) -> str:
     lines.append("no regression" if not regressed else f"{len(regressed)} regression(s)")
     if steps:
         lines += ["", "| metric | from report | before | after | change | kind |", "|---|---|---|---|---|---|"]
-        lines += [f"| `{_md(s.metric)}` | {_md(s.report)} | {s.before:.4g} | {s.after:.4g} | "
+        lines += [f"| {_code(s.metric, table=True)} | {_md(s.report)} | {s.before:.4g} | {s.after:.4g} | "
                   f"{s.change:+.1%} | {'regression' if s.regression else 'improvement'} |" for s in steps]
     return "\n".join(lines).rstrip() + "\n"
