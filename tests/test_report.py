@@ -330,7 +330,7 @@ def test_uncalibrated_curves_say_so(report_factory):
 def test_report_page_order_ranges_and_delta(full_report):
     page = render_html(full_report, full_report, {"pytest.log": "pytest.log"})
     order = [page.index(mark) for mark in ('id="verdict"', 'id="failures"', 'class="verdicts', 'id="versions"',
-                                           "<h2>Throughput")]
+                                           "<h2 id=\"sec-throughput\">Throughput")]
     assert order == sorted(order)  # verdict, failures first, the tests by suite, versions; measurements after
     assert "<td>2\u20133</td>" in page and "[2, 3]" not in page  # the steady window as a range
     assert 'href="pytest.log"' in page and "\u0394 vs night-1" in page and "+0.00 s" in page

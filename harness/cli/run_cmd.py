@@ -328,7 +328,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         store(report, args.history)
         history = [*earlier, report]
         # the page again, now with the delta against the previous night and the link to the trend
-        publish(report, generation.path, earlier[-1] if earlier else None, trend=True)
+        publish(report, generation.path, earlier[-1] if earlier else None, trend=True, history=earlier)
         steps = write_trend(history, generation.path, pages={report.name: "report.html"})
         regressed = [s for s in steps if s.regression]
         # what the night lost against the one before (tests, suites, metrics) fails it as a regression does

@@ -31,6 +31,7 @@ from harness.redact import redact_argv
 from harness.report.failures import briefs, rerun_failed
 from harness.report.page import Cell, Row, img, page, render, table
 from harness.report.schema import OUTCOMES, RunReport, TestVerdict, finite
+from harness.report.tiles import with_sparklines
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
@@ -46,13 +47,17 @@ def _tex(text) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _figure():
+def plt_subplots(figsize=FIGSIZE):
     import matplotlib
 
     matplotlib.use("Agg", force=True)  # headless: no display on CI or the cluster head node
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    return plt.subplots(figsize=figsize, dpi=DPI)
+
+
+def _figure():
+    return plt_subplots()
 
 
 def _png(fig, tight: bool = True, zoom: int = 1) -> str:
@@ -110,6 +115,19 @@ def plot_throughput(doc: dict) -> str:
     return _png(fig)
 
 
+def plot_phases(phases: list[dict]) -> str:
+    """The step's phase times (median seconds) as one stacked horizontal bar: where a step's time goes."""
+    fig, ax = plt_subplots(figsize=(FIGSIZE[0], 1.3))
+    left = 0.0
+    for p in phases:
+        ax.barh([0], [float(p["seconds"])], left=left, label=_tex(f"{p['name']} {float(p['seconds']):.3g} s"))
+        left += float(p["seconds"])
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per step (median)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=min(len(phases), 6), fontsize=7, frameon=False)
+    return _png(fig)
+
+
 def plot_graph_mode(doc: dict) -> str:
     """Decode tokens/s of every round, eager vs graph mode."""
     fig, ax = _figure()
@@ -160,8 +178,7 @@ def plot_curve(metric: str, series: dict) -> tuple[str, list[tuple[int, float, f
                 "x", color="tab:red", ms=8, zorder=6, label="outside the band")
     ax.set_xlabel("step")
     ax.set_ylabel(_tex(metric))
-    if series.get("verdict"):
-        ax.set_title(_tex(series["verdict"]), fontsize=9)
+    ax.set_title(_tex(f"{metric}: {series['verdict']}" if series.get("verdict") else metric), fontsize=9)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.canvas.draw()
@@ -282,6 +299,7 @@ def _throughput(nodeid: str, doc: dict) -> list[Markup]:
     if doc.get("phases"):
         out.append(table(["phase", "seconds (median)", "share of step"],
                          [[p["name"], fmt(p["seconds"]), f"{p['share']:.1%}"] for p in doc["phases"]]))
+        out.append(img(plot_phases(doc["phases"]), f"step phases {nodeid}"))
     if doc.get("per_step"):
         out.append(img(plot_throughput(doc), f"TPS per step {nodeid}"))
     return out
@@ -319,11 +337,16 @@ def _curve_verdicts(nodeid: str, verdicts) -> list[Markup]:
     return [render("<h3>{{ n }}</h3>", n=nodeid), table(["metric", "statistic", "verdict", "where", "detail"], rows)]
 
 
+def _curve_failed(data: dict) -> bool:
+    return bool(data.get("outside_steps")) or "FAIL" in str(data.get("verdict", ""))
+
+
 def _curve_series(nodeid: str, series: dict) -> list[Markup]:
     """One plot per metric; hovering a point of this run shows its step, value and the band there (an HTML image
     map: no script, no network)."""
     out = []
-    for metric, data in series.items():
+    # failures first (the newcomer review found the failing curve among 26 plots titled "ok")
+    for metric, data in sorted(series.items(), key=lambda kv: not _curve_failed(kv[1])):
         if not data.get("candidate_steps"):
             continue
         png, points = plot_curve(metric, data)
@@ -426,6 +449,11 @@ def _delta(t: TestVerdict, previous: dict[str, TestVerdict] | None) -> Cell:
 
 
 BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ verdict }}</span></h1>
+<div class="tiles" id="tiles">{% for t, spark in tiles %}
+<a class="tile tile-{{ t.state }}" id="tile-{{ t.key }}"{% if t.anchor in anchors %} href="#{{ t.anchor }}"{% endif %}>
+<span class="tile-title">{{ t.title }}</span> <span class="{{ t.state }}">{{ t.verdict }}</span><br>
+<b class="tile-number">{{ t.number }}</b>{% if spark %} {{ spark }}{% endif %}<br>
+<span class="muted">{{ t.detail }}</span></a>{% endfor %}</div>
 <p>{{ summary }}</p>
 {% if failing %}<p class="rerun-all">rerun what failed: <code class="rerun">{{ rerun_all }}</code></p>{% endif %}
 <h2 id="failures">Failures ({{ failing|length }})</h2>
@@ -467,9 +495,10 @@ source: {{ b.source }}; <code>ascend-rl-harness doctor</code> checks a stack and
 {% endfor %}{% endif %}
 <details class="environment" id="environment"><summary><h2>Versions and machine</h2> {{ env_line }}</summary>
 <div class="grid"><div><h3>Versions</h3>{{ versions }}</div><div><h3>Machine</h3>{{ machine }}</div></div></details>
-{% for title, section in sections %}<h2>{{ title }}</h2>
+{% for title, anchor, section in sections %}{% if title in collapsed %}<details id="{{ anchor }}"><summary>
+<h2>{{ title }}</h2></summary>{% else %}<h2 id="{{ anchor }}">{{ title }}</h2>{% endif %}
 {% for part in section %}{{ part }}
-{% endfor %}{% endfor %}
+{% endfor %}{% if title in collapsed %}</details>{% endif %}{% endfor %}
 """
 
 
@@ -497,9 +526,10 @@ page already); one with a failure is listed first and in red."""
 
 
 def render_html(report: RunReport, previous: RunReport | None = None, links: dict[str, str] | None = None,
-                strict: bool = False) -> str:
+                strict: bool = False, history=()) -> str:
     """The whole report as one HTML document (no external resources). `previous`: the report before it in the
-    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend).
+    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend);
+    `history`: the earlier nights, oldest first (the tiles' sparklines, harness.report.tiles).
 
     Failures first (harness.report.failures): under the badge one block per failure with its E line, where the
     test and the failing call are, the known bug it matches, the command that reruns it, the traceback from the E
@@ -566,8 +596,19 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
                   suites=_suites(report, previous, prev_tests),
                   env_line=" \u00b7 ".join([*(f"{k} {v}" for k, v in versions(report).items() if v),
                                              f"{m.device_kind}: {m.device_name}", m.hostname]),
-                  sections=[(title, parts) for title, parts in sections if parts])
+                  sections=[(title, _anchor(title), parts) for title, parts in sections if parts],
+                  collapsed=COLLAPSED, tiles=[(t, Markup(spark) if spark else None) for t, spark in
+                                              with_sparklines(report, history, previous)],
+                  anchors={_anchor(title) for title, parts in sections if parts})
     return page(f"{report.name}: {verdict}", body)
+
+
+COLLAPSED = ("Other measurements",)  # 8.8k px of a 17.9k px green page (newcomer review, round 5)
+
+
+def _anchor(title: str) -> str:
+    """A section's id, the tiles' link target: `Memory per phase` -> sec-memory-per-phase."""
+    return "sec-" + "-".join("".join(c if c.isalnum() else " " for c in title.lower()).split())
 
 
 def _md(text) -> str:
