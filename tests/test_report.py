@@ -634,3 +634,23 @@ def test_report_keeps_no_host_paths():
     assert without_host_paths(doc, "/home/ci/clone") == {
         "warnings": ["run <pytest tmp>/test_curves0/run has 3 steps"],
         "msprobe": {"dump": "suites/precision/dump.json", "n": 3}}
+
+
+def test_curves_tile_states_the_goldens_power_only_when_it_has_one(full_report):
+    """The curves tile: failed statistics of those judged, the golden's N, and the reward window's minimum detectable
+    effect from the golden's `power` table (recorded as `curves.power`); nothing of it when the golden has none."""
+    from harness.report.tiles import curves
+
+    tile = curves(full_report)
+    assert (tile.state, tile.number) == ("FAIL", "1 FAILED")
+    assert tile.detail == "1 of 2 statistics failed vs the 3-run golden"
+    power = {"critic/rewards/mean window-mean": {"metric": "critic/rewards/mean", "statistic": "window-mean",
+                                                 "mde": 0.21, "unit": ""}, "reward_gain": 1.8, "weak": False}
+    with_power = dataclasses.replace(full_report, tests=tuple(
+        dataclasses.replace(t, properties={**t.properties, "curves.power": power}) if "curves.series" in t.properties
+        else t for t in full_report.tests))
+    assert curves(with_power).detail.endswith("; detects a reward shift of 0.21")
+    weak = dataclasses.replace(with_power, tests=tuple(
+        dataclasses.replace(t, properties={**t.properties, "curves.power": {**power, "weak": True}})
+        if "curves.power" in t.properties else t for t in with_power.tests))
+    assert curves(weak).detail.endswith("; WEAK golden")
