@@ -489,7 +489,7 @@ none)</p>{% endif %}
 {{ s.table }}</details>
 {% endfor %}
 {% if bugs %}<h2 id="known-bugs">Known bugs these failures match</h2>
-{% for b in bugs %}<div class="bug" id="bug-{{ b.id }}"><h3>{{ b.id }}</h3>
+{% for b in bugs %}<div class="bug" id="bug-{{ b.id }}"><h3>{{ b.id }} ({{ b.label }})</h3>
 <p>{{ b.symptom }}</p><p><b>fix:</b> {{ b.fix }}</p><p class="muted">caught by {{ b.suite }}; matched: {{ b.why }};
 source: {{ b.source }}; <code>ascend-rl-harness doctor</code> checks a stack and recipe for it</p></div>
 {% endfor %}{% endif %}
