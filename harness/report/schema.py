@@ -22,8 +22,10 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
 and lists every other property as JSON.
 
 Schema version 2 (each failure with its traceback and captured log) adds `traceback` and `log` to
-every test; version 1 reports still load (both empty). Loading checks every field's type, so a hand-edited or
-foreign JSON ends in one line naming the field, never a traceback in a renderer.
+every test; version 1 reports still load (both empty). Optional in both: `machine.host` (the CPU fingerprint a
+known-bug row's host condition is judged on) and `paths` (pytest's positional arguments, which the rerun lines
+replace with the failed node ids); reports without them load as before. Loading checks every field's type, so a
+hand-edited or foreign JSON ends in one line naming the field, never a traceback in a renderer.
 """
 from __future__ import annotations
 
