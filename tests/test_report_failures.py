@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -41,8 +42,9 @@ def test_each_failure_brief_names_the_e_line_places_bug_and_rerun(red_run):
     assert str(first.call_at) == "harness/mla/probes.py:88"
     assert [b.id for b in first.bugs] == ["vllm-cpu-amx-mla-packs-copies"]
     assert "CPU_MLA" in first.bugs[0].fix
-    assert first.rerun == ("python -m pytest 'suites/functional/test_mla_weight_sync.py::test_case_00[tiny-fp32]' "
-                           "--scale tiny")
+    assert first.rerun == shlex.join([sys.executable, "-m", "pytest",
+                                      "suites/functional/test_mla_weight_sync.py::test_case_00[tiny-fp32]",
+                                      "-m", "tiny", "--scale", "tiny"])
     assert [b.bugs for b in briefs(red_run)[1:]] == [(), (), ()]  # other suites, no AMX symptom: no row
 
 
@@ -94,20 +96,49 @@ def test_known_bug_match_needs_component_platform_and_suite_or_symptom(red_run):
     assert all(b.says == "" or b.says.strip() for b in KNOWN_BUGS)
 
 
-def test_rerun_commands():
-    report = red_report()
-    assert rerun_failed("reports", "tiny") == "ascend-rl-harness run --scale tiny -- --lf"
-    assert rerun_failed("out dir", None) == "ascend-rl-harness run --report-dir 'out dir' -- --lf"
+ENGINE = "harness.engines.reference:make_reference_engine"
+SCALE_SUITE = "suites/precision/test_mla_softmax_scale.py"
+
+
+def test_rerun_lines_select_exactly_the_failures(tmp_path):
+    """Seeded from the newcomer review (round 5): a run of the suites through `--engine` with `-k`, its report in
+    reports-red. The per-test line dropped --engine (pytest: "not found", exit 4) and began with a bare `python`;
+    `run -- --lf` collected all 94 tests. Each printed line, run with --collect-only, selects exactly the failures."""
+    failed = [f"{SCALE_SUITE}::test_tiny_engine_scale_is_closed_form[engine={ENGINE}-fp32]",
+              f"{SCALE_SUITE}::test_outputs_follow_right_scale[engine={ENGINE}-bf16]"]
+    passed = f"{SCALE_SUITE}::test_tiny_engine_scale_is_closed_form[engine={ENGINE}-bf16]"
+    suites = str(ROOT / "suites")
+    command = (suites, "-m", "tiny", "--scale", "tiny", "--report-dir", "reports-red", "-o",
+               f"cache_dir={tmp_path}/.pytest_cache", "--rootdir", str(ROOT), "-p", "xdist", "-n", "2",
+               "--engine", ENGINE, "-k", "mla_weight_sync or softmax", "--lf")
+    report = dataclasses.replace(red_report(), command=command, paths=(suites,), tests=(
+        TestVerdict(failed[0], "failed", 1.0, "boom"), TestVerdict(passed, "passed", 1.0),
+        TestVerdict(failed[1], "error", 1.0, "boom")))
+    lines = [rerun_failed(report), *(f.rerun for f in briefs(report))]
+    assert all(shlex.split(line)[:3] == [sys.executable, "-m", "pytest"] for line in lines)
+    assert all("--report-dir" not in line and str(tmp_path) not in line for line in lines)  # the night's set stays
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    for line, expected in zip(lines, [failed, failed[:1], failed[1:]], strict=True):
+        proc = subprocess.run([*shlex.split(line), "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert [x for x in proc.stdout.splitlines() if "::" in x] == expected, line
+    # an older report records no positional paths: the leading words (`run` puts suites/ first) are them
+    old = dataclasses.replace(report, paths=())
+    assert rerun_failed(old) == rerun_failed(report)
     own = TestVerdict("tests/test_io.py::test_x[a b]", "failed", 1.0, "boom")
-    assert brief(own, report).rerun == "python -m pytest 'tests/test_io.py::test_x[a b]'"  # no --scale for tests/
+    bare = dataclasses.replace(report, command=("tests/test_io.py",), paths=("tests/test_io.py",))
+    assert brief(own, bare).rerun == shlex.join([sys.executable, "-m", "pytest", "tests/test_io.py::test_x[a b]"])
 
 
 def test_markdown_and_junit_lead_with_the_failure_blocks(red_run):
     md = render_markdown(red_run)
     first = briefs(red_run)[0]
-    order = [md.index(mark) for mark in ("rerun what failed: `ascend-rl-harness run --scale tiny -- --lf`",
+    order = [md.index(mark) for mark in (f"rerun what failed: `{sys.executable} -m pytest",
                                          f"`E {first.e_line}`", "suites/functional/test_mla_weight_sync.py:40",
-                                         "known bug `vllm-cpu-amx-mla-packs-copies`", "rerun: `python -m pytest")]
+                                         "known bug `vllm-cpu-amx-mla-packs-copies`",
+                                         f"rerun: `{sys.executable} -m pytest")]
     assert order == sorted(order) and order[0] < md.index("suites/functional/test_generate.py")
     cases = {c.get("name"): c for c in ET.fromstring(render_junit(red_run)).iter("testcase")}
     failure = cases["test_case_00[tiny-fp32]"].find("failure")
@@ -168,3 +199,35 @@ def test_collector_cuts_fixture_reprs_and_shows_tensors_by_shape(tmp_path):
     assert "n" * 200 not in test.traceback and "Noisy(nnn" in test.traceback  # cut, in every frame
     assert e_line(test) == "AssertionError: weights are stale"
     assert describe(object()) is None and describe([1, 2]) is None
+
+
+def test_known_bug_conditions_are_doctors_host_when_and_the_failing_engine(red_run):
+    """Seeded from the newcomer review (round 5): a user's engine (`--engine myeng:make_engine`) with stale W_UK_T/W_UV
+    copies failed the MLA weight-sync suite on an EPYC without AMX, and every failure block said `known bug
+    vllm-cpu-amx-mla-packs-copies`: the matcher ignored the row's host and `when`, and which engine failed."""
+    amx = next(b for b in KNOWN_BUGS if b.id == "vllm-cpu-amx-mla-packs-copies")
+    nodeid = ("suites/functional/test_mla_weight_sync.py::test_weight_sync_reaches_absorbed_weights"
+              "[engine=myeng:make_engine-fp32-real]")
+    user = TestVerdict(nodeid, "failed", 42.0, "Failed: W_UK_T/W_UV are not the derivation of the current kv_b_proj",
+                       traceback="E       Failed: after sync 1/6 (new): stale\n\nx.py:3: Failed")
+    epyc = red_report(host="avx2-epyc")
+    assert known_bugs(user, epyc) == ()  # the user's engine, on a host without AMX: not the AMX row
+    assert known_bugs(user, red_run, bugs=(amx,)) == ()  # on the AMX host too: the failing engine is not vLLM CPU
+    built_in = dataclasses.replace(user, nodeid=nodeid.replace("engine=myeng:make_engine", "vllm"))
+    assert known_bugs(built_in, epyc, bugs=(amx,)) == ()  # vLLM's own engine, but no AMX: the host decides
+    # the same failure on the AMX host: the suite alone matches, and that is "possibly", never "known bug"
+    (maybe,) = known_bugs(built_in, red_run, bugs=(amx,))
+    assert maybe.id == amx.id and not maybe.certain and maybe.label == "possibly"
+    # `when`, as doctor reads it: a run planned with CPU_MLA (what the CPU tier sets) is not the AMX_MLA row
+    planned = dataclasses.replace(red_run, plan={"overrides": [
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.attention_backend=CPU_MLA"], "env": {}})
+    assert known_bugs(red_run.tests[0], planned, bugs=(amx,)) == ()
+    # the symptom on the AMX host with vLLM's default backend: certain, and the page says so
+    (sure,) = known_bugs(red_run.tests[0], red_run, bugs=(amx,))
+    assert sure.certain and sure.label == "known bug"
+    # a report without a recorded host: the host is unknown, so at most possible
+    unknown = dataclasses.replace(red_run, machine=dataclasses.replace(red_run.machine, host=None))
+    assert [b.certain for b in known_bugs(red_run.tests[0], unknown, bugs=(amx,))] == [False]
+    md = render_markdown(epyc)
+    assert "vllm-cpu-amx" not in render_markdown(dataclasses.replace(epyc, tests=(user,)))
+    assert "known bug `vllm-cpu-amx" not in md  # the red fixture's AMX log on a host without AMX: no such cause

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 import textwrap
 
 import pytest
@@ -265,10 +266,12 @@ def test_lf_reruns_only_what_failed_in_the_previous_run(tmp_path, monkeypatch, c
     assert first == {"test_ok", "test_broken", "test_param[a-1]"}
     assert (tmp_path / "out" / ".pytest_cache").is_dir()  # the cache is the report directory's
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rerun what failed: ")]
-    assert printed == ["rerun what failed: ascend-rl-harness run --scale tiny --report-dir out -- --lf"]
-    command = shlex.split(printed[0].removeprefix("rerun what failed: "))
-    assert command[0] == "ascend-rl-harness"
-    assert main(command[1:]) == 1  # the printed command itself
+    # the run's own command on exactly its failed node id, with this interpreter (harness.report.failures)
+    assert printed == ["rerun what failed: " + shlex.join([sys.executable, "-m", "pytest",
+                                                           "suites/test_lf_tree.py::test_broken", "-m", "tiny",
+                                                           "--scale", "tiny"])]
+    # `run -- --lf` still reruns the report directory's failures (its cache)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "--lf"]) == 1
     rerun = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
     assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in rerun] == [("test_broken", "failed")]
     # --ff: the failure first, then the rest
@@ -322,3 +325,44 @@ def test_history_fails_a_night_that_lost_tests(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "ran 1 test, 2 the night before" in out and "suites/test_shrink_tree.py::test_b" in out, out
     assert 'id="verdict">FAIL<' in (tmp_path / "n2" / "trend.html").read_text()
+
+
+WIDE_FAILURE = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.tiny
+    def test_stale():
+        raise AssertionError("W_UK_T/W_UV are not the derivation of the current kv_b_proj: 131049/131072 elements "
+                             "off, worst |diff| 0.2893 at [3, 7, 141] -> stale")
+
+    @pytest.mark.tiny
+    def test_fine():
+        pass
+''')
+
+
+@pytest.mark.parametrize("columns", [80, 120, 240])
+def test_run_ends_like_pytest_within_columns(tmp_path, monkeypatch, capsys, columns):
+    """Seeded from the newcomer review (round 5): with stdout a log, `run` ended with a 200-column table of every
+    test (COLUMNS ignored), its reasons cut mid-number (`worst |diff| 0.`). Now: one `FAILED id - E line` per
+    failure, then the verdict, every line within $COLUMNS, a number whole or not at all; the table is --verbose's."""
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / f"test_wide_{columns}.py").write_text(WIDE_FAILURE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["run", "--scale", "tiny", "--report-dir", "out"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    failed = [line for line in out if line.startswith("FAILED ")]
+    nodeid = f"suites/test_wide_{columns}.py::test_stale"
+    assert len(failed) == 1 and failed[0].startswith(f"FAILED {nodeid}") and len(failed[0]) <= columns
+    assert out[out.index(failed[0]) + 1].startswith("FAIL: 1 passed, 1 failed")  # the verdict line next
+    at = out.index(failed[0])
+    assert out[at - 1].startswith("[2/2] ") and not any("┃" in line for line in out)  # no table of every test
+    message = failed[0].removeprefix(f"FAILED {nodeid}").removeprefix(" - ").removesuffix(" ...")
+    full = ("AssertionError: W_UK_T/W_UV are not the derivation of the current kv_b_proj: 131049/131072 elements off, "
+            "worst |diff| 0.2893 at [3, 7, 141] -> stale")
+    assert message and full.startswith(message) and (message == full or full[len(message)] == " ")  # at a word
+    if columns == 240:
+        assert message == full
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--verbose"]) == 1
+    assert "┃" in capsys.readouterr().out  # the full table, on request

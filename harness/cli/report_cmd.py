@@ -84,7 +84,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         pages[report.name] = f"{stem}.html"
         write_atomic(out / f"{stem}.html", render_html(report, reports[i - 1] if i else None,
                                                        {"trend": "trend.html"} if len(reports) > 1 else {},
-                                                       strict=True))
+                                                       strict=True, history=reports[:i]))
         write_atomic(out / f"{stem}.md", render_markdown(report))
         console.print(f"{'[green]PASS' if report.passed else '[red]FAIL'}[/] {escape(report.name)}: "
                       f"{escape(str(out / (stem + '.html')))}")

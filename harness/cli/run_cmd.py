@@ -248,10 +248,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from harness.cli.output import console as output_console
     from harness.io import write_error
     from harness.redact import redact_argv
     from harness.report.failures import rerun_failed
@@ -270,8 +270,9 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         terminal = os.fdopen(os.dup(shown_on.fileno()), "w", buffering=1)
     except (AttributeError, OSError, io.UnsupportedOperation):  # stdout is no file (captured, in a test)
         terminal = shown_on
-    # CI logs are no terminal: keep node ids and reasons on one line instead of folding them at 80 columns.
-    console = Console(file=terminal, width=None if terminal.isatty() else 200)
+    # as wide as the terminal, or $COLUMNS even when stdout is a log or a pipe (harness.cli.output.console; `run`
+    # once printed 200 columns into every CI log and ignored COLUMNS)
+    console = output_console(stderr=args.json, file=terminal)
     log, new_log = report_dir / LOG_NAME, generation.path / LOG_NAME
     shown = " ".join(redact_argv(argv))  # the console and CI logs are shared: no token from --ray-address
     console.print(f"[bold]ascend-rl-harness run[/] scale {escape(scale.name)}: pytest {escape(shown)}")
@@ -304,24 +305,29 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         failed_log = new_log.replace(report_dir / "pytest-failed.log")
         raise BadInput(f"pytest {shown} exited with {getattr(status, 'name', status)}; see {failed_log}")
     report = load_report(written)
-    table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
-    table.add_column("test", overflow="fold", min_width=min(60, max((len(t.nodeid) for t in report.tests), default=4)))
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("s", no_wrap=True, justify="right")
-    table.add_column("reason", overflow="fold", ratio=1)  # the reason wraps, test names stay readable
-    color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
-    for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
-        # escape: parametrized node ids ("test[vllm-dummy]") would otherwise be read as rich markup and vanish
-        table.add_row(escape(t.nodeid), f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}",
-                      escape(t.reason[:200]))
-    console.print(table)
+    if args.verbose:  # every test, as a table; by default only the failures, as pytest's short summary
+        table = Table(title=f"{report.name}: {'PASS' if report.passed else 'FAIL'}")
+        table.add_column("test", overflow="fold", min_width=min(60, max((len(t.nodeid) for t in report.tests),
+                                                                        default=4)))
+        table.add_column("outcome", no_wrap=True)
+        table.add_column("s", no_wrap=True, justify="right")
+        table.add_column("reason", overflow="fold", ratio=1)  # the reason wraps, test names stay readable
+        color = {"passed": "green", "skipped": "yellow", "xfailed": "yellow"}
+        for t in sorted(report.tests, key=lambda t: (not t.failing, t.nodeid)):
+            # escape: parametrized node ids ("test[vllm-dummy]") would otherwise be read as rich markup and vanish
+            table.add_row(escape(t.nodeid), f"[{color.get(t.outcome, 'red')}]{t.outcome}[/]", f"{t.duration_s:.1f}",
+                          escape(t.reason))
+        console.print(table)
+    for t in report.tests:
+        if t.failing:
+            console.print(escape(short_summary(t, console.width)), soft_wrap=True)
     regressed, trend_failures = [], []
     if args.history:  # nightly: keep this report in the trend store and look for steps across it
         earlier = load_store(args.history, warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
         store(report, args.history)
         history = [*earlier, report]
         # the page again, now with the delta against the previous night and the link to the trend
-        publish(report, generation.path, earlier[-1] if earlier else None, trend=True)
+        publish(report, generation.path, earlier[-1] if earlier else None, trend=True, history=earlier)
         steps = write_trend(history, generation.path, pages={report.name: "report.html"})
         regressed = [s for s in steps if s.regression]
         # what the night lost against the one before (tests, suites, metrics) fails it as a regression does
@@ -338,7 +344,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return emit(verdict(passed, state, {
             "scale": scale.name, "report": report.name, "counts": c, "duration_s": report.duration_s,
             "exit_status": report.exit_status,
-            "rerun": None if report.passed else rerun_failed(args.report_dir, scale.name),
+            "rerun": None if report.passed else rerun_failed(report),
             "failing": [{"nodeid": t.nodeid, "outcome": t.outcome, "reason": t.reason} for t in report.tests
                         if t.failing],
             "regressions": [dataclasses.asdict(s) for s in regressed], "lost": trend_failures,
@@ -351,8 +357,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
         return 1
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {counts_text(report)}")
-    if not report.passed:  # plain `pytest --lf` in the checkout finds no failures: the cache is the report dir's
-        console.print(f"rerun what failed: {escape(rerun_failed(args.report_dir, scale.name))}")
+    if not report.passed:  # the run's own command on exactly its failed node ids (harness.report.failures)
+        console.print(f"rerun what failed: {escape(rerun_failed(report))}")
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")
@@ -364,6 +370,24 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
                   f"Markdown: {(report_dir / 'report.md').absolute()}, JUnit: {(report_dir / JUNIT_NAME).absolute()}, "
                   f"pytest log: {log.absolute()})")
     return 0 if passed else 1
+
+
+SUMMARY_WORDS = {"failed": "FAILED", "error": "ERROR", "xpassed": "XPASS"}
+
+
+def short_summary(test, width: int) -> str:
+    """pytest's short test summary line (`FAILED nodeid - E line`, _pytest/terminal.py _get_line_with_reprcrash_message)
+    cut to `width` at a word, never inside a number (the 200-column table cut `worst |diff| 0.` mid-number); the node
+    id is never cut: with no room left the line is just `FAILED nodeid`."""
+    from harness.report.failures import e_line
+
+    head = f"{SUMMARY_WORDS.get(test.outcome, test.outcome.upper())} {test.nodeid}"
+    message = " ".join(e_line(test).split())
+    if len(head) + len(" - ") + len(message) <= width:
+        return f"{head} - {message}"
+    room = width - len(head) - len(" - ") - len(" ...")
+    kept = " ".join(message[:room + 1].split(" ")[:-1]) if room > 0 else ""  # the word across the edge goes
+    return f"{head} - {kept} ..." if kept else head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -379,5 +403,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print JSON on stdout (progress goes to stderr): `passed`, `state` (PASS, FAIL, NO TESTS, "
                         "REGRESSED, LOST TESTS), the counts, failing tests and the report's files")
+    p.add_argument("--verbose", action="store_true",
+                   help="end with the table of every test (default: one `FAILED id - E line` per failure, as pytest)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
     p.set_defaults(func=cmd_run)

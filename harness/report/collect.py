@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -51,6 +52,24 @@ def _jsonable(value):
         return {"unserializable": redact(repr(value)[:500])}
 
 
+# pytest's temporary directories (_pytest/tmpdir.py: <tmp>/pytest-of-<user>/pytest-<N>): a host's path, gone after
+# the run, that a curves warning carried into the report (newcomer review, round 5)
+_PYTEST_TMP = re.compile(r"(?:/[^\s'\"]*)?/pytest-of-[^/\s'\"]+/pytest-\d+")
+
+
+def without_host_paths(value, root: str):
+    """`value` (a property, a reason) with the checkout's absolute path made relative and pytest's temporary
+    directory named `<pytest tmp>`: the report is shared, and read on other hosts (an msprobe row carried the
+    checkout's absolute path)."""
+    if isinstance(value, str):
+        return _PYTEST_TMP.sub("<pytest tmp>", value.replace(root.rstrip("/") + "/", ""))
+    if isinstance(value, dict):
+        return {k: without_host_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_host_paths(v, root) for v in value]
+    return value
+
+
 def _reason(report: pytest.TestReport) -> str:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
@@ -77,6 +96,7 @@ class ReportCollector:
 
     def __init__(self, config: pytest.Config, report_dir: str):
         self.config = config
+        self.root = str(config.rootpath)
         self.report_dir = Path(report_dir)
         self.tests: dict[str, dict] = {}
         self.started = time.monotonic()
@@ -117,13 +137,13 @@ class ReportCollector:
         entry["decided"] |= report.when == "call" or not report.passed
         outcome = _outcome(report)
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:  # the worst phase decides (setup error > call fail)
-            entry["outcome"], entry["reason"] = outcome, redact(_reason(report))
+            entry["outcome"], entry["reason"] = outcome, without_host_paths(redact(_reason(report)), self.root)
         if report.failed:  # the report page shows each failure's traceback and captured log
             entry["traceback"] = redact(report.longreprtext[-TAIL_CHARS:])
             entry["log"] = redact("\n".join(f"----- {name} -----\n{text}"
                                              for name, text in report.sections)[-TAIL_CHARS:])
         for name, value in report.user_properties:
-            entry["properties"][name] = _jsonable(value)
+            entry["properties"][name] = without_host_paths(_jsonable(value), self.root)
         keywords = getattr(report, "keywords", {}) or {}
         entry["markers"] = tuple(sorted(k for k in keywords if k in REPORTED_MARKERS))
 
@@ -188,7 +208,8 @@ class ReportCollector:
             name=report_name(scale.name if scale else "tests", created),
             commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale),
             command=tuple(redact_argv(self.config.invocation_params.args)), machine=machine_info(), tests=tuple(tests),
-            duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status)
+            duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status,
+            paths=tuple(redact_argv([str(a) for a in self.config.args])))
 
 
 def _plan_doc(scale) -> dict | None:

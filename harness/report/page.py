@@ -28,7 +28,12 @@ th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999}input.filter{m
 div.failure{border-left:4px solid #cf222e;padding:.1em .8em;margin:.6em 0;background:#fff8f8}
 div.failure p{margin:.25em 0}p.eline code{font-weight:bold;color:#82071e;overflow-wrap:anywhere}
 pre.excerpt{max-height:16em;margin:.3em 0}code.rerun{background:#f3f3f3;padding:1px 4px;user-select:all}
-summary h2{display:inline}details.suite summary code{font-weight:bold}"""
+summary h2{display:inline}details.suite summary code{font-weight:bold}
+.tiles{display:flex;gap:.5em;margin:.4em 0}a.tile{flex:1 1 0;min-width:0;border:1px solid #ccc;border-left:6px solid
+#999;border-radius:4px;padding:.3em .6em;color:#222;text-decoration:none;font-size:.9em;line-height:1.35}
+a.tile-ok{border-left-color:#1a7f37}a.tile-FAIL{border-left-color:#cf222e;background:#fff8f8}
+a.tile-skipped{border-left-color:#bbb}.tile-title{font-weight:600}b.tile-number{font-size:1.35em}
+svg.spark{vertical-align:middle}"""
 
 # Sorting (click a header; numbers by value via data-v), filtering (a box the script adds, so a page read
 # without scripts shows no dead control) and full-size plots (click toggles; a plot's image map is scaled with it:

@@ -195,14 +195,14 @@ def report_links(set_dir: Path, report: RunReport) -> dict[str, str]:
 
 
 def publish(report: RunReport, set_dir: str | Path, previous: RunReport | None = None,
-            trend: bool = False) -> Path:
+            trend: bool = False, history=()) -> Path:
     """Write report.html, report.md, junit.xml and report.json into `set_dir`, a Generation's directory (it starts
     empty: no trend page of another report can sit beside them); return the JSON path. `trend`: the page links the
-    trend.html its caller writes next."""
+    trend.html its caller writes next; `history`: the earlier nights, oldest first (the tiles' sparklines)."""
     set_dir = Path(set_dir)
     keep_evidence(set_dir, report.tests)
     links = {**report_links(set_dir, report), JUNIT_NAME: JUNIT_NAME, **({"trend": TREND_FILES[0]} if trend else {})}
-    write_atomic(set_dir / "report.html", render_html(report, previous, links))
+    write_atomic(set_dir / "report.html", render_html(report, previous, links, history=history))
     write_atomic(set_dir / "report.md", render_markdown(report))
     write_atomic(set_dir / JUNIT_NAME, render_junit(report))
     return write_report(report, set_dir / "report.json")

@@ -31,6 +31,7 @@ from harness.redact import redact_argv
 from harness.report.failures import briefs, rerun_failed
 from harness.report.page import Cell, Row, img, page, render, table
 from harness.report.schema import OUTCOMES, RunReport, TestVerdict, finite
+from harness.report.tiles import with_sparklines
 from harness.report.trend import Metric, Step, first_judged, version_changes, versions
 
 DPI = 90
@@ -46,13 +47,17 @@ def _tex(text) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _figure():
+def plt_subplots(figsize=FIGSIZE):
     import matplotlib
 
     matplotlib.use("Agg", force=True)  # headless: no display on CI or the cluster head node
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    return plt.subplots(figsize=figsize, dpi=DPI)
+
+
+def _figure():
+    return plt_subplots()
 
 
 def _png(fig, tight: bool = True, zoom: int = 1) -> str:
@@ -110,6 +115,19 @@ def plot_throughput(doc: dict) -> str:
     return _png(fig)
 
 
+def plot_phases(phases: list[dict]) -> str:
+    """The step's phase times (median seconds) as one stacked horizontal bar: where a step's time goes."""
+    fig, ax = plt_subplots(figsize=(FIGSIZE[0], 1.3))
+    left = 0.0
+    for p in phases:
+        ax.barh([0], [float(p["seconds"])], left=left, label=_tex(f"{p['name']} {float(p['seconds']):.3g} s"))
+        left += float(p["seconds"])
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per step (median)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=min(len(phases), 6), fontsize=7, frameon=False)
+    return _png(fig)
+
+
 def plot_graph_mode(doc: dict) -> str:
     """Decode tokens/s of every round, eager vs graph mode."""
     fig, ax = _figure()
@@ -160,8 +178,7 @@ def plot_curve(metric: str, series: dict) -> tuple[str, list[tuple[int, float, f
                 "x", color="tab:red", ms=8, zorder=6, label="outside the band")
     ax.set_xlabel("step")
     ax.set_ylabel(_tex(metric))
-    if series.get("verdict"):
-        ax.set_title(_tex(series["verdict"]), fontsize=9)
+    ax.set_title(_tex(f"{metric}: {series['verdict']}" if series.get("verdict") else metric), fontsize=9)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.canvas.draw()
@@ -282,6 +299,7 @@ def _throughput(nodeid: str, doc: dict) -> list[Markup]:
     if doc.get("phases"):
         out.append(table(["phase", "seconds (median)", "share of step"],
                          [[p["name"], fmt(p["seconds"]), f"{p['share']:.1%}"] for p in doc["phases"]]))
+        out.append(img(plot_phases(doc["phases"]), f"step phases {nodeid}"))
     if doc.get("per_step"):
         out.append(img(plot_throughput(doc), f"TPS per step {nodeid}"))
     return out
@@ -319,11 +337,16 @@ def _curve_verdicts(nodeid: str, verdicts) -> list[Markup]:
     return [render("<h3>{{ n }}</h3>", n=nodeid), table(["metric", "statistic", "verdict", "where", "detail"], rows)]
 
 
+def _curve_failed(data: dict) -> bool:
+    return bool(data.get("outside_steps")) or "FAIL" in str(data.get("verdict", ""))
+
+
 def _curve_series(nodeid: str, series: dict) -> list[Markup]:
     """One plot per metric; hovering a point of this run shows its step, value and the band there (an HTML image
     map: no script, no network)."""
     out = []
-    for metric, data in series.items():
+    # failures first (the newcomer review found the failing curve among 26 plots titled "ok")
+    for metric, data in sorted(series.items(), key=lambda kv: not _curve_failed(kv[1])):
         if not data.get("candidate_steps"):
             continue
         png, points = plot_curve(metric, data)
@@ -426,6 +449,11 @@ def _delta(t: TestVerdict, previous: dict[str, TestVerdict] | None) -> Cell:
 
 
 BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ verdict }}</span></h1>
+<div class="tiles" id="tiles">{% for t, spark in tiles %}
+<a class="tile tile-{{ t.state }}" id="tile-{{ t.key }}"{% if t.anchor in anchors %} href="#{{ t.anchor }}"{% endif %}>
+<span class="tile-title">{{ t.title }}</span> <span class="{{ t.state }}">{{ t.verdict }}</span><br>
+<b class="tile-number">{{ t.number }}</b>{% if spark %} {{ spark }}{% endif %}<br>
+<span class="muted">{{ t.detail }}</span></a>{% endfor %}</div>
 <p>{{ summary }}</p>
 {% if failing %}<p class="rerun-all">rerun what failed: <code class="rerun">{{ rerun_all }}</code></p>{% endif %}
 <h2 id="failures">Failures ({{ failing|length }})</h2>
@@ -435,7 +463,7 @@ BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ ver
 <p class="where"><code class="nodeid">{{ f.nodeid }}</code>{% if f.test_at %} &middot; test
 <code class="test-at">{{ f.test_at }}</code>{% endif %}{% if f.call_at and f.call_at != f.test_at %} &middot;
 failing call <code class="call-at">{{ f.call_at }}</code>{% endif %}</p>
-{% for b in f.bugs %}<p class="known">known bug <a class="known-bug" href="#bug-{{ b.id }}">{{ b.id }}</a>:
+{% for b in f.bugs %}<p class="known">{{ b.label }} <a class="known-bug" href="#bug-{{ b.id }}">{{ b.id }}</a>:
 fix: {{ b.fix }}</p>{% endfor %}
 <p class="rerun-one">rerun: <code class="rerun">{{ f.rerun }}</code></p>
 {% if f.traceback %}<pre class="excerpt">{{ f.excerpt }}</pre>
@@ -461,27 +489,17 @@ none)</p>{% endif %}
 {{ s.table }}</details>
 {% endfor %}
 {% if bugs %}<h2 id="known-bugs">Known bugs these failures match</h2>
-{% for b in bugs %}<div class="bug" id="bug-{{ b.id }}"><h3>{{ b.id }}</h3>
+{% for b in bugs %}<div class="bug" id="bug-{{ b.id }}"><h3>{{ b.id }} ({{ b.label }})</h3>
 <p>{{ b.symptom }}</p><p><b>fix:</b> {{ b.fix }}</p><p class="muted">caught by {{ b.suite }}; matched: {{ b.why }};
 source: {{ b.source }}; <code>ascend-rl-harness doctor</code> checks a stack and recipe for it</p></div>
 {% endfor %}{% endif %}
 <details class="environment" id="environment"><summary><h2>Versions and machine</h2> {{ env_line }}</summary>
 <div class="grid"><div><h3>Versions</h3>{{ versions }}</div><div><h3>Machine</h3>{{ machine }}</div></div></details>
-{% for title, section in sections %}<h2>{{ title }}</h2>
+{% for title, anchor, section in sections %}{% if title in collapsed %}<details id="{{ anchor }}"><summary>
+<h2>{{ title }}</h2></summary>{% else %}<h2 id="{{ anchor }}">{{ title }}</h2>{% endif %}
 {% for part in section %}{{ part }}
-{% endfor %}{% endfor %}
+{% endfor %}{% if title in collapsed %}</details>{% endif %}{% endfor %}
 """
-
-
-def _report_dir(report: RunReport) -> str:
-    """The --report-dir the run's pytest command line names (`run` passes it; reports/ as `make job` uses)."""
-    args = list(report.command)
-    for i, arg in enumerate(args):
-        if arg == "--report-dir" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--report-dir="):
-            return arg.split("=", 1)[1]
-    return "reports"
 
 
 def _suites(report: RunReport, previous: RunReport | None, prev_tests) -> list[dict]:
@@ -508,9 +526,10 @@ page already); one with a failure is listed first and in red."""
 
 
 def render_html(report: RunReport, previous: RunReport | None = None, links: dict[str, str] | None = None,
-                strict: bool = False) -> str:
+                strict: bool = False, history=()) -> str:
     """The whole report as one HTML document (no external resources). `previous`: the report before it in the
-    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend).
+    store (the delta column); `links`: label -> relative address (pytest.log, run directories, the trend);
+    `history`: the earlier nights, oldest first (the tiles' sparklines, harness.report.tiles).
 
     Failures first (harness.report.failures): under the badge one block per failure with its E line, where the
     test and the failing call are, the known bug it matches, the command that reruns it, the traceback from the E
@@ -573,12 +592,23 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
                   versions=table(["package", "version", "\u0394 previous" if previous else ""], version_rows,
                                  "versions"),
                   machine=machine, failing=failing, findings=findings, run_dirs=run_dirs, bugs=bugs,
-                  rerun_all=rerun_failed(_report_dir(report), report.scale),
+                  rerun_all=rerun_failed(report),
                   suites=_suites(report, previous, prev_tests),
                   env_line=" \u00b7 ".join([*(f"{k} {v}" for k, v in versions(report).items() if v),
                                              f"{m.device_kind}: {m.device_name}", m.hostname]),
-                  sections=[(title, parts) for title, parts in sections if parts])
+                  sections=[(title, _anchor(title), parts) for title, parts in sections if parts],
+                  collapsed=COLLAPSED, tiles=[(t, Markup(spark) if spark else None) for t, spark in
+                                              with_sparklines(report, history, previous)],
+                  anchors={_anchor(title) for title, parts in sections if parts})
     return page(f"{report.name}: {verdict}", body)
+
+
+COLLAPSED = ("Other measurements",)  # 8.8k px of a 17.9k px green page (newcomer review, round 5)
+
+
+def _anchor(title: str) -> str:
+    """A section's id, the tiles' link target: `Memory per phase` -> sec-memory-per-phase."""
+    return "sec-" + "-".join("".join(c if c.isalnum() else " " for c in title.lower()).split())
 
 
 def _md(text) -> str:
@@ -586,6 +616,14 @@ def _md(text) -> str:
     (names reach CI comments, which render inline HTML)."""
     return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
             .replace("`", "'").replace("\n", " "))
+
+
+def _code(text, table: bool = False) -> str:
+    """A Markdown code span: its text is literal (CommonMark decodes no entity inside backticks, so _md's `&gt;`
+    showed as `-&gt;` in report.md, newcomer review round 5) and safe as it is (no HTML is read inside one); only a
+    backtick or a newline could end it, and in a table cell a pipe."""
+    text = str(text).replace("`", "'").replace("\n", " ")
+    return f"`{text.replace('|', chr(92) + '|') if table else text}`"
 
 
 def counts_text(report: RunReport) -> str:
@@ -600,34 +638,34 @@ def render_markdown(report: RunReport) -> str:
     """A short summary for a CI comment: verdict, then one block per failure (E line, where, known bug, rerun),
     throughput, benchmarks."""
     lines = [f"## ascend-rl-harness {_md(report.name)}: {'✅ PASS' if report.passed else '❌ FAIL'}", "",
-             f"{counts_text(report)} · scale `{_md(report.scale)}` · "
-             f"commit `{_md((report.commit or 'unknown')[:12])}` · "
+             f"{counts_text(report)} · scale {_code(report.scale)} · "
+             f"commit {_code((report.commit or 'unknown')[:12])} · "
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
     failing = briefs(report)
     if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
-        lines.append(f"rerun what failed: `{_md(rerun_failed(_report_dir(report), report.scale))}`")
+        lines.append(f"rerun what failed: {_code(rerun_failed(report))}")
         lines.append("")
     for f in failing:
-        where = " · ".join(part for part in (f"test `{_md(f.test_at)}`" if f.test_at else "",
-                                             f"failing call `{_md(f.call_at)}`"
+        where = " · ".join(part for part in (f"test {_code(f.test_at)}" if f.test_at else "",
+                                             f"failing call {_code(f.call_at)}"
                                              if f.call_at and f.call_at != f.test_at else "") if part)
         # inline code through _md, not a fence: CI comments render inline HTML, and a fence's text is not escaped
-        lines += [f"### {_md(f.outcome)}: `{_md(f.nodeid)}`", "", f"`E {_md(f.e_line)}`", ""]
+        lines += [f"### {_md(f.outcome)}: {_code(f.nodeid)}", "", _code('E ' + f.e_line), ""]
         lines += [f"- {where}"] if where else []
-        lines += [f"- known bug `{_md(b.id)}`: fix: {_md(b.fix)}" for b in f.bugs]
-        lines += [f"- rerun: `{_md(f.rerun)}`", ""]
+        lines += [f"- {b.label} {_code(b.id)}: fix: {_md(b.fix)}" for b in f.bugs]
+        lines += [f"- rerun: {_code(f.rerun)}", ""]
     for nodeid, doc in report.properties("throughput"):
         if not isinstance(doc, dict) or not finite(doc.get("tps_per_card")):
             continue
         roof = (doc.get("roofline") or {}).get("tps_per_card_limit") if isinstance(doc.get("roofline"), dict) else None
-        lines.append(f"- throughput `{_md(nodeid)}`: **{doc['tps_per_card']:.1f} TPS/card**"
+        lines.append(f"- throughput {_code(nodeid)}: **{doc['tps_per_card']:.1f} TPS/card**"
                      + (f" ({_md(fmt(doc['tps_per_device']))} per device, {_md(doc['devices'])} devices on "
                         f"{_md(doc['hardware'])})" if {"tps_per_device", "devices", "hardware"} <= doc.keys() else "")
                      + (f", target {_md(fmt(doc['target']))}" if doc.get("target") is not None else "")
                      + (f", roofline {_md(fmt(roof))}" if roof else ""))
     for nodeid, doc in report.properties("throughput.graph_mode"):
         if isinstance(doc, dict) and finite(doc.get("speedup")):
-            lines.append(f"- graph mode vs eager `{_md(nodeid)}`: **{doc['speedup']:.2f}x** decode throughput")
+            lines.append(f"- graph mode vs eager {_code(nodeid)}: **{doc['speedup']:.2f}x** decode throughput")
     bench = _benchmarks_rows(report)
     if bench:
         lines += ["", "| benchmark | median ms | mean ms | stddev ms | rounds | ops/s |", "|---|---|---|---|---|---|"]
@@ -771,6 +809,6 @@ def render_trend_markdown(reports: list[RunReport], steps: list[Step]) -> str:
     lines.append("no regression" if not regressed else f"{len(regressed)} regression(s)")
     if steps:
         lines += ["", "| metric | from report | before | after | change | kind |", "|---|---|---|---|---|---|"]
-        lines += [f"| `{_md(s.metric)}` | {_md(s.report)} | {s.before:.4g} | {s.after:.4g} | "
+        lines += [f"| {_code(s.metric, table=True)} | {_md(s.report)} | {s.before:.4g} | {s.after:.4g} | "
                   f"{s.change:+.1%} | {'regression' if s.regression else 'improvement'} |" for s in steps]
     return "\n".join(lines).rstrip() + "\n"

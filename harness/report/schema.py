@@ -22,8 +22,10 @@ Suites attach measurements with pytest's `record_property(name, value)`; the rep
 and lists every other property as JSON.
 
 Schema version 2 (each failure with its traceback and captured log) adds `traceback` and `log` to
-every test; version 1 reports still load (both empty). Loading checks every field's type, so a hand-edited or
-foreign JSON ends in one line naming the field, never a traceback in a renderer.
+every test; version 1 reports still load (both empty). Optional in both: `machine.host` (the CPU fingerprint a
+known-bug row's host condition is judged on) and `paths` (pytest's positional arguments, which the rerun lines
+replace with the failed node ids); reports without them load as before. Loading checks every field's type, so a
+hand-edited or foreign JSON ends in one line naming the field, never a traceback in a renderer.
 """
 from __future__ import annotations
 
@@ -86,6 +88,9 @@ class MachineInfo:
     driver: str | None  # NPU driver / CUDA driver version, None on CPU
     cann: str | None  # CANN toolkit version, None without CANN
     packages: dict[str, str | None]
+    # the CPU's fingerprint (harness.config.host.fingerprint): a known-bug row's host condition is judged on it, as
+    # doctor judges it on this machine (the AMX row was blamed on a host without AMX); None where it was not recorded
+    host: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,9 @@ class RunReport:
     tests: tuple[TestVerdict, ...]
     duration_s: float
     exit_status: int
+    # the positional arguments of `command` (pytest's config.args: files, directories, node ids): the rerun lines
+    # replace them with the failed node ids (harness.report.failures.rerun_args)
+    paths: tuple[str, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -149,7 +157,17 @@ def machine_info() -> MachineInfo:
         cpu_count=os.cpu_count() or 1, device_kind=found.kind, device_name=found.device_name,
         device_count=found.device_count, hardware_profile=found.profile.name,
         driver=_driver_version(found.kind), cann=cann_version(),
-        packages={p: installed.get(p) for p in STACK_PACKAGES})  # null where absent (a CPU run has no torch_npu)
+        packages={p: installed.get(p) for p in STACK_PACKAGES},  # null where absent (a CPU run has no torch_npu)
+        host=_host())
+
+
+def _host() -> dict | None:
+    from harness.config.host import fingerprint
+
+    try:
+        return fingerprint()
+    except Exception:  # noqa: BLE001 -- provenance (no torch, no /proc/cpuinfo): never fail a report for it
+        return None
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
@@ -190,13 +208,14 @@ def report_name(prefix: str, created: str) -> str:
 _STR, _OPT_STR, _NUM, _INT = (str,), (str, type(None)), (int, float), (int,)
 _MACHINE = {"hostname": _STR, "platform": _STR, "python": _STR, "cpu_count": _INT, "device_kind": _STR,
             "device_name": _STR, "device_count": _INT, "hardware_profile": _STR, "driver": _OPT_STR, "cann": _OPT_STR,
-            "packages": (dict,)}
+            "packages": (dict,), "host": (dict, type(None))}
 _REPORT = {"created": _STR, "name": _STR, "commit": _OPT_STR, "dirty": (bool, type(None)), "scale": _OPT_STR,
            "plan": (dict, type(None)), "command": (list,), "machine": (dict,), "tests": (list,), "duration_s": _NUM,
-           "exit_status": _INT}
+           "exit_status": _INT, "paths": (list,)}
 _TEST = {"nodeid": _STR, "outcome": _STR, "duration_s": _NUM, "reason": _STR, "markers": (list,),
          "properties": (dict,), "benchmark": (dict, type(None)), "traceback": _STR, "log": _STR}
-_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty"}
+_OPTIONAL = {"reason", "markers", "properties", "benchmark", "traceback", "log", "plan", "command", "dirty", "host",
+             "paths"}
 _BENCH_STATS = ("median", "mean", "stddev", "rounds", "ops")
 
 
@@ -257,13 +276,13 @@ def report_from_dict(doc, source: str = "<dict>") -> RunReport:
     machine = _check(fields.pop("machine"), _MACHINE, f"{where} (machine)")
     if not all(isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in machine["packages"].items()):
         raise BadInput(f"{where} (machine): packages must map names to version strings or null")
-    command = fields.pop("command", [])
-    if not all(isinstance(a, str) for a in command):
-        raise BadInput(f"{where}: command must be a list of strings")
+    command, paths = fields.pop("command", []), fields.pop("paths", [])
+    if not all(isinstance(a, str) for a in (*command, *paths)):
+        raise BadInput(f"{where}: command and paths must be lists of strings")
     tests = tuple(_test_from_dict(t, f"{where} (test {i})") for i, t in enumerate(fields.pop("tests")))
     # held as the current version: a version 1 report is a version 2 one with empty tracebacks and logs
     return RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, **{"plan": None, "dirty": None, **fields},
-                     command=tuple(command), tests=tests, machine=MachineInfo(**machine))
+                     command=tuple(command), tests=tests, machine=MachineInfo(**machine), paths=tuple(paths))
 
 
 def load_report(path: str | os.PathLike) -> RunReport:
