@@ -73,10 +73,13 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=No
     if ok:
         console.print(f"[bold green]PASS[/]: all {len(results)} phase(s) fit with headroom")
     else:
+        refused = next((p for p in bad if p.refused), None)
         worst = max(bad, key=lambda p: p.peak_gib - p.budget_gib)
-        console.print(f"[bold red]FAIL[/]: {len(bad)} of {len(results)} phase(s) do not fit; worst {worst.phase} "
-                      f"{worst.peak_gib:.2f} GiB (largest component {worst.largest} "
-                      f"{worst.components[worst.largest]:.2f} GiB) vs {worst.budget_gib - worst.headroom_gib:.2f}")
+        why = (f"{refused.phase}: {refused.refused}" if refused else
+               f"worst {worst.phase} {worst.peak_gib:.2f} GiB (largest component {worst.largest} "
+               f"{worst.components[worst.largest]:.2f} GiB) vs {worst.budget_gib - worst.headroom_gib:.2f}")
+        console.print(f"[bold red]FAIL[/]: {len(bad)} of {len(results)} phase(s) do not fit; {escape(why)}",
+                      soft_wrap=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

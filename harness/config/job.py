@@ -308,7 +308,9 @@ def _not_the_scales(key: str, user_keys: set[str]) -> bool:
     # rollout.max_model_len: verl's null is prompt + response; the scale's 4096 cut a recipe's 2048 + 8192
     return (rehearsed(key) or key in _MODEL_KEYS or key in (OVERLONG_LEN, MAX_RESP_LEN, f"{_RO}.max_model_len")
             or key in _ENGINE_KEYS
-            and key != "model_engine" or bool(_PARALLEL.fullmatch(key)) or key.startswith("reward.reward_kwargs."))
+            and key != "model_engine" or bool(_PARALLEL.fullmatch(key)) or key.startswith("reward.reward_kwargs.")
+            # the scale's offloads (Scale.offload): a script's job offloads what it says, verl's default otherwise
+            or key.endswith("_offload"))
 
 
 def _changes(values: Mapping[str, str], origins: Mapping[str, str], scale: str) -> list[str]:
@@ -458,10 +460,41 @@ def _bounded(values: Mapping[str, str]) -> None:
             raise BadInput(f"override {key}={text}: a whole number from 1 to {top} expected")
 
 
+# The range of each number a job carries that a run refuses (or silently misreads) outside it, checked where the job
+# is built (issue 48: gpu_memory_utilization=-1 or 0 and max_num_seqs=0 were a memory PASS, lr=inf and
+# temperature=nan a valid plan). key -> (holds, what is expected).
+RANGES = {
+    f"{_RO}.gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction of the device in (0, 1] (vLLM)"),
+    f"{_RO}.max_num_seqs": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's sequences per step)"),
+    f"{_RO}.max_num_batched_tokens": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's tokens per "
+                                      "step)"),
+    f"{_RO}.temperature": (lambda v: v >= 0, "a sampling temperature >= 0"),
+    f"{_RO}.top_p": (lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+    f"{_A}.optim.lr": (lambda v: v >= 0, "a learning rate >= 0"),
+}
+
+
+def check_numbers(values: Mapping[str, str | None]) -> None:
+    """Every number of the job finite, and each key of RANGES in its range; BadInput, one line naming the override,
+    otherwise."""
+    import math
+
+    for key, text in values.items():
+        value = _value(key, text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInput(f"override {key}={str(text)[:40]}: a finite number expected")
+        rule = RANGES.get(key)
+        if rule is not None and value is not None:
+            holds, expected = rule
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not holds(value):
+                raise BadInput(f"override {key}={str(text)[:40]}: {expected} expected")
+
+
 def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     """`scale` with the parallel plan, batch, devices and rollout switches the overrides set (the merged map of a
     job: the scale's own overrides and the user's), what was read, and the problems met."""
     _bounded(values)
+    check_numbers(values)
     out = Derived(scale)
     read = out.read
 
@@ -503,6 +536,12 @@ def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     nodes = _size("trainer.nnodes", get("trainer.nnodes"), scale.nodes)
     per_node = _size("trainer.n_gpus_per_node", get("trainer.n_gpus_per_node"), scale.devices_per_node,
                      MAX_DEVICES_PER_NODE)
+    model_len = _int(f"{_RO}.max_model_len", values.get(f"{_RO}.max_model_len"), low=1, high=MAX_TOKENS)
+    if model_len is not None and model_len < batch.max_sequence_length:
+        # verl's vLLM rollout asserts max_model_len >= prompt + response at start (issue 48: it was a PASS)
+        raise BadInput(f"override {_RO}.max_model_len={model_len}: below data.max_prompt_length + "
+                       f"data.max_response_length ({batch.max_prompt_length} + {batch.max_response_length}); verl's "
+                       "rollout refuses it")
     eager = _value(f"{_RO}.enforce_eager", get(f"{_RO}.enforce_eager"))
     chunked = _value(f"{_RO}.enable_chunked_prefill", get(f"{_RO}.enable_chunked_prefill"))
     load_format = _value(f"{_RO}.load_format", get(f"{_RO}.load_format"))
@@ -573,6 +612,7 @@ def rehearsal(tiny: Scale, user: UserRecipe, *, model_path: str | None = None, d
     tier) with the user's REHEARSED overrides; the prompts per step shrink so prompts x samples stays the tiny
     scale's when the recipe samples more per prompt; the overlong buffer keeps its share of the response."""
     values = user.override_map()
+    check_numbers(values)
     n = _int(f"{_RO}.n", values.get(f"{_RO}.n"), tiny.batch.n)
     if n < 1:
         raise BadInput(f"override {_RO}.n={n}: at least one sample per prompt")

@@ -46,6 +46,7 @@ OVERLONG_PENALTY_FACTOR = 1.0
 # device that never returns to zero between phases; vLLM's MoE dispatch/combine over a 64-128 device EP
 # group needs more than the default, so this is the one knob trading the two. Tune it with the memory suite.
 HCCL_BUFFSIZE_MB = 512
+NPU_GPU_MEMORY_UTILIZATION = 0.8  # vLLM's share of an NPU in the scales' jobs (seed 002's recipe; dapo_recipe)
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,9 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         f"{mg}.use_dist_checkpointing=False",
         *stage_overrides(t),
         *recompute_overrides(t),
+        # the offloads the scale's plan is sized for, in the job itself (Scale.offload): what memory judges is what
+        # runs (verl 0.9.1 trainer/config/engine/megatron.yaml defaults both to False)
+        *([f"{mg}.param_offload=True", f"{mg}.optimizer_offload=True"] if scale.offload else []),
         *(npu_training_overrides() if scale.hardware.kind == "npu" else []),
         # --- rollout: vLLM (vllm-ascend on NPU)
         f"{ro}.name=vllm",
@@ -308,6 +312,10 @@ def dapo_recipe(scale: Scale, *, model_path: str | None = None, data_dir: str | 
         # 精度问题1, verl PR #4130) shows as gibberish, which the MLA suites catch.
         f"{ro}.load_format={scale.load_format}",
         f"{ro}.max_model_len={b.max_sequence_length}",
+        # vLLM's share of the device, in the job (the memory model reads the job's, else verl's default 0.5, which
+        # leaves the 671B rollout no KV pool on 64 GB: vLLM would not start): seed 002's recipe runs 0.8
+        # (tests/recipes/seed002_a3_grpo.sh)
+        *([f"{ro}.gpu_memory_utilization={NPU_GPU_MEMORY_UTILIZATION}"] if scale.hardware.kind == "npu" else []),
         # --- trainer
         f"trainer.device={device}",
         f"trainer.nnodes={scale.nodes}",
@@ -389,11 +397,61 @@ def check_verl_version() -> str:
 
 
 def _verl_config_dir() -> str:
+    # the shipped YAMLs by the distribution's file list first: find_spec imports verl's packages (20-45 s here)
+    with_metadata = _installed_config_dir()
+    if with_metadata is not None:
+        return str(with_metadata)
     spec = importlib.util.find_spec("verl.trainer.config")
     if spec is None or not spec.submodule_search_locations:
         raise BadInput("verl.trainer.config not found in the installed verl; reinstall verl "
                        f"{VERL_VERSION} (pip install --no-deps verl=={VERL_VERSION})")
     return list(spec.submodule_search_locations)[0]
+
+
+def _installed_config_dir() -> Path | None:
+    try:
+        root = Path(str(importlib.metadata.distribution("verl").locate_file("verl/trainer/config")))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return root if root.is_dir() else None
+
+
+@functools.lru_cache(maxsize=4)
+def verl_defaults(engine: str = "megatron") -> dict[str, object]:
+    """Every leaf of the installed verl's shipped config for a `model_engine` choice, dotted key -> default, as
+    `compose` builds it (the same Hydra composition `--validate` runs). A verdict about a job reads the value the job
+    leaves to verl here, never a default of its own (issue 44: MemoryOptions assumed param/grad/optimizer offload that
+    verl 0.9.1's trainer/config/engine/megatron.yaml defaults to False, and `memory --scale full-a3` said PASS at
+    54 GiB for a job that needs ~114 GiB). Cached on disk per installed verl and its YAMLs (`_schema_stamp`): a
+    composition costs ~1-3 s, a `memory` answer 0.3 s."""
+    import json
+
+    from harness.io import cache_root, write_atomic
+
+    check_verl_version()
+    mark = cache_root() / "verl-defaults" / f"{_schema_stamp()}-{engine}.json"
+    try:
+        return json.loads(mark.read_text())
+    except (OSError, ValueError):
+        pass
+    from omegaconf import OmegaConf
+
+    flat: dict[str, object] = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif node is None or isinstance(node, (bool, int, float, str)):
+            flat[prefix] = node
+
+    walk("", OmegaConf.to_container(_shipped_defaults(engine), resolve=False))
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(mark, json.dumps(flat))
+    except (OSError, BadInput):  # an unwritable cache only costs the next run the composition
+        pass
+    return flat
 
 
 def _first_line(exc: BaseException) -> str:
