@@ -468,6 +468,8 @@ RANGES = {
     f"{_RO}.max_num_seqs": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's sequences per step)"),
     f"{_RO}.max_num_batched_tokens": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's tokens per "
                                       "step)"),
+    f"{_RO}.engine_kwargs.vllm.kv_cache_memory_bytes": (lambda v: type(v) is int and v >= 1, "a whole number of "
+                                                        "bytes >= 1 (vLLM's KV pool)"),
     f"{_RO}.temperature": (lambda v: v >= 0, "a sampling temperature >= 0"),
     f"{_RO}.top_p": (lambda v: 0 < v <= 1, "a probability in (0, 1]"),
     f"{_A}.optim.lr": (lambda v: v >= 0, "a learning rate >= 0"),

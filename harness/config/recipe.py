@@ -429,7 +429,7 @@ def verl_defaults(engine: str = "megatron") -> dict[str, object]:
     from harness.io import cache_root, write_atomic
 
     check_verl_version()
-    mark = cache_root() / "verl-defaults" / f"{_schema_stamp()}-{engine}.json"
+    mark = cache_root() / "verl-defaults" / f"{_schema_stamp()}-{engine}-2.json"  # -2: empty sections kept
     try:
         return json.loads(mark.read_text())
     except (OSError, ValueError):
@@ -439,10 +439,10 @@ def verl_defaults(engine: str = "megatron") -> dict[str, object]:
     flat: dict[str, object] = {}
 
     def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
+        if isinstance(node, dict) and node:
             for k, v in node.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif node is None or isinstance(node, (bool, int, float, str)):
+        else:  # a leaf: a scalar, a list (trainer.logger) or an empty section (engine_kwargs)
             flat[prefix] = node
 
     walk("", OmegaConf.to_container(_shipped_defaults(engine), resolve=False))
@@ -646,29 +646,25 @@ def check_placeholders(recipe: Recipe) -> None:
 @functools.lru_cache(maxsize=4)
 def _known_keys(engine: str) -> frozenset[str]:
     """Every leaf and section key of verl's shipped config for the engine (dotted)."""
-    from omegaconf import OmegaConf
+    return frozenset(k.rsplit(".", i)[0] for k in verl_defaults(engine) for i in range(k.count(".") + 1))
 
-    out: set[str] = set()
 
-    def walk(prefix: str, node) -> None:
-        out.add(prefix)
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-
-    walk("", OmegaConf.to_container(_shipped_defaults(engine), resolve=False))
-    out.discard("")
-    return frozenset(out)
+def dropped_keys(recipe: Recipe) -> list[str]:
+    """The recipe's override keys verl's installed config does not have, each with the closest key it has: what
+    `check_keys` refuses, named by the commands that judge a job without composing it (issue 44: `memory` dropped a
+    misspelled key silently where `plan --validate` and `launch` named it). Read from the cached defaults: no
+    composition."""
+    engine = (recipe.override_map().get("model_engine") or "dp").strip("'\"")
+    if engine not in ("megatron", "dp"):
+        return []
+    keys = [_split_override(o)[0] for o in recipe.overrides if not o.startswith(("+", "~"))]
+    return _unknown_keys([k for k in keys if k != "model_engine"], _known_keys(engine))
 
 
 def check_keys(recipe: Recipe) -> None:
     """Every override key verl's config does not have (Hydra stops at the first; a user fixed one per 7-20 s run),
     each with the closest key verl has. `+key` adds a key and `~key` removes one: not checked here."""
-    engine = (recipe.override_map().get("model_engine") or "dp").strip("'\"")
-    if engine not in ("megatron", "dp"):
-        return  # another engine group: Hydra's composition names its keys
-    keys = [_split_override(o)[0] for o in recipe.overrides if not o.startswith(("+", "~"))]
-    unknown = _unknown_keys([k for k in keys if k != "model_engine"], _known_keys(engine))  # a group choice
+    unknown = dropped_keys(recipe)  # another engine group: Hydra's composition names its keys
     if unknown:
         raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config: "
                           + "; ".join(unknown), key=unknown[0].split(" ")[0])

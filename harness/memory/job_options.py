@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harness.config.job import Job, _value, derive_scale
+from harness.config.job import Job, _value, derive_scale, engine_of
 from harness.config.recipe import verl_defaults
 from harness.errors import BadInput
 from harness.memory.phases import JOB_SETTINGS, MemoryOptions
@@ -25,6 +25,8 @@ OPTION_KEYS: dict[str, tuple[str, type]] = {
     f"{_MG}.grad_offload": ("grad_offload", bool),  # cann-recipes-train's fork; verl 0.9.1 folds it into param_offload
     f"{_MG}.optimizer_offload": ("optimizer_offload", bool),
     f"{_RO}.gpu_memory_utilization": ("gpu_memory_utilization", float),
+    # vLLM's explicit KV pool (EngineArgs.kv_cache_memory_bytes): when set, it replaces gpu_memory_utilization's sizing
+    f"{_RO}.engine_kwargs.vllm.kv_cache_memory_bytes": ("kv_cache_memory_bytes", int),
     f"{_RO}.max_num_batched_tokens": ("max_num_batched_tokens", int),
     f"{_RO}.max_num_seqs": ("max_num_seqs", int),
     f"{_RO}.log_prob_micro_batch_size_per_gpu": ("log_prob_micro_batch", int),
@@ -36,6 +38,10 @@ OPTION_KEYS: dict[str, tuple[str, type]] = {
 # as a megatron key (llm_rl/deepseek/verl_patches/trainer/config/ppo_mindspeed_trainer.yaml). The same mechanism:
 # issue 44 found the first spelling "not modelled" and old_log_prob OOM at 70 GiB where the second fit at 41.5 GiB.
 SWAP_OPTIMIZER_KEYS = (f"{_TC}.swap_optimizer", f"{_MG}.swap_optimizer")
+# The same offloads spelled by verl 0.9.1's FSDP engine (trainer/config/engine/dp.yaml: fsdp_config.param_offload,
+# optimizer_offload; FSDP's CPUOffload moves a parameter's gradient with it): read for a job whose engine is FSDP.
+FSDP_KEYS = {f"{_MG}.param_offload": f"{_A}.fsdp_config.param_offload",
+             f"{_MG}.optimizer_offload": f"{_A}.fsdp_config.optimizer_offload"}
 ENV_KEYS = {"HCCL_BUFFSIZE": ("hccl_buffsize_mb", int)}
 # Values the model's coefficients already assume (seed 001's activation model is sequence parallel on).
 ASSUMED = {f"{_MG}.sequence_parallel": True}
@@ -74,13 +80,15 @@ def memory_options(job: Job, base: MemoryOptions | None = None) -> JobMemory:
     HCCL_BUFFSIZE. The result is fully resolved: the verdict describes the job as it will run."""
     base = base or MemoryOptions()
     changes, modelled = {}, []
+    fsdp = engine_of(job.values) == "fsdp"
     defaults = None
     for key, (name, kind) in OPTION_KEYS.items():
+        key = FSDP_KEYS.get(key, key) if fsdp else key
         if key in job.values:
             changes[name] = _typed(key, job.values[key], kind)
             modelled.append(f"{key}={job.values[key]}")
         elif name in JOB_SETTINGS and getattr(base, name) is None:
-            defaults = defaults if defaults is not None else verl_defaults()
+            defaults = defaults if defaults is not None else verl_defaults("dp" if fsdp else "megatron")
             if key in defaults:  # verl 0.9.1 has no grad_offload: it follows param_offload below
                 changes[name] = _typed(key, str(defaults[key]), kind)
     for key, (name, kind) in ENV_KEYS.items():

@@ -72,6 +72,7 @@ class MemoryOptions:
     gpu_memory_utilization: float | None = None  # the job's, else verl's rollout default (job_options)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's explicit KV pool; None: what gpu_memory_utilization leaves
     chunked_prefill: bool | None = None  # None: scale.chunked_prefill
     prefill_chunk: int = 512  # query chunk of the chunked MLA prefill
 
@@ -338,7 +339,8 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
     # Training state that is not offloaded stays under vLLM (worst stage), and vLLM counts it as used.
     actor = max((actor_state_bytes(scale, i, "rollout", o) for i in range(scale.plan.train.pp)),
                 key=lambda c: sum(c.values()))
-    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - sum(actor.values()) - profiled)
+    kv_pool = (float(o.kv_cache_memory_bytes) if o.kv_cache_memory_bytes is not None else
+               max(0.0, o.gpu_memory_utilization * mem - weights - hccl - sum(actor.values()) - profiled))
     prefill = prefill_activation_bytes(spec, batch=prompts, seq=seq, tp=r.tp, chunk=chunk)
     how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
            f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
