@@ -201,3 +201,59 @@ def test_memory_plan_and_launch_agree_on_every_phase(capsys, name):
     else:
         with pytest.raises(Exception, match="PLAN INVALID"):
             _refuse_invalid(build_job(SCALES[name]), force=False)
+
+
+# ---------------------------------------------------------------------------------------------------- ignored keys
+
+def test_legacy_reward_keys_are_a_note_and_a_strict_refusal(capsys):
+    """verl 0.9.1's main_ppo never migrates reward_model.* (only fully_async_main calls migrate_legacy_reward_impl):
+    the 671B DAPO script's reward manager and overlong shaping were planned, launched and ignored without a word."""
+    legacy = ("reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.len=512")
+    code, out, _ = _run(capsys, "plan", "--scale", "full-a3", "--", *legacy)
+    flat = out.replace("\n", " ")
+    assert code == 0 and "main_ppo ignores 2 legacy key(s)" in flat
+    assert "reward_model.reward_manager (verl reads reward.reward_manager.name)" in flat
+    code, out, err = _run(capsys, "plan", "--strict", "--scale", "full-a3", "--", *legacy)
+    assert code == 2 and out == "" and "--strict" in err and "reward_model.reward_manager" in err
+    assert _run(capsys, "plan", "--strict", "--scale", "full-a3")[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------------- what the job is
+
+def _script(tmp_path, *lines: str) -> str:
+    path = tmp_path / "run.sh"
+    path.write_text("python3 -m " + " \\\n    ".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_distilled_model_is_not_its_teachers(capsys, tmp_path):
+    """Any name holding DeepSeek-R1 was DSV3 671B: a DeepSeek-R1-Distill-Qwen-1.5B Megatron job planned as 671B."""
+    script = _script(tmp_path, "verl.trainer.main_ppo", "model_engine=megatron",
+                     "actor_rollout_ref.model.path=/models/DeepSeek-R1-Distill-Qwen-1.5B")
+    code, out, err = _run(capsys, "plan", "--recipe", script)
+    assert code == 2 and "DeepSeek-R1-Distill-Qwen-1.5B" in err and "not a model the harness models" in err
+    model = tmp_path / "DeepSeek-R1-Distill-Qwen-1.5B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 28,
+                                                   "hidden_size": 1536}))
+    code, _, err = _run(capsys, "plan", "--recipe", script, "--model-path", str(model))
+    assert code == 2 and "model_type 'qwen2'" in err
+
+
+def test_a_veomni_and_a_generation_job_get_their_true_cause(capsys, tmp_path):
+    veomni = _script(tmp_path, "verl.trainer.main_ppo", "model_engine=veomni",
+                     "actor_rollout_ref.model.path=/models/DeepSeek-V3")
+    code, _, err = _run(capsys, "plan", "--recipe", veomni)
+    assert code == 2 and "its engine is veomni" in err
+    generation = _script(tmp_path, "verl.trainer.main_generation_server", "model.path=/models/DeepSeek-V3")
+    code, _, err = _run(capsys, "plan", "--recipe", generation)
+    assert code == 2 and "generation job" in err and "names no model" not in err
+
+
+def test_the_router_replay_blocker_is_found_however_the_mode_is_spelled():
+    from harness.config.known_bugs import check, stack_versions
+
+    old_core = {**stack_versions("vllm-ascend-0.23.0"), "megatron-core": "0.13.1"}
+    for key in (f"{MG}.router_replay.mode", "actor_rollout_ref.actor.router_replay.mode"):
+        hits = {h.bug.id for h in check(old_core, {key: "R3"}, {})}
+        assert "router-replay-megatron-core-before-0.14" in hits, key

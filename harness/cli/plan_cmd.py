@@ -60,6 +60,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     job = job_from_args(args)
     scale, recipe = job.scale, job.recipe
+    if args.strict and job.ignored:
+        from harness.errors import BadInput
+
+        raise BadInput(f"--strict: {job.user.source}: verl {VERL_VERSION}'s main_ppo ignores "
+                       f"{len(job.ignored)} key(s): {'; '.join(job.ignored)}")
     if job.plan_error and args.format == "verl-cli":
         # no runnable command line exists for a plan megatron-core cannot run
         raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
@@ -252,6 +257,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
                      help="verl-cli prints a runnable verl command line")
     add_job_arguments(p)
+    p.add_argument("--strict", action="store_true",
+                   help="refuse (exit 2) a recipe with keys verl's trainer composes and then ignores (legacy "
+                        "reward_model.*, custom_reward_function.*); default: a note")
     p.add_argument("--explain", action="store_true",
                    help="also list every override with its origin, the what-if sweep (a table) and how far to trust "
                         "the prediction (default: one screen: the plan, its verdicts, the prediction)")

@@ -305,7 +305,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # core_v0.13.x still lacks apply_router_token_dropping and compute_routing_scores_for_aux_loss: both are first
         # in Megatron-LM core_v0.14.0 megatron/core/transformer/moe/moe_utils.py
         id="router-replay-megatron-core-before-0.14", component="megatron-core", affected="<0.14",
-        when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),),
+        # both spellings of the mode: the Megatron engine's (engine.py EngineRouterReplayConfig) and the actor's
+        # (verl 0.9.1 workers/config/actor.py RouterReplayConfig, the legacy workers' spelling): issue 44 found a
+        # Moonlight NPU job spelling it the second way, and the blocker missed
+        when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),
+              (Condition("actor_rollout_ref.actor.router_replay.mode", "is-not", "disabled", default="disabled"),)),
         symptom="router replay crashes in the first MoE forward: NameError group_limited_topk (verl's patch imports "
                 "it with names megatron-core before 0.14 lacks, and the ImportError leaves it unbound)",
         suite="none (needs Megatron on NPU): doctor is the check",
