@@ -71,13 +71,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     doc = recipes.plan_document(scale, recipe=recipe)
     # Only a command line someone will run depends on verl accepting it; composing in verl's schema imports verl
     # (~20 s on this CPU), so the plan itself answers at once unless asked (plan used to take ~20 s).
-    validate = args.format == "verl-cli" if args.validate is None else args.validate
+    validate = (args.format == "verl-cli" or args.verl is not None) if args.validate is None else args.validate
+    verl = args.verl or VERL_VERSION  # the verl the verdict names: the installed one unless --verl
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.
-        with output_console(stderr=True).status(
-                f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
-            check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached when accepted)
-    doc["validated_against_verl"] = VERL_VERSION if validate else None
+        with output_console(stderr=True).status(f"validating the {scale.name} overrides in verl {verl}'s config"):
+            if args.verl and args.verl != VERL_VERSION:
+                recipes.validate_against(recipe, args.verl)  # that verl's shipped schema, fetched once and cached
+            else:
+                check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached)
+    doc["validated_against_verl"] = verl if validate else None
     section, judged = _recipe_section(job)
     doc.update(section)
     doc["prediction"] = _prediction_section(scale, recipe.overrides, judged.memory.options)
@@ -95,7 +98,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             output_console(stderr=True).print(f"PLAN INVALID: {redact(doc['invalid'])}", markup=False,
                                               soft_wrap=True)
     else:
-        _print_plan(job, doc, validate, explain=args.explain)
+        _print_plan(job, doc, validate, explain=args.explain, verl=verl)
     return 0 if valid else 1
 
 
@@ -172,7 +175,7 @@ def _print_prediction(console, prediction: dict, explain: bool = False) -> None:
     console.print(f"trust: {prediction['trust']}", markup=False)
 
 
-def _print_plan(job, doc: dict, validate: bool, explain: bool = False) -> None:
+def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str | None = None) -> None:
     """The plan on one screen: the job, its verdicts and the prediction; `explain` adds every override with its
     origin, the what-if sweep and how far to trust the prediction (issue 47: plan printed 78-116 lines)."""
     from rich.markup import escape
@@ -234,8 +237,9 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False) -> None:
         for item in memory["not_modelled"]:
             console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
     _print_prediction(console, doc["prediction"], explain)
-    checked = (f"verl {VERL_VERSION} accepts the overrides" if validate else
-               f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
+    verl = verl or VERL_VERSION
+    checked = (f"verl {verl} accepts the overrides" if validate else
+               f"overrides not checked against verl {verl}'s schema (--validate does, ~20 s)")
     if job.plan_error:
         console.print(f"[bold red]PLAN INVALID[/]: {escape(job.plan_error)}; {checked}", soft_wrap=True)
     elif not doc["valid"]:
@@ -257,6 +261,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
                      help="verl-cli prints a runnable verl command line")
     add_job_arguments(p)
+    p.add_argument("--verl", metavar="VERSION",
+                   help="validate against that verl release's shipped config schema (fetched from the package index "
+                        "once, cached; implies --validate); default: the installed verl")
     p.add_argument("--strict", action="store_true",
                    help="refuse (exit 2) a recipe with keys verl's trainer composes and then ignores (legacy "
                         "reward_model.*, custom_reward_function.*); default: a note")

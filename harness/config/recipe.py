@@ -776,3 +776,104 @@ def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     _check_types(recipe, config)
     _check_choices(recipe, config)
     return config
+
+
+# ---------------------------------------------------------------------------------------------------- another verl
+
+_VERSION = re.compile(r"\d+(\.\d+){1,3}([a-z]+\d*)?(\.post\d+)?")
+SCHEMA_DIR = "verl/trainer/config/"  # what a verl wheel ships of its config schema
+
+
+def verl_schema_dir(version: str) -> Path:
+    """verl `version`'s shipped config schema (its wheel's verl/trainer/config/**), cached under the harness cache
+    on first use: `pip download --no-deps verl==VERSION`, then the schema alone is extracted and renamed into place,
+    as the upgrade gate builds its overlays (a half-built copy is never read; a second builder finding it done keeps
+    the first). BadInput naming --verl when the version is not one or its wheel cannot be fetched."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    from harness.io import cache_root
+
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise BadInput(f"--verl {str(version)[:40]!r}: not a verl release version (e.g. 0.7.1)")
+    root = cache_root() / "verl-schema"
+    done = root / version / SCHEMA_DIR
+    if done.is_dir():
+        return done
+    root.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                              "--disable-pip-version-check", f"verl=={version}", "-d", str(building / "wheel")],
+                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        wheels = sorted((building / "wheel").glob("verl-*.whl"))
+        if got.returncode != 0 or not wheels:
+            why = [line for line in got.stderr.splitlines() if line.strip() and "WARNING" not in line]
+            raise BadInput(f"--verl {version}: cannot fetch verl=={version}'s wheel ({(why or ['no wheel'])[-1][:200]})"
+                           "; check the version and the package index")
+        schema = building / version
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in wheel.namelist():
+                # the schema only, and never a path outside it (a member named ../x)
+                if name.startswith(SCHEMA_DIR) and ".." not in Path(name).parts and not name.endswith("/"):
+                    wheel.extract(name, schema)
+        if not (schema / SCHEMA_DIR / f"{CONFIG_NAME}.yaml").is_file():
+            raise BadInput(f"--verl {version}: its wheel ships no {SCHEMA_DIR}{CONFIG_NAME}.yaml")
+        try:
+            os.replace(schema, root / version)
+        except OSError:  # another builder finished first (ENOTEMPTY): its copy is the same wheel's
+            pass
+    except subprocess.TimeoutExpired:
+        raise BadInput(f"--verl {version}: fetching its wheel took over 600 s; check the package index") from None
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return done
+
+
+def validate_against(recipe: Recipe, version: str) -> None:
+    """What verl `version` accepts of the recipe, read from its own shipped schema (verl_schema_dir): placeholders,
+    every key it has (with did-you-mean), composition and interpolations. Its Python checks need that verl
+    installed; the installed verl's are `check_recipe`'s. RecipeError (exit 2) naming the version."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = verl_schema_dir(version)
+    check_placeholders(recipe)
+    overrides = list(_hydra_overrides(recipe))
+    engine = (recipe.override_map().get("model_engine") or "dp").strip("'\"")
+    name = CONFIG_NAME
+    if not (config_dir / "model_engine" / f"{engine}.yaml").is_file():
+        # verl before the model_engine group (0.4-0.8 for megatron): the engine is its own top-level config
+        overrides = [o for o in overrides if not o.startswith("model_engine=")]
+        name = "ppo_megatron_trainer" if engine == "megatron" else CONFIG_NAME
+
+    def composed(extra: list[str]):
+        try:
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                return hydra_compose(config_name=name, overrides=extra)
+        except (HydraException, OmegaConfBaseException) as exc:
+            key = _override_for(recipe, str(exc))
+            raise RecipeError(f"{f'override {key!r}' if key else f'recipe {recipe.scale}'} rejected by verl "
+                              f"{version}'s {name} config: {_first_line(exc)}", key=key) from None
+
+    known: set[str] = set()
+
+    def walk(prefix: str, node) -> None:
+        known.add(prefix)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+
+    walk("", OmegaConf.to_container(composed([]), resolve=False))
+    keys = [_split_override(o)[0] for o in overrides if not o.startswith(("+", "~"))]
+    unknown = _unknown_keys([k for k in keys if k != "model_engine"], frozenset(known - {""}))
+    if unknown:
+        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {version}'s config: "
+                          + "; ".join(unknown), key=unknown[0].split(" ")[0])
+    _resolve(dataclasses.replace(recipe, overrides=tuple(overrides)), composed(overrides))
