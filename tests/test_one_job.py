@@ -257,3 +257,13 @@ def test_the_router_replay_blocker_is_found_however_the_mode_is_spelled():
     for key in (f"{MG}.router_replay.mode", "actor_rollout_ref.actor.router_replay.mode"):
         hits = {h.bug.id for h in check(old_core, {key: "R3"}, {})}
         assert "router-replay-megatron-core-before-0.14" in hits, key
+
+
+def test_doctor_applies_the_mla_rows_only_to_an_mla_job(capsys):
+    """seed 001's MindSpeed with flash attention is the MLA softmax-scale bug for DeepSeek-V3, and no bug for a Qwen
+    job (issue 44: doctor applied DSV3-only rules to non-DSV3 scripts)."""
+    flash = f"+{MG}.override_transformer_config.use_flash_attn=True"
+    for path, hit in (("/models/DeepSeek-V3", True), ("/models/Qwen2.5-7B-Instruct", False),
+                      ("/models/DeepSeek-R1-Distill-Qwen-1.5B", False), ("/models/${MODEL}", True)):
+        _, out, _ = _run(capsys, "doctor", "--stack", "seed-001", "--", flash, f"actor_rollout_ref.model.path={path}")
+        assert ("HIT  mindspeed-mla-softmax-scale" in out) == hit, (path, out)

@@ -297,6 +297,26 @@ def _spec_from_config(config: Path, name: str) -> ModelSpec:
         raise BadInput(f"{config}: not a whole DeepSeek-V3-architecture config ({exc})") from None
 
 
+# Model families of another architecture, told by their directory's name when it holds no config.json (a distilled
+# DeepSeek-R1 is its student's: DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2)
+OTHER_FAMILIES = re.compile(r"qwen|llama|mistral|mixtral|gemma|phi-?\d|glm|internlm|baichuan|distill", re.I)
+
+
+def is_mla(values: Mapping[str, str | None], model_path: str | None = None) -> bool | None:
+    """Whether the job's model is DeepSeek-V3's architecture (MLA + MoE), from its config.json, else its name; None
+    when the recipe does not say (no path, a placeholder, a path only its shell knows, a name nobody knows)."""
+    path = model_path or values.get("actor_rollout_ref.model.path")
+    if not path or "${" in path or re.search(r"<[^<>]*>", path):
+        return None
+    try:
+        spec, name = model_of(path)
+    except BadInput:  # a config.json of another model_type
+        return False
+    if spec is not None:
+        return True
+    return False if OTHER_FAMILIES.search(name) else None
+
+
 def recipe_model(values: Mapping[str, str | None], model_path: str | None = None) -> ModelSpec | None:
     """The model a recipe trains (--model-path wins), None when it names none; BadInput, one line, when it names a
     placeholder, a path only the running shell knows, or a model the harness does not model: planning any of them
