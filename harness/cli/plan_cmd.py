@@ -143,7 +143,7 @@ def _prediction_section(scale, overrides=(), memory=None) -> dict:
     patched = predict(scale, features=SEED002_FEATURES, memory=memory)
     return {"predicted": True, **stock.to_json(), "with_seed002_patches": {
         "features": patched.to_json()["features"], "step_s": patched.step_s, "tps_per_card": patched.tps_per_card},
-        "what_if": what_if(scale, features), "trust": TRUST}
+        "what_if": what_if(scale, features, memory), "trust": TRUST}
 
 
 def _print_prediction(console, prediction: dict, explain: bool = False) -> None:
