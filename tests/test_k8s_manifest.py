@@ -22,6 +22,7 @@ from harness.launch.k8s import (
     pod_resources,
     pull_policy,
 )
+from harness.memory.job_options import scale_options
 from harness.memory.phases import host_offload_bytes
 
 NPU_SCALES = ["full-a3", "full-a2-gbs128", "moonlight-a2", "reduced-a2"]
@@ -117,27 +118,28 @@ def test_requests_and_limits_from_the_plan(name):
     *_, job = _manifest(name)
     for _, _, container in _containers(job):
         res = container["resources"]
-        assert res == pod_resources(scale)
+        assert res == pod_resources(scale, scale_options(scale))
         for key in ("cpu", "memory"):
             assert key in res["requests"] and key in res["limits"]
         assert _gib(res["requests"]["memory"]) <= _gib(res["limits"]["memory"])
         assert int(res["requests"]["cpu"]) <= int(res["limits"]["cpu"])
         if scale.hardware.kind == "npu":
             assert res["requests"][NPU_RESOURCE] == res["limits"][NPU_RESOURCE] == str(scale.devices_per_node)
-            offload = scale.devices_per_node * host_offload_bytes(scale) / 2**30
+            offload = scale.devices_per_node * host_offload_bytes(scale, scale_options(scale)) / 2**30
             assert _gib(res["requests"]["memory"]) >= offload + SHM_GIB
 
 
 def test_host_offload_follows_the_plan():
     """Seed 001's offloads (params, grads, optimizer on the host) and sleep level 1's offloaded rollout weights:
     turning the offloads off leaves the rollout weights only; the 671B scales need hundreds of GiB per node."""
-    from harness.memory.phases import MemoryOptions, rollout_weight_bytes
+    from harness.memory.phases import rollout_weight_bytes
 
     scale = get_scale("full-a2-gbs128")
-    none = MemoryOptions(param_offload=False, grad_offload=False, optimizer_offload=False)
+    none = scale_options(scale, param_offload=False, grad_offload=False, optimizer_offload=False)
     assert host_offload_bytes(scale, none) == rollout_weight_bytes(scale)
-    assert scale.devices_per_node * host_offload_bytes(scale) > 256 * 2**30
-    assert host_offload_bytes(get_scale("tiny"), none) == 0, "no sleep mode on CPU: no rollout weights offloaded"
+    assert scale.devices_per_node * host_offload_bytes(scale, scale_options(scale)) > 256 * 2**30
+    tiny = get_scale("tiny")
+    assert host_offload_bytes(tiny, scale_options(tiny)) == 0, "no sleep mode on CPU: no rollout weights offloaded"
 
 
 @pytest.mark.parametrize("name", ["full-a3", "tiny"])

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from harness.config.models import DEEPSEEK_V3
 from harness.config.scales import SCALES
 from harness.memory import phases as mm
-from harness.memory.phases import GiB, MemoryOptions, plan_memory
+from harness.memory.job_options import scale_options
+from harness.memory.phases import GiB, plan_memory
 
 SEED_TOKENS, SEED_TP = 4096, 8  # seed 001: s*b = 4096 tokens per micro batch, TP8 with SP
 
@@ -75,7 +76,7 @@ def test_seeded_logits_oom_is_flagged_with_its_knobs():
     # 001's accounting, 35 GB at [5, 14336, 131072]): the update's logits do not fit the 64 GB card. verl 0.9.1's
     # Megatron engine keeps them vocab-parallel (the default), where the same plan fits.
     scale = SCALES["full-a2-gbs32"]
-    (update,) = plan_memory(scale, MemoryOptions(vocab_parallel_logits=False), phases=("update",))
+    (update,) = plan_memory(scale, scale_options(scale, vocab_parallel_logits=False), phases=("update",))
     assert not update.fits and update.largest == "logits", update.to_json()
     note = " ".join(update.notes)
     for knob in ("context_parallel_size", "ppo_micro_batch_size_per_gpu", "max_response_length"):
@@ -85,7 +86,7 @@ def test_seeded_logits_oom_is_flagged_with_its_knobs():
 @pytest.mark.parametrize("fix", ["cp", "micro_batch", "response"])
 def test_each_named_knob_fixes_the_logits_oom(fix):
     scale = SCALES["full-a2-gbs32"]
-    options = MemoryOptions(vocab_parallel_logits=False)  # the seeded full-vocabulary engine above
+    options = scale_options(scale, vocab_parallel_logits=False)  # the seeded full-vocabulary engine above
     if fix == "cp":
         train = dataclasses.replace(scale.plan.train, cp=2)
         scale = dataclasses.replace(scale, plan=dataclasses.replace(scale.plan, train=train))
@@ -100,8 +101,8 @@ def test_each_named_knob_fixes_the_logits_oom(fix):
 
 def test_vanilla_prefill_oom_is_flagged_and_names_the_fix():
     scale = SCALES["full-a2-gbs128"]
-    (vanilla,) = plan_memory(scale, MemoryOptions(chunked_prefill=False), phases=("prefill",))
-    (chunked,) = plan_memory(scale, MemoryOptions(chunked_prefill=True), phases=("prefill",))
+    (vanilla,) = plan_memory(scale, scale_options(scale, chunked_prefill=False), phases=("prefill",))
+    (chunked,) = plan_memory(scale, scale_options(scale, chunked_prefill=True), phases=("prefill",))
     assert not vanilla.fits and vanilla.largest == "activations" and "chunked prefill" in vanilla.notes[0]
     assert chunked.fits, chunked.to_json()
 
@@ -109,7 +110,7 @@ def test_vanilla_prefill_oom_is_flagged_and_names_the_fix():
 def test_json_record_is_serializable_with_boolean_fits():
     import json
 
-    for p in plan_memory(SCALES["full-a3"]):
+    for p in plan_memory(SCALES["full-a3"], scale_options(SCALES["full-a3"])):
         doc = json.loads(json.dumps(p.to_json()))
         assert isinstance(doc["fits"], bool)
         assert doc["peak_gib"] == pytest.approx(sum(doc["components_gib"].values()), abs=1e-3)
@@ -119,20 +120,22 @@ def test_json_record_is_serializable_with_boolean_fits():
 def test_memory_grows_with_micro_batch_and_length(name, mb, resp):
     # Monotonicity: more tokens per micro batch never need less memory in a training phase.
     scale = SCALES[name]
-    small = plan_memory(scale, MemoryOptions(micro_batch=mb, max_response_length=resp), phases=("update",))[0]
-    big = plan_memory(scale, MemoryOptions(micro_batch=mb + 1, max_response_length=resp * 2), phases=("update",))[0]
+    small = plan_memory(scale, scale_options(scale, micro_batch=mb, max_response_length=resp), ("update",))[0]
+    big = plan_memory(scale, scale_options(scale, micro_batch=mb + 1, max_response_length=resp * 2), ("update",))[0]
     assert big.peak_gib >= small.peak_gib
 
 
 def test_offload_switches_move_state_between_phases():
     scale = SCALES["full-a2-gbs128"]
-    offloaded = {p.phase: p for p in plan_memory(scale)}
-    resident = {p.phase: p for p in plan_memory(scale, MemoryOptions(param_offload=False, grad_offload=False,
+    offloaded = {p.phase: p for p in plan_memory(scale, scale_options(scale))}  # the scale's job offloads
+    resident = {p.phase: p for p in plan_memory(scale, scale_options(scale, param_offload=False, grad_offload=False,
                                                                      optimizer_offload=False))}
     assert "params" not in offloaded["rollout"].components and "optimizer" not in offloaded["update"].components
     # Without offload the actor's state sits under vLLM during rollout, and vLLM's KV pool shrinks to nothing.
     assert {"params", "grads", "optimizer"} <= set(resident["rollout"].components)
-    assert resident["rollout"].components["kv_cache"] == 0 and "KV pool" in resident["rollout"].notes[0]
+    # ... and vLLM cannot start: the phase fails whatever its peak (issue 44)
+    assert resident["rollout"].components["kv_cache"] == 0 and "KV pool" in resident["rollout"].refused
+    assert not resident["rollout"].fits
     assert resident["update"].peak_gib > offloaded["update"].peak_gib
 
 
@@ -141,7 +144,7 @@ def test_megatron_logits_are_sharded_by_tp():
     `_lm_head_logits_processor` -> `vocab_parallel_log_probs_from_logits`): the logits term is 1/TP of the
     full-vocabulary one. The seeded bug (full vocabulary on each rank) put seed 002's A3 recipe at 73 GiB."""
     scale = SCALES["full-a3"]
-    big = MemoryOptions(ref_micro_batch=32)  # the logits' stage (the last) is the worst one either way
+    big = scale_options(scale, ref_micro_batch=32)  # the logits' stage (the last) is the worst one either way
     (ref,) = plan_memory(scale, big, phases=("ref_log_prob",))
     (full,) = plan_memory(scale, dataclasses.replace(big, vocab_parallel_logits=False), phases=("ref_log_prob",))
     assert ref.stage == full.stage == scale.plan.train.pp - 1
@@ -154,4 +157,4 @@ def test_a_world_smaller_than_one_replica_is_one_line():
     scale = SCALES["full-a3"]
     small = dataclasses.replace(scale, devices=scale.devices_per_node, nodes=1)
     with pytest.raises(mm.BadInput, match=r"world of 16 device\(s\) .* smaller than one replica"):
-        plan_memory(small)
+        plan_memory(small, scale_options(scale))

@@ -211,11 +211,17 @@ def test_k8s_manifest_takes_the_same_inputs(capsys, tmp_path):
                           "trainer.n_gpus_per_node=32")
     # the fork's MindSpeed swap_optimizer is no key of verl 0.9.1: no manifest until the recipe drops it
     assert code == 2 and out == "" and f"{MG}.swap_optimizer" in err
-    code, out, _ = _run(capsys, "launch", "--scale", "full-a3", "--k8s", "--recipe", str(SEED002), "--",
-                        f"{MG}.pipeline_parallel_num_layer_list=[6,8,8,8,8,8,8,7]", "trainer.nnodes=8",
-                        "trainer.n_gpus_per_node=32", f"~{MG}.swap_optimizer")
+    # dropping it drops the recipe's only optimizer offload: `plan` calls that INVALID on memory, and so does launch
+    # (issue 44: it printed the manifest, exit 0); --force books it and says so on the job
+    args = ("launch", "--scale", "full-a3", "--k8s", "--recipe", str(SEED002), "--",
+            f"{MG}.pipeline_parallel_num_layer_list=[6,8,8,8,8,8,8,7]", "trainer.nnodes=8",
+            "trainer.n_gpus_per_node=32", f"~{MG}.swap_optimizer")
+    code, out, err = _run(capsys, *args)
+    assert code == 2 and out == "" and "PLAN INVALID: memory does not fit" in err
+    code, out, _ = _run(capsys, *args[:-5], "--force", *args[-5:])
     assert code == 0
     _rings, service, job = list(yaml.safe_load_all(out))  # MindCluster's rings-config ConfigMap first
+    assert "memory does not fit" in job["metadata"]["annotations"]["ascend-rl-harness/forced"]
     head = next(t for t in job["spec"]["tasks"] if t["name"] == "head")
     command = head["template"]["spec"]["containers"][0]["command"][-1]
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in command and "trainer.nnodes=8" in command

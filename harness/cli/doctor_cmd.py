@@ -175,10 +175,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def known_bugs(stack: dict, user, *, installed: bool) -> dict:
     """The known-bug table (harness.config.known_bugs) against `stack` and the user's recipe, as data."""
-    from harness.config.known_bugs import KNOWN_BUGS, check
+    from harness.config.job import is_mla
+    from harness.config.known_bugs import KNOWN_BUGS, MLA_KEY, check
 
     values = user.override_map() if user else {}
     values = {k: v for k, v in values.items() if v is not None}
+    mla = is_mla(values) if user else None
+    if mla is not None:  # the MLA rows (DeepSeek-V3's architecture) only for a job whose model has it
+        values[MLA_KEY] = str(mla)
     # this machine's stack: its environment is what a job started here inherits (the recipe's env wins); the env
     # rows were once checked against an empty environment, so an exported PYTORCH_NPU_ALLOC_CONF never hit
     import os

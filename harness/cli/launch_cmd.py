@@ -68,10 +68,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     check_steps(args.steps)
     job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
+    forced = _refuse_invalid(job, args.force)
+    _note_steps(job, args.steps)
     if args.k8s:  # the manifest's own checks (names, node count) cost nothing: before composing in verl's schema
         from harness.launch.k8s import manifest, manifest_yaml
 
-        options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job}
+        options = {"image": args.image, "namespace": args.namespace, "steps": args.steps, "pvc": args.pvc, "job": job,
+                   "model_path": args.model_path, "data_dir": args.data_dir, "forced": forced}
         documents = manifest(scale, **options)
     # Validate before booking, in every mode (Ray, --k8s, --local): a misspelled or unknown key or a <placeholder>
     # got a 64-node manifest, exit 0 (issue 30). A tiny rehearsal submits the tiny scale's job with the user's
@@ -138,6 +141,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = output_console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
                          user=job.user, model_path=args.model_path, data_dir=args.data_dir)
+    if forced:  # launch.json records what --force overrode
+        spec = dataclasses.replace(spec, forced=forced)
     rules = stop_rules_for(job) if args.abort_on_fail else ()
     kw = {"timeout_s": args.timeout, "stall_s": args.stall_timeout, "console": console, "stop_rules": rules,
           "wait": not args.no_wait}
@@ -164,6 +169,39 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _refuse_invalid(job, force: bool) -> str | None:
+    """Book only what `plan` calls valid, in every mode (issue 44: `launch --k8s` printed a manifest, exit 0, for a
+    plan `plan` called INVALID on memory): one line and exit 2, unless --force, whose overridden reason is returned
+    for launch.json / the manifest. A tiny rehearsal runs on CPU, where the memory model has no verdict to give."""
+    from harness.errors import PlanError
+    from harness.memory.job_options import judge
+
+    if job.scale.tier == "tiny":
+        return None
+    reason = judge(job).invalid(job)
+    if reason is None:
+        return None
+    where = job.user.source if job.user else job.scale.name
+    if not force or job.plan_error:  # a broken plan rule is megatron-core's refusal: no --force books it
+        raise PlanError(f"{where}: PLAN INVALID: {reason} (`plan` with the same arguments shows it; --force books it "
+                        "anyway)")
+    from harness.cli.output import console as output_console
+
+    output_console(stderr=True).print(f"warning: --force: booking {where}, which `plan` calls INVALID: {reason}",
+                                      markup=False, soft_wrap=True)
+    return reason
+
+
+def _note_steps(job, steps: int | None) -> None:
+    """--steps wins over the recipe's own trainer.total_training_steps only when given, and says so."""
+    own = job.recipe.override_map().get("trainer.total_training_steps")
+    if steps is not None and own is not None and own.strip() != str(steps):
+        from harness.cli.output import console as output_console
+
+        output_console(stderr=True).print(f"note: --steps {steps} replaces the recipe's "
+                                          f"trainer.total_training_steps={own}", markup=False, soft_wrap=True)
+
+
 def _refuse_a_held_run(run_dir: Path, resume: bool) -> None:
     """Before anything is prepared or started: a run directory that holds a run is refused unless --resume. The
     refusal came from the launcher, after the tiny job's inputs (meta.json among them) had been rewritten."""
@@ -186,6 +224,7 @@ def _isolated_argv(args: argparse.Namespace, scale: str, run_dir: Path) -> list[
     argv += ["--resume"] if args.resume else []
     argv += ["--fault", args.fault] if args.fault else []
     argv += ["--abort-on-fail"] if args.abort_on_fail else []
+    argv += ["--force"] if args.force else []
     argv += ["--recipe", str(Path(args.recipe).resolve())] if args.recipe else []
     argv += [f"--recipe-env={item}" for item in args.recipe_env]
     argv += ["--model-path", args.model_path] if args.model_path else []
@@ -227,6 +266,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "frozen-rollout) or an algorithmic regression (harness.config.cpu_tier "
                                    "TRAINER_FAULTS, e.g. no-optimizer-step)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
+    p.add_argument("--force", action="store_true",
+                   help="book a job `plan` calls INVALID because its memory does not fit (a broken plan rule is "
+                        "megatron-core's refusal and stays refused); the overridden reason is recorded in "
+                        "launch.json (the manifest's annotations with --k8s)")
     p.add_argument("--abort-on-fail", action="store_true",
                    help="stop the job at the first verdict it can no longer pass (non-finite loss/grad, rollout "
                         "mismatch far beyond band, throughput far below target; harness/metrics/early_stop.py) and "

@@ -27,21 +27,27 @@ def run(args: argparse.Namespace) -> int:
         scale = replace(scale, batch=replace(scale.batch, gbs=args.gbs))
     if args.micro_batch is not None and args.micro_batch < 1:
         raise BadInput(f"--micro-batch {args.micro_batch}: must be >= 1")
+    from harness.config.recipe import VERL_VERSION, dropped_keys
+
     memory = memory_options(job, MemoryOptions(chunked_prefill=args.chunked_prefill, micro_batch=args.micro_batch))
     phases = (args.phase,) if args.phase else PHASES
     results = plan_memory(scale, memory.options, phases)
     ok = all(p.fits for p in results)
+    # keys verl does not have: the model never reads them and launch refuses them (issue 44: memory dropped a
+    # misspelled key silently where `plan --validate` named it)
+    dropped = dropped_keys(job.recipe)
     if args.json:  # `passed`: every phase fits (each phase carries its own `fits`)
         return emit(verdict(ok, "FITS" if ok else "DOES NOT FIT",
                             {"scale": scale.name, "phases": [p.to_json() for p in results],
                              "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
-                             "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}))
+                             "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled),
+                             "not_in_verl": dropped, "verl": VERL_VERSION}))
     else:
-        _print(scale.name, results, ok, memory, job)
+        _print(scale.name, results, ok, memory, job, dropped)
     return 0 if ok else 1
 
 
-def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=None) -> None:
+def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=None, dropped=()) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -69,14 +75,22 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=No
             console.print(f"  the plan breaks {escape(job.plan_error)} (modelled as written)", soft_wrap=True)
     for item in (memory.unmodelled if memory else ()):
         console.print(f"  not modelled: {escape(item)}", soft_wrap=True)
+    from harness.config.recipe import VERL_VERSION
+
+    for item in dropped:
+        console.print(f"  dropped, not in verl {VERL_VERSION}'s config (launch refuses it): {escape(item)}",
+                      soft_wrap=True)
     bad = [p for p in results if not p.fits]
     if ok:
         console.print(f"[bold green]PASS[/]: all {len(results)} phase(s) fit with headroom")
     else:
+        refused = next((p for p in bad if p.refused), None)
         worst = max(bad, key=lambda p: p.peak_gib - p.budget_gib)
-        console.print(f"[bold red]FAIL[/]: {len(bad)} of {len(results)} phase(s) do not fit; worst {worst.phase} "
-                      f"{worst.peak_gib:.2f} GiB (largest component {worst.largest} "
-                      f"{worst.components[worst.largest]:.2f} GiB) vs {worst.budget_gib - worst.headroom_gib:.2f}")
+        why = (f"{refused.phase}: {refused.refused}" if refused else
+               f"worst {worst.phase} {worst.peak_gib:.2f} GiB (largest component {worst.largest} "
+               f"{worst.components[worst.largest]:.2f} GiB) vs {worst.budget_gib - worst.headroom_gib:.2f}")
+        console.print(f"[bold red]FAIL[/]: {len(bad)} of {len(results)} phase(s) do not fit; {escape(why)}",
+                      soft_wrap=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

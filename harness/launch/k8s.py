@@ -177,18 +177,20 @@ def pull_policy(image: str) -> str:
     return "Always" if tag in ("", "latest") else "IfNotPresent"
 
 
-def pod_resources(scale) -> dict:
+def pod_resources(scale, options) -> dict:
     """CPU and memory requests and limits of one pod (one node): CPUs per device as MindCluster's NPU pod sample,
     memory from the plan -- the host side of the offloads (harness.memory.phases.host_offload_bytes per device:
     params, grads and optimizer shards, the rollout weights at sleep level 1), /dev/shm (memory-backed, charged to
     the pod) and a base for Ray and verl's processes; limits MEMORY_LIMIT_FACTOR above. A node too small for the
-    plan leaves the pod Pending with the reason, instead of an OOM kill at the first offload."""
+    plan leaves the pod Pending with the reason, instead of an OOM kill at the first offload. `options`: the job's
+    MemoryOptions (harness.memory.job_options.memory_options): the offloads it really sets (issue 44: the request
+    was sized for param/grad/optimizer offloads the job never turned on)."""
     from harness.memory.phases import host_offload_bytes
 
     devices = scale.devices_per_node
     if scale.hardware.kind == "cpu":  # the tiny verl run: ~7 GiB PSS on 2 cores (README)
         return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
-    need_gib = devices * host_offload_bytes(scale) / 2**30 + SHM_GIB + BASE_MEMORY_GIB
+    need_gib = devices * host_offload_bytes(scale, options) / 2**30 + SHM_GIB + BASE_MEMORY_GIB
     out = {}
     for kind, factor in (("requests", 1.0), ("limits", MEMORY_LIMIT_FACTOR)):
         out[kind] = {"cpu": str(devices * CPU_PER_DEVICE[kind]), "memory": f"{math.ceil(need_gib * factor)}Gi"}
@@ -210,7 +212,7 @@ def _prelude(scale) -> list[str]:
     return [*steps, f"python3 -c {shlex.quote(check)}"]
 
 
-def _container(scale, image: str, role: str, command: str, env: list[dict]) -> dict:
+def _container(scale, image: str, role: str, command: str, env: list[dict], resources: dict) -> dict:
     mounts = [{"name": "shared", "mountPath": SHARED_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}]
     if scale.hardware.kind == "npu":
         mounts += [{"name": "ascend-driver", "mountPath": ASCEND_DRIVER, "readOnly": True},
@@ -218,18 +220,18 @@ def _container(scale, image: str, role: str, command: str, env: list[dict]) -> d
     return {"name": role, "image": image, "imagePullPolicy": pull_policy(image), "workingDir": SHARED_MOUNT,
             "command": ["bash", "-c", kubelet_literal(" && ".join([*_prelude(scale), command]))],
             "env": copy.deepcopy(env),  # no YAML aliases
-            "resources": pod_resources(scale),
+            "resources": copy.deepcopy(resources),
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "volumeMounts": mounts,
             "ports": [{"containerPort": RAY_PORT, "name": "gcs"}]}
 
 
-def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str = SHARED_CLAIM) -> dict:
+def _pod(scale, image: str, role: str, command: str, env: list[dict], pvc: str, resources: dict) -> dict:
     labels = {"app": _name(scale), "role": role}
     spec = {"restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
             "automountServiceAccountToken": False,
-            "containers": [_container(scale, image, role, command, env)],
+            "containers": [_container(scale, image, role, command, env, resources)],
             "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": pvc}},
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}}]}
     if scale.hardware.kind == "npu":
@@ -250,13 +252,18 @@ def rings_config_name(scale) -> str:
 
 
 def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
-             steps: int | None = None, pvc: str = SHARED_CLAIM, job=None) -> list[dict]:
+             steps: int | None = None, pvc: str = SHARED_CLAIM, job=None, model_path: str | None = None,
+             data_dir: str | None = None, forced: str | None = None) -> list[dict]:
     """The manifest documents (on NPU the rings-config ConfigMap, then the Service and the Volcano Job) for a
     scale, as plain dicts. BadInput for a namespace, image or PVC name that is not one, or steps < 1. `pvc`: the
     claim mounted at SHARED_MOUNT in every pod, holding models/<name>, data/dapo and runs/ (the
     default is overridable). `job` (harness.config.job.Job): the user's recipe applied to the scale -- its
-    overrides, environment, nodes and devices; PlanError when its plan breaks a rule."""
-    from harness.launch.jobs import DEFAULT_STEPS_VERL, check_steps, verl_job
+    overrides, environment, nodes and devices; PlanError when its plan breaks a rule. `model_path` / `data_dir`:
+    --model-path / --data-dir, applied as `plan` applies them (they win over the recipe's own). `forced`: the
+    INVALID verdict `launch --force` overrode, recorded on the job."""
+    from harness.config.job import build_job
+    from harness.launch.jobs import check_steps, job_steps, verl_job
+    from harness.memory.job_options import memory_options
 
     check_namespace(namespace)
     check_image(image)
@@ -266,26 +273,22 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
     run_dir = f"{SHARED_MOUNT}/runs/{name}"
     # resume_mode=auto: the job is never rescheduled (maxRetry 0; PodFailed / PodEvicted abort it), but applying
     # this manifest again after an abort (seed 001's resumable launch) continues from the run dir's checkpoints.
-    # Inputs by absolute path on the shared mount (harness.launch.jobs.shared_inputs).
-    recipe = None
-    if job is not None:
-        if job.plan_error:
-            from harness.errors import PlanError
+    # Inputs by absolute path on the shared mount (harness.launch.jobs.shared_inputs) where neither the flags nor the
+    # recipe name them: the job is the one `plan` prints for the same arguments (issue 44: `launch --k8s` rebuilt it
+    # without --model-path, then refused the placeholder its own message said the flag replaces).
+    user = job.user if job is not None else None
+    given = user.override_map() if user else {}
+    job = build_job(scale, user,
+                    model_path=model_path or (None if given.get("actor_rollout_ref.model.path")
+                                              else f"{SHARED_MOUNT}/models/{scale.model.name}"),
+                    data_dir=data_dir or (None if given.get("data.train_files") else f"{SHARED_MOUNT}/data/dapo"))
+    if job.plan_error:
+        from harness.errors import PlanError
 
-            raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
-        # the user's recipe rebuilt with the shared mount's inputs (absolute on every pod) where it names none itself:
-        # the job `launch --k8s` hands over was built without them, so its recipe named the relative models/<name>
-        # and data/dapo
-        from harness.config.job import build_job
-
-        given = job.user.override_map() if job.user else {}
-        job = build_job(scale, job.user,
-                        model_path=None if given.get("actor_rollout_ref.model.path")
-                        else f"{SHARED_MOUNT}/models/{scale.model.name}",
-                        data_dir=None if given.get("data.train_files") else f"{SHARED_MOUNT}/data/dapo")
-        scale, recipe = job.scale, job.recipe
-    job = verl_job(scale, run_dir, steps=steps or DEFAULT_STEPS_VERL, resume=True, recipe=recipe,
-                   model_path=f"{SHARED_MOUNT}/models/{scale.model.name}", data_dir=f"{SHARED_MOUNT}/data/dapo")
+        raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
+    scale, recipe = job.scale, job.recipe
+    resources = pod_resources(scale, memory_options(job).options)
+    job = verl_job(scale, run_dir, steps=job_steps(recipe, steps), resume=True, recipe=recipe)
     # verl_job resolves paths on this machine; on the cluster the run dir is the shared mount's
     env = _env(scale, run_dir, dict(job.env))
     head_host = f"{name}-head.{namespace}.svc.cluster.local"
@@ -313,13 +316,13 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
                "metadata": {"name": f"{name}-head", "namespace": namespace},
                "spec": {"clusterIP": "None", "selector": {"app": name, "role": "head"},
                         "ports": [{"name": "gcs", "port": RAY_PORT}]}}
-    tasks = [{"name": "head", "replicas": 1, "template": _pod(scale, image, "head", head_cmd, env, pvc),
+    tasks = [{"name": "head", "replicas": 1, "template": _pod(scale, image, "head", head_cmd, env, pvc, resources),
               "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}]}]
     if nodes > 1:
         tasks.append({"name": "worker", "replicas": nodes - 1,
-                      "template": _pod(scale, image, "worker", worker_cmd, env, pvc)})
+                      "template": _pod(scale, image, "worker", worker_cmd, env, pvc, resources)})
     job_labels = {"app": name, "ascend-rl-harness/scale": scale.name}
-    job_annotations = {}
+    job_annotations = {"ascend-rl-harness/forced": forced} if forced else {}
     documents = []
     if scale.hardware.kind == "npu":
         job_labels.update(RING_CONTROLLER)

@@ -62,6 +62,7 @@ class JobSpec:
     working_dir: str | None = str(REPO_ROOT)  # uploaded by Ray; None when the cluster image has the harness
     resume: bool = False  # a resubmission that resumes from the run's checkpoints (verl resume_mode=auto)
     entrypoint_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources the driver needs
+    forced: str | None = None  # the INVALID verdict `launch --force` overrode (recorded in launch.json's spec)
 
     @property
     def metrics_path(self) -> Path:

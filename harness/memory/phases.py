@@ -28,15 +28,25 @@ BF16, FP32 = 2, 4
 PHASES = ("rollout", "prefill", "old_log_prob", "ref_log_prob", "update")
 
 
+# The MemoryOptions fields that are the job's settings (each read from the job, else from verl's default).
+JOB_SETTINGS = ("param_offload", "grad_offload", "optimizer_offload", "gpu_memory_utilization", "max_num_seqs",
+                "max_num_batched_tokens")
+
+
 @dataclass(frozen=True)
 class MemoryOptions:
-    """Knobs of the run that set memory but are not part of a Scale. Defaults follow seed 001's job."""
+    """Knobs of the run that set memory but are not part of a Scale.
+
+    The job's own settings (offloads, vLLM's pool sizing) have no default here: None is "not resolved", and
+    harness.memory.job_options.memory_options fills each from the job's overrides, else from the installed verl's
+    shipped default (issue 44: these defaulted to seed 001's offloads, so `memory --scale full-a3` judged a job with
+    param/grad/optimizer offload while the job it emitted, and verl 0.9.1, had none: PASS at 54 GiB for ~114 GiB)."""
 
     # verl megatron offload: params/grads live on the host outside the phases that need them;
-    # MindSpeed optimizer_cpu_offload (seed 001, optimizer_offload_fraction=1) keeps Adam on the host.
-    param_offload: bool = True
-    grad_offload: bool = True
-    optimizer_offload: bool = True
+    # MindSpeed optimizer_cpu_offload / swap-optimizer keeps Adam on the host.
+    param_offload: bool | None = None
+    grad_offload: bool | None = None
+    optimizer_offload: bool | None = None
     # bf16 grad buffers (Megatron DDP without grad_reduce_in_fp32): seed 002's A3 plan holds 11B params
     # per die (8 MoE layers, EP8), which fits 64 GB with bf16 grads and could not with fp32 ones.
     grad_bytes: int = BF16
@@ -59,15 +69,21 @@ class MemoryOptions:
     hccl_buffsize_mb: int | None = None  # None: harness.config.recipe.HCCL_BUFFSIZE_MB (the recipe's HCCL_BUFFSIZE)
     # vLLM: the KV pool is what gpu_memory_utilization leaves after weights, non-torch (HCCL) memory
     # and the activation peak of the profiling step (max_num_batched_tokens tokens).
-    gpu_memory_utilization: float = 0.8
-    max_num_seqs: int = 256  # verl rollout default
-    max_num_batched_tokens: int = 8192  # verl rollout default
+    gpu_memory_utilization: float | None = None  # the job's, else verl's rollout default (job_options)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's explicit KV pool; None: what gpu_memory_utilization leaves
     chunked_prefill: bool | None = None  # None: scale.chunked_prefill
     prefill_chunk: int = 512  # query chunk of the chunked MLA prefill
 
     def resolve(self, scale: Scale) -> MemoryOptions:
         from harness.config.recipe import HCCL_BUFFSIZE_MB
 
+        unresolved = [name for name in JOB_SETTINGS if getattr(self, name) is None]
+        if unresolved:
+            # a programming error, not bad input: a verdict must never fall back on a setting the job does not carry
+            raise ValueError(f"MemoryOptions {', '.join(unresolved)} not resolved from the job: build them with "
+                             "harness.memory.job_options.memory_options(job)")
         micro = self.micro_batch or scale.batch.micro_batch_size_per_device
         return replace(
             self,
@@ -90,6 +106,9 @@ class PhaseMemory:
     budget_gib: float
     headroom_gib: float
     notes: tuple[str, ...] = field(default=())
+    # why the phase cannot run whatever its peak: vLLM refuses to start when its KV pool cannot hold one sequence
+    # (issue 44: verl's 96 GB A2 example left a 0.00 GiB pool and `memory` said it fits)
+    refused: str | None = None
 
     @property
     def peak_gib(self) -> float:
@@ -97,7 +116,7 @@ class PhaseMemory:
 
     @property
     def fits(self) -> bool:
-        return self.peak_gib + self.headroom_gib <= self.budget_gib
+        return self.refused is None and self.peak_gib + self.headroom_gib <= self.budget_gib
 
     @property
     def largest(self) -> str:
@@ -115,16 +134,18 @@ class PhaseMemory:
         verdict = "fits" if self.fits else "does not fit"
         return (f"{self.scale} {self.where}: {self.peak_gib:.2f} GiB + {self.headroom_gib:g} GiB headroom {verdict} "
                 f"{self.budget_gib:g} GiB; largest {self.largest} {self.components[self.largest]:.2f} GiB"
-                + "".join(f"; {note}" for note in self.notes))
+                + (f"; {self.refused}" if self.refused else "") + "".join(f"; {note}" for note in self.notes))
 
     def findings(self) -> tuple[Finding, ...]:
-        return () if self.fits else (Finding("memory.phase", self.largest, self.where, self.message()),)
+        return () if self.fits else (Finding("memory.phase", "kv_cache" if self.refused else self.largest,
+                                             self.where, self.message()),)
 
     def to_json(self) -> dict:
         return {"scale": self.scale, "phase": self.phase, "stage": self.stage,
                 "components_gib": {k: round(v, 4) for k, v in self.components.items()},
                 "peak_gib": round(self.peak_gib, 4), "budget_gib": self.budget_gib,
-                "headroom_gib": self.headroom_gib, "fits": self.fits, "notes": list(self.notes)}
+                "headroom_gib": self.headroom_gib, "fits": self.fits, "refused": self.refused,
+                "notes": list(self.notes)}
 
 
 # ------------------------------------------------------------------ parameters per device
@@ -318,20 +339,25 @@ def rollout_phases(scale: Scale, o: MemoryOptions) -> list[PhaseMemory]:
     # Training state that is not offloaded stays under vLLM (worst stage), and vLLM counts it as used.
     actor = max((actor_state_bytes(scale, i, "rollout", o) for i in range(scale.plan.train.pp)),
                 key=lambda c: sum(c.values()))
-    kv_pool = max(0.0, o.gpu_memory_utilization * mem - weights - hccl - sum(actor.values()) - profiled)
+    kv_pool = (float(o.kv_cache_memory_bytes) if o.kv_cache_memory_bytes is not None else
+               max(0.0, o.gpu_memory_utilization * mem - weights - hccl - sum(actor.values()) - profiled))
     prefill = prefill_activation_bytes(spec, batch=prompts, seq=seq, tp=r.tp, chunk=chunk)
     how = (f"chunked MLA prefill: {prompts} prompts x {seq} tokens per step, query chunk {chunk}" if chunk else
            f"vanilla MLA prefill: {prompts} prompts x {seq} tokens at once ([b,h,s,s] scores); "
            "fix: enable chunked prefill (rollout.enable_chunked_prefill / chunk_prefill_for_mla)")
     latent = spec.kv_lora_rank + spec.qk_rope_head_dim
     kv_need = latent * BF16 * spec.num_hidden_layers * (seq + o.max_response_length)
-    notes = [] if kv_pool >= kv_need else [
-        f"KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB): raise "
-        "gpu_memory_utilization or lower max_model_len"]
+    # vLLM refuses to start when the pool cannot hold one max_model_len sequence (vllm v1 core/kv_cache_utils.py
+    # check_enough_kv_cache_memory: "No available memory for the cache blocks" / "... larger than the maximum number of
+    # tokens that can be stored in KV cache"): the rollout fails whatever its peak
+    refused = None if kv_pool >= kv_need else (
+        f"vLLM cannot start: its KV pool {kv_pool / GiB:.2f} GiB holds no full sequence ({kv_need / GiB:.2f} GiB "
+        f"for {seq + o.max_response_length} tokens at gpu_memory_utilization {o.gpu_memory_utilization:g}): raise "
+        "gpu_memory_utilization, offload the actor, or lower max_model_len")
     decode = min(o.max_num_seqs, per_rank) * spec.hidden_size * FP32 * 4  # a few [tokens, h] buffers per step
     base = {"weights": weights, "kv_cache": kv_pool, "hccl": hccl, **actor}
-    return [_phase(scale, "rollout", None, {**base, "activations": decode}, notes),
-            _phase(scale, "prefill", None, {**base, "activations": prefill}, [how, *notes])]
+    return [replace(_phase(scale, "rollout", None, {**base, "activations": decode}), refused=refused),
+            replace(_phase(scale, "prefill", None, {**base, "activations": prefill}, [how]), refused=refused)]
 
 
 def actor_state_bytes(scale: Scale, stage: int, phase: str, o: MemoryOptions) -> dict[str, float]:
@@ -354,12 +380,12 @@ def actor_state_bytes(scale: Scale, stage: int, phase: str, o: MemoryOptions) ->
     return c
 
 
-def host_offload_bytes(scale: Scale, options: MemoryOptions | None = None) -> float:
+def host_offload_bytes(scale: Scale, options: MemoryOptions) -> float:
     """Host memory one device's offloads take at most (the worst pipeline stage): what `actor_state_bytes` keeps
     off the device -- bf16 params, grads, the distributed optimizer's shard -- plus the rollout's weights where
     verl's sleep level offloads them to the host (level 1: harness.config.platforms, vLLM sleep mode). What a pod
-    of the K8s manifest requests per device."""
-    o = (options or MemoryOptions()).resolve(scale)
+    of the K8s manifest requests per device, for the offloads its job sets (`options`, from the job)."""
+    o = options.resolve(scale)
     t, w = scale.plan.train, scale.devices
     dp, expert_dp = t.dp(w), max(1, w // (t.pp * t.ep * t.etp))
     worst = 0.0
@@ -440,15 +466,16 @@ def _check_modelable(scale: Scale) -> None:
                         "pipeline stage >= 1 layer")
 
 
-def plan_memory(scale: Scale, options: MemoryOptions | None = None,
+def plan_memory(scale: Scale, options: MemoryOptions,
                 phases: tuple[str, ...] = PHASES) -> list[PhaseMemory]:
-    """Per-phase peak memory of `scale` on its worst device; one PhaseMemory per requested phase."""
+    """Per-phase peak memory of `scale` on its worst device under the job's `options`
+    (harness.memory.job_options.memory_options); one PhaseMemory per requested phase."""
     unknown = [p for p in phases if p not in PHASES]
     if unknown:
         raise BadInput(f"phase {unknown[0]!r}: use one of {', '.join(PHASES)}")
     check_world(scale)  # one line, not a ZeroDivisionError, for a world smaller than the plan (issue 30)
     _check_modelable(scale)
-    o = (options or MemoryOptions()).resolve(scale)
+    o = options.resolve(scale)
     out = []
     if {"rollout", "prefill"} & set(phases):
         out += [p for p in rollout_phases(scale, o) if p.phase in phases]

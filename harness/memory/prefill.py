@@ -161,12 +161,12 @@ def prefill_query_bytes(spec: ModelSpec, tokens: int, dtype_bytes: int = 2) -> i
     return tokens * spec.num_attention_heads * spec.qk_head_dim * dtype_bytes
 
 
-def prefill_verdict(scale: Scale, options: MemoryOptions | None = None, *,
+def prefill_verdict(scale: Scale, options: MemoryOptions, *,
                     variant: str | None = None) -> PrefillVerdict:
     """Trace the rollout prefill of `scale` on one device at the shape the memory model derives (prompts
     per step, prompt length, heads / rollout TP) and judge it against the device with the model's
     weights, KV pool and HCCL memory around it. `variant` defaults to the options' chunked_prefill."""
-    o = (options or MemoryOptions()).resolve(scale)
+    o = options.resolve(scale)
     if variant is not None:
         o = dataclasses.replace(o, chunked_prefill=variant != "vanilla")
     variant = variant or ("chunked" if o.chunked_prefill else "vanilla")

@@ -236,13 +236,13 @@ def weight_tensors(scale: Scale) -> int:
     return spec.num_dense_layers * (attn + 3) + spec.num_moe_layers * (attn + 8) + 3
 
 
-def _kv_pool_sequences(scale: Scale, per_rank: int, mean_tokens: float) -> tuple[int, float]:
-    """(sequences one rollout DP rank decodes at once, KV pool GiB): the memory model's KV pool over the latent
-    cache of a mean sequence (vLLM's paged KV holds the tokens a sequence has, not its maximum), at most the rank's
-    sequences and vLLM's max_num_seqs."""
-    from harness.memory.phases import GiB, MemoryOptions, plan_memory
+def _kv_pool_sequences(scale: Scale, per_rank: int, mean_tokens: float, options) -> tuple[int, float]:
+    """(sequences one rollout DP rank decodes at once, KV pool GiB): the memory model's KV pool under the job's
+    memory `options` over the latent cache of a mean sequence (vLLM's paged KV holds the tokens a sequence has, not
+    its maximum), at most the rank's sequences and vLLM's max_num_seqs."""
+    from harness.memory.phases import GiB, plan_memory
 
-    options = MemoryOptions()
+    options = options.resolve(scale)
     rollout = plan_memory(scale, options, phases=("rollout",))[0]
     pool_gib = rollout.components.get("kv_cache", 0.0)
     spec = scale.model
@@ -252,9 +252,10 @@ def _kv_pool_sequences(scale: Scale, per_rank: int, mean_tokens: float) -> tuple
 
 
 def predict(scale: Scale, workload: Workload | None = None, features: Features | None = None,
-            calibration: Calibration = CALIBRATION) -> Prediction:
+            calibration: Calibration = CALIBRATION, memory=None) -> Prediction:
     """The phase times and TPS/card of one step of `scale`. BadInput when the hardware has no datasheet figures
-    (CPU: its runs are functional, not performance)."""
+    (CPU: its runs are functional, not performance). `memory`: the job's MemoryOptions (harness.memory.job_options:
+    its offloads and vLLM pool settings size the KV pool); None: those of the scale's own job, as `plan` emits it."""
     hw = scale.hardware.name
     if hw not in HBM_BYTES_PER_S or scale.hardware.peak_bf16_tflops <= 0:
         raise BadInput(f"--scale {scale.name}: no phase model for hardware {hw!r} (no datasheet bandwidth/peak; "
@@ -276,7 +277,12 @@ def predict(scale: Scale, workload: Workload | None = None, features: Features |
     r = plan.rollout
     dp_ranks = devices // r.tp
     per_rank = math.ceil(sequences / dp_ranks)
-    concurrent, pool_gib = _kv_pool_sequences(scale, per_rank, w.mean_tokens)
+    if memory is None:
+        from harness.config.job import build_job
+        from harness.memory.job_options import memory_options
+
+        memory = memory_options(build_job(scale)).options
+    concurrent, pool_gib = _kv_pool_sequences(scale, per_rank, w.mean_tokens, memory)
     waves = math.ceil(per_rank / concurrent)
     from harness.memory.phases import rollout_weight_bytes
 

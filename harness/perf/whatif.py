@@ -61,9 +61,11 @@ def _valid(scale: Scale) -> bool:
     return True
 
 
-def sweep(scale: Scale, knob: str, features: Features | None = None) -> list[Variant]:
+def sweep(scale: Scale, knob: str, features: Features | None = None, memory=None) -> list[Variant]:
     """The knob's variants of `scale`, each predicted. A plan that itself breaks a rule (a user's recipe can) has
-    its variants predicted unvalidated: every one would break the same rule and the sweep would say nothing."""
+    its variants predicted unvalidated: every one would break the same rule and the sweep would say nothing.
+    `memory`: the job's MemoryOptions (its offloads and vLLM pool settings hold for every variant; None: each
+    variant's own scale job's)."""
     rows = []
     check = _valid(scale)
     for value, variant in _variants(scale, knob):
@@ -73,18 +75,18 @@ def sweep(scale: Scale, knob: str, features: Features | None = None) -> list[Var
         except PlanError as exc:
             rows.append(Variant(knob, value, None, None, str(exc)))
             continue
-        p = predict(variant, features=features)
+        p = predict(variant, features=features, memory=memory)
         rows.append(Variant(knob, value, p.tps_per_card, p.step_s))
     return rows
 
 
-def what_if(scale: Scale, features: Features | None = None) -> dict:
+def what_if(scale: Scale, features: Features | None = None, memory=None) -> dict:
     """Every knob's sweep and the one whose valid variants span the widest TPS/card range (relative to the
-    plan's own prediction). JSON-ready."""
-    base = predict(scale, features=features).tps_per_card
+    plan's own prediction), for the job's `memory` options (sweep). JSON-ready."""
+    base = predict(scale, features=features, memory=memory).tps_per_card
     knobs, spans = {}, {}
     for knob in KNOBS:
-        rows = sweep(scale, knob, features)
+        rows = sweep(scale, knob, features, memory)
         tps = [r.tps_per_card for r in rows if r.tps_per_card is not None]
         spans[knob] = (max(tps) - min(tps)) / base if tps else 0.0
         best = max((r for r in rows if r.tps_per_card is not None), key=lambda r: r.tps_per_card, default=None)

@@ -15,6 +15,7 @@ import torch
 
 from harness.config.models import TINY
 from harness.markers import requires
+from harness.memory.job_options import scale_options
 from harness.memory.prefill import (
     padding_mask,
     prefill_query_bytes,
@@ -57,8 +58,8 @@ def test_tiny_chunked_prefill_same_output_lower_peak(device, record_property):
 @pytest.mark.layer
 @pytest.mark.cpu
 def test_a2_gbs128_vanilla_prefill_ooms_chunked_fits(scale, record_property, expect):
-    vanilla = prefill_verdict(scale, variant="vanilla")
-    chunked = prefill_verdict(scale, variant="chunked")
+    vanilla = prefill_verdict(scale, scale_options(scale), variant="vanilla")
+    chunked = prefill_verdict(scale, scale_options(scale), variant="chunked")
     record_property("memory.prefill", [
         {"scale": scale.name, "variant": v.variant, "peak_gib": round(v.peak_gib, 3), "budget_gib": v.budget_gib,
          "fits": v.ok} for v in (vanilla, chunked)])

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness.config.scales import SCALES
-from harness.memory.phases import MemoryOptions, plan_memory
+from harness.memory.job_options import scale_options
+from harness.memory.phases import plan_memory
 
 LOGITS_OOM_SCALE = "full-a2-gbs32"
 
@@ -17,7 +18,7 @@ LOGITS_OOM_SCALE = "full-a2-gbs32"
 @pytest.mark.cpu
 @pytest.mark.parametrize("name", [n for n in SCALES if n != LOGITS_OOM_SCALE])
 def test_every_phase_fits_with_headroom(name, record_property, expect):
-    results = plan_memory(SCALES[name])
+    results = plan_memory(SCALES[name], scale_options(SCALES[name]))  # the scale's job as `plan` emits it
     record_property("memory.phases", [p.to_json() for p in results])
     expect(*results)
 
@@ -27,7 +28,8 @@ def test_every_phase_fits_with_headroom(name, record_property, expect):
 def test_2k_to_12k_flags_the_logits_oom_and_names_the_knob(record_property):
     # seed 001's engine held the full vocabulary's logits on every rank (verl 0.9.1's Megatron actor shards them by TP:
     # harness.memory.phases MemoryOptions.vocab_parallel_logits)
-    results = plan_memory(SCALES[LOGITS_OOM_SCALE], MemoryOptions(vocab_parallel_logits=False))
+    scale = SCALES[LOGITS_OOM_SCALE]
+    results = plan_memory(scale, scale_options(scale, vocab_parallel_logits=False))
     record_property("memory.phases", [p.to_json() for p in results])
     update = next(p for p in results if p.phase == "update")
     assert not update.fits, f"expected the 2k->12k update not to fit; model says {update.peak_gib:.2f} GiB fits"

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from harness.config.models import DEEPSEEK_V3
 from harness.config.scales import SCALES
+from harness.memory.job_options import scale_options
 from harness.memory.phases import plan_memory
 from harness.memory.prefill import prefill_verdict
 from harness.memory.tracer import trace_decoder_layer
 
 
 def test_bench_full_plan_verdict(benchmark):
-    results = benchmark(plan_memory, SCALES["full-a2-gbs128"])
+    scale = SCALES["full-a2-gbs128"]
+    results = benchmark(plan_memory, scale, scale_options(scale))
     assert len(results) == 5 and all(p.fits for p in results)
 
 
 def test_bench_traced_prefill_verdict(benchmark):
-    verdict = benchmark.pedantic(prefill_verdict, args=(SCALES["full-a2-gbs128"],), kwargs={"variant": "vanilla"},
+    scale = SCALES["full-a2-gbs128"]
+    verdict = benchmark.pedantic(prefill_verdict, args=(scale, scale_options(scale)), kwargs={"variant": "vanilla"},
                                  rounds=3, iterations=1)
     assert not verdict.fits
 
