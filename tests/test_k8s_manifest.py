@@ -193,3 +193,28 @@ def test_a_users_recipe_reads_its_inputs_from_the_shared_mount():
     assert f"actor_rollout_ref.model.path={SHARED_MOUNT}/models/{scale.model.name}" in command
     assert f"data.train_files={SHARED_MOUNT}/data/dapo/train.parquet" in command
     assert "trainer.project_name=mine" in command
+
+
+def test_a_secret_hydra_override_reaches_the_pod_only_through_the_secret():
+    """`+trainer.wandb_key=V` stood in clear in the pod's command (issue 48): the command carries an OmegaConf
+    reference to an environment variable, and that variable comes from the Secret (seeded: the override kept as
+    written puts the token into the manifest)."""
+    import yaml
+
+    from harness.config.job import build_job
+    from harness.config.user_recipe import read_recipe
+    from harness.launch.k8s import ENV_SECRET, manifest
+
+    token = "wk-" + "7" * 24
+    scale = get_scale("full-a3")
+    job = build_job(scale, read_recipe(overrides=[f"+trainer.wandb_key={token}"]))
+    documents = manifest(scale, image="img:1", namespace="rl", steps=3, job=job)
+    assert token not in yaml.safe_dump_all(documents)
+    (*_, vcjob) = documents
+    containers = [c for _, _, c in _containers(vcjob)]
+    # `$$`: the kubelet's own escape of `$` (kubelet_literal); the job's shell gets ${oc.env:...} for OmegaConf
+    assert any("+trainer.wandb_key=$${oc.env:HARNESS_SECRET_TRAINER_WANDB_KEY}" in " ".join(map(str, c["command"]))
+               for c in containers)
+    assert all({"name": "HARNESS_SECRET_TRAINER_WANDB_KEY",
+                "valueFrom": {"secretKeyRef": {"name": ENV_SECRET, "key": "HARNESS_SECRET_TRAINER_WANDB_KEY"}}}
+               in c["env"] for c in containers)

@@ -218,8 +218,8 @@ def test_k8s_manifest_takes_the_same_inputs(capsys, tmp_path):
             "trainer.n_gpus_per_node=32", f"~{MG}.swap_optimizer")
     code, out, err = _run(capsys, *args)
     assert code == 2 and out == "" and "PLAN INVALID: memory does not fit" in err
-    code, out, _ = _run(capsys, *args[:-5], "--force", *args[-5:])
-    assert code == 0
+    code, out, err = _run(capsys, *args[:-5], "--force", *args[-5:])
+    assert code == 0 and f"read: {SEED002}" in err  # every file the job was read from is named (issue 48)
     _rings, service, job = list(yaml.safe_load_all(out))  # MindCluster's rings-config ConfigMap first
     assert "memory does not fit" in job["metadata"]["annotations"]["ascend-rl-harness/forced"]
     head = next(t for t in job["spec"]["tasks"] if t["name"] == "head")

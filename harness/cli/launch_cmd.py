@@ -70,6 +70,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     job = job_from_args(args, scale)  # the job `plan` prints for the same arguments
     forced = _refuse_invalid(job, args.force)
     _note_steps(job, args.steps)
+    if job.user is not None and job.user.files_read:  # a wrapper's target is part of the job: never booked unnamed
+        from harness.cli.output import console as output_console
+        from harness.redact import one_line
+
+        output_console(stderr=True).print("read: " + one_line(", ".join(job.user.files_read), 2000), markup=False,
+                                          soft_wrap=True)
     if args.k8s:  # the manifest's own checks (names, node count) cost nothing: before composing in verl's schema
         from harness.launch.k8s import manifest, manifest_yaml
 
@@ -141,8 +147,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = output_console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
                          user=job.user, model_path=args.model_path, data_dir=args.data_dir)
-    if forced:  # launch.json records what --force overrode
-        spec = dataclasses.replace(spec, forced=forced)
+    # launch.json records what --force overrode, and every file the job was read from
+    spec = dataclasses.replace(spec, forced=forced, files_read=tuple(job.user.files_read) if job.user else ())
     rules = stop_rules_for(job) if args.abort_on_fail else ()
     kw = {"timeout_s": args.timeout, "stall_s": args.stall_timeout, "console": console, "stop_rules": rules,
           "wait": not args.no_wait}

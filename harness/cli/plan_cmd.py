@@ -182,7 +182,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
 
     from harness.cli.output import console as output_console
     from harness.config.recipe import VERL_VERSION
-    from harness.redact import redact
+    from harness.redact import one_line, redact_value
 
     scale = job.scale
     console = output_console()
@@ -193,8 +193,8 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
                 "unset (each key's origin below)" if job.user.entrypoint else "its settings win over the scale's")
         console.print(f"recipe {escape(job.user.source)}: {len(job.user.overrides)} override(s), "
                       f"{len(job.user.env)} environment variable(s); {role}")
-        for note in job.notes:
-            console.print(f"  note: {redact(note)}", markup=False, soft_wrap=True)
+        for note in job.notes:  # one line each: a newline in a script's value printed fake verdict lines
+            console.print(f"  note: {one_line(note, 400)}", markup=False, soft_wrap=True)
     console.print(f"model {scale.model.name}: {scale.model.num_hidden_layers} layers, "
                   f"{scale.model.total_params() / 1e9:.1f}B params "
                   f"({scale.model.total_params(active=True) / 1e9:.1f}B active)")
@@ -212,8 +212,8 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
                   + ("" if explain else " (--explain lists them; --format verl-cli prints the command)"),
                   markup=False, soft_wrap=True)
     origins = doc.get("recipe", {}).get("origins", {})
-    for key, value in doc["env"].items() if explain else ():
-        console.print(f"  env {key}={value}", markup=False, soft_wrap=True)
+    for key, value in doc["env"].items() if explain else ():  # masked when secret, and one line whatever it holds
+        console.print(f"  env {key}={one_line(redact_value(key, value), 400)}", markup=False, soft_wrap=True)
     for override in doc["overrides"] if explain else ():  # with its origin, as Hydra's --cfg job (still copyable)
         origin = origins.get(override.lstrip("+~").partition("=")[0])
         console.print(f"  {override}" + (f"  # {origin}" if origin else ""), markup=False, soft_wrap=True)

@@ -46,6 +46,7 @@ against their grammar (RFC 1123), and a recipe's secret exports come from the Se
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 import shlex
@@ -163,6 +164,25 @@ def _env(scale, run_dir: str, env: dict) -> list[dict]:
         out.append({"name": "ASCEND_VISIBLE_DEVICES",
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{NPU_RESOURCE}']"}}})
     return out
+
+
+def _secret_overrides(recipe):
+    """(the recipe with every secret Hydra override made a reference, their env): `+trainer.wandb_key=V` stood in
+    clear in the pod's command (issue 48). It becomes `${oc.env:HARNESS_SECRET_TRAINER_WANDB_KEY}`, which OmegaConf
+    resolves from the process environment when verl reads the key, and that variable comes from the Secret
+    (`_env` turns a secret name into a secretKeyRef, never a value)."""
+    from harness.redact import secret_name
+
+    overrides, env = [], {}
+    for override in recipe.overrides:
+        key, sep, value = override.partition("=")
+        if sep and value and secret_name(key.lstrip("+~")):
+            name = "HARNESS_SECRET_" + re.sub(r"\W", "_", key.lstrip("+~")).upper()
+            overrides.append(f"{key}=${{oc.env:{name}}}")
+            env[name] = value
+        else:
+            overrides.append(override)
+    return dataclasses.replace(recipe, overrides=tuple(overrides)), env
 
 
 def pull_policy(image: str) -> str:
@@ -288,9 +308,10 @@ def manifest(scale, *, image: str = DEFAULT_IMAGE, namespace: str = "default",
         raise PlanError(f"{user.source if user else scale.name}: {job.plan_error}")
     scale, recipe = job.scale, job.recipe
     resources = pod_resources(scale, memory_options(job).options)
+    recipe, secret_env = _secret_overrides(recipe)
     job = verl_job(scale, run_dir, steps=job_steps(recipe, steps), resume=True, recipe=recipe)
     # verl_job resolves paths on this machine; on the cluster the run dir is the shared mount's
-    env = _env(scale, run_dir, dict(job.env))
+    env = _env(scale, run_dir, {**dict(job.env), **secret_env})
     head_host = f"{name}-head.{namespace}.svc.cluster.local"
     nodes = scale.nodes
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:

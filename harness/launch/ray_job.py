@@ -63,6 +63,7 @@ class JobSpec:
     resume: bool = False  # a resubmission that resumes from the run's checkpoints (verl resume_mode=auto)
     entrypoint_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources the driver needs
     forced: str | None = None  # the INVALID verdict `launch --force` overrode (recorded in launch.json's spec)
+    files_read: tuple[str, ...] = ()  # the files the recipe was read from (a wrapper's target too), named
 
     @property
     def metrics_path(self) -> Path:
