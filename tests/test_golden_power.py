@@ -25,6 +25,7 @@ REWARD = "critic/rewards/mean"
 LR = "actor/lr"
 WARMUP = "actor/lr_warmup"  # a schedule: the same in every run, not one value
 CLIP = "actor/pg_clipfrac"  # noise: never a constant
+MAX = "critic/rewards/max"  # at its bound in every golden step, not in every clean run's: never a constant
 
 
 def rising(step):
@@ -38,7 +39,8 @@ def lab_like(name, seed, fn=rising, noise=0.03, steps=30, lr=1e-3, lr_from=None,
     return Run(name, {REWARD: Series(s, tuple(fn(t) + rng.gauss(0, noise) for t in s)),
                       LR: Series(s, lrs),
                       WARMUP: Series(s, tuple(1e-3 * min(t, 5) / 5 for t in s)),
-                      CLIP: Series(s, tuple(0.2 + rng.gauss(0, 0.02) for _ in s))},
+                      CLIP: Series(s, tuple(0.2 + rng.gauss(0, 0.02) for _ in s)),
+                      MAX: Series(s, (1.0,) * len(s))},
                RunMeta(scale="tiny", hardware="cpu", sources=(f"{name}.jsonl",), extra={"seed": seed}))
 
 
@@ -87,6 +89,9 @@ def test_constants_round_trip_and_schema_2_still_loads_with_a_note(golden, tmp_p
     assert v2.constants is None
     alignment = curves.compare(lab_like("lr-x10", 51, lr_from=7), v2)
     assert alignment.passed and any("schema 2" in n and "re-record" in n for n in alignment.notes)
+    # retuned and rewritten, it stays schema 2: "constants": {} would claim no metric was alike
+    v2.retuned({REWARD: (3.0, 3.0, 3.0)}).save(tmp_path / "v2.json", force=True)
+    assert json.loads((tmp_path / "v2.json").read_text())["schema_version"] == 2
     doc["constants"][LR] = {"steps": [2, 1], "values": [1e-3, 1e-3]}
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(BadInput, match=f"constants: {LR}: needs"):

@@ -35,7 +35,6 @@ from harness.metrics.keys import (
     RESPONSE_LENGTH,
     REWARD,
     ROLLOUT_PROBS_DIFF,
-    TOTAL_TOKENS,
 )
 from harness.metrics.run import Run, RunMeta, Series
 from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
@@ -180,17 +179,18 @@ DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
 }
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 # Judged too where the golden's runs log them (issue 43: the verdict read 5 of the ~91 numbers verl logs): the
-# entropy, the clip fractions, the policy's KL to the rollout policy and the token counts verl's own nightly and
+# entropy, the clip fractions, the policy's KL to the rollout policy and the truncation rate verl's own nightly and
 # NeMo-RL's test suites check. Judged in one family with the five (FAMILY_ALPHA), so they add statistics, not alarms.
-# Floors: a few percent of the lab's levels (clip fractions ~0.1-0.3, ppo_kl ~1e-2, ~300 tokens a step).
+# Floors: a few percent of the lab's levels (clip fractions ~0.1-0.3, ppo_kl ~1e-2).
 EXTRA_TOLERANCES: dict[str, CurveTolerance] = {
     ENTROPY: CurveTolerance(band_atol=0.05, band_rtol=0.1, window_atol=0.02, window_rtol=0.05, trend_atol=0.005),
     PG_CLIPFRAC: CurveTolerance(band_atol=0.02, window_atol=0.01, trend_atol=0.002),
     PG_CLIPFRAC_LOWER: CurveTolerance(band_atol=0.02, window_atol=0.01, trend_atol=0.002),
     PPO_KL: CurveTolerance(band_atol=1e-3, band_rtol=0.1, window_atol=5e-4, window_rtol=0.05, trend_atol=1e-4),
     RESPONSE_CLIP_RATIO: CurveTolerance(band_atol=0.05, window_atol=0.02, trend_atol=0.005),
-    TOTAL_TOKENS: CurveTolerance(band_atol=1.0, band_rtol=0.1, window_atol=0.5, window_rtol=0.05, trend_atol=0.1),
 }
+# Not perf/total_num_tokens: it counts the batch DAPO trains on, 0 at a step whose groups all agreed (nothing to
+# update): clean lab seed 3 has 7 such steps in 30, and its band flagged it against seeds 0-4 at recording.
 FAMILY_METRICS = ALIGN_METRICS + tuple(EXTRA_TOLERANCES)
 # One false-alarm budget for every judged statistic (band, window, trend of each metric): what the five metrics' 15
 # statistics spent at confidence 0.998 each. A comparison of m statistics judges each at alpha x FAMILY_ALPHA / (sum
@@ -300,6 +300,12 @@ CONSTANT_RTOL, CONSTANT_ATOL = 1e-6, 1e-9
 # One run cannot tell a schedule from noise: a one-run golden keeps only metrics with one value at every step, over
 # at least this many steps.
 MIN_CONSTANT_STEPS = 3
+# Never constants, however alike the golden's runs log them: a batch's extremes and DAPO's sampler counts sit at a
+# bound (the reward's max at 1, the shortest response at 1 token, the kept groups at the batch size) on most steps
+# of most seeds, not all. Kept as constants, one-run lab goldens (seeds 0-4, 600, 601) flagged 22 of 42 clean
+# candidates on critic/rewards/max, response_length/min and train/kept_groups.
+NOT_CONSTANT_SUFFIXES = ("/max", "/min")
+NOT_CONSTANT = ("train/num_gen_batches", "train/kept_groups")
 
 
 def same_value(a: float, b: float) -> bool:
@@ -312,7 +318,8 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
     same finite values (with one run: one value at every step)."""
     out = {}
     for metric in sorted(runs[0].series):
-        if metric in judged or not all(metric in r for r in runs):
+        if metric in judged or metric in NOT_CONSTANT or metric.endswith(NOT_CONSTANT_SUFFIXES) or not all(
+                metric in r for r in runs):
             continue
         curves = [r[metric] for r in runs]
         ref = curves[0]
@@ -807,10 +814,12 @@ class Baseline:
             name="+".join(next(iter(self.metrics.values())).runs[i].name for i in keep))
 
     def to_json(self) -> dict:
-        constants = {m: {"steps": list(c.steps), "values": list(c.values)} for m, c in (self.constants or {}).items()}
+        metrics = {m: b.to_json() for m, b in self.metrics.items()}
+        if self.constants is None:  # a schema-2 golden rewritten (a retune) stays one: it never knew its constants
+            return versioned(SCHEMA, 2, {"provenance": self.provenance, "metrics": metrics})
+        constants = {m: {"steps": list(c.steps), "values": list(c.values)} for m, c in self.constants.items()}
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance, **(
-            {"power": self.power} if self.power is not None else {}),
-            "metrics": {m: b.to_json() for m, b in self.metrics.items()}, "constants": constants})
+            {"power": self.power} if self.power is not None else {}), "metrics": metrics, "constants": constants})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write atomically; refuse to overwrite an existing baseline unless `force` -- atomic against another

@@ -160,8 +160,8 @@ def _advice(baseline: Baseline, gain: float, mde: float | None) -> str:
     tol = ref.tolerance
     what = (f"its runs show no reward gain ({gain:+.3g} from the first step to the window)" if gain <= 0 else
             f"a run keeping half its reward gain passes it: the reward window's MDE "
-            f"{'is unbounded' if mde is None else f'{mde:.3g}'} exceeds half the gain {gain:.3g}, "
-            f"{WEAK_SHARE * gain:.3g}")
+            f"{'is unbounded' if mde is None else f'{mde:.3g}'} exceeds half the gain ({WEAK_SHARE * gain:.3g} of "
+            f"{gain:.3g})")
     return (f"WEAK golden: {what}. Fixes: more reference runs (N={ref.n_runs} now: the spread across runs adds "
             f"degrees of freedom and sqrt(1 + 1/N) shrinks), more steps (a window later in training, where the gain "
             f"is larger; now the {tol.window[0]}th-{tol.window[1]}th logged steps), larger batches (prompts x samples "
