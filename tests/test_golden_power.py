@@ -53,6 +53,11 @@ def test_the_golden_keeps_what_every_run_logs_alike(golden):
     assert set(golden.constants) == {LR, WARMUP}  # the noisy metric is not kept; the judged reward is judged
     # one run cannot tell a schedule from noise: only one value at every step is a constant there
     assert set(find_constants([lab_like("r0", 0)], (REWARD,))) == {LR}
+    # the actor logs its lr only at steps that updated (DAPO skips a step whose groups all agree): still one value
+    skipped = lab_like("r1", 1)
+    lr = skipped[LR]
+    skipped.series[LR] = Series(lr.steps[:4] + lr.steps[5:], lr.values[:4] + lr.values[5:])
+    assert LR in find_constants([lab_like("r0", 0), skipped], (REWARD,))
 
 
 def test_a_changed_setting_fails_and_names_its_first_step(golden):

@@ -323,12 +323,13 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
             continue
         curves = [r[metric] for r in runs]
         ref = curves[0]
-        if len(ref) < MIN_CONSTANT_STEPS or any(c.steps != ref.steps for c in curves) or not all(
-                map(_finite, (v for c in curves for v in c.values))):
+        values = [v for c in curves for v in c.values]
+        if min(map(len, curves)) < MIN_CONSTANT_STEPS or not all(map(_finite, values)):
             continue
-        if len(runs) == 1 and not all(same_value(v, ref.values[0]) for v in ref.values):
-            continue
-        if all(same_value(a, b) for c in curves[1:] for a, b in zip(c.values, ref.values, strict=True)):
+        # one value everywhere (the actor's lr, logged only at steps that updated: the runs' steps may differ), or
+        # a schedule: the same values at the same steps in every run (two runs at least)
+        if all(same_value(v, values[0]) for v in values) or (len(runs) > 1 and all(
+                c.steps == ref.steps and all(map(same_value, c.values, ref.values)) for c in curves[1:])):
             out[metric] = ref
     return out
 
