@@ -119,6 +119,8 @@ def test_record_states_the_power_and_flags_a_weak_golden(tmp_path, capsys):
     assert "WEAK golden" in out and "more reference runs" in out and "window-mean: MDE" in out
     table = json.loads((tmp_path / "weak.json").read_text())["power"]
     assert table["weak"] is True and table["advice"].startswith("WEAK")
+    assert cli_main(["compare", weak[0], str(tmp_path / "weak.json")]) == 0  # every compare against it says so
+    assert "the golden is WEAK" in capsys.readouterr().out
     entry = table[f"{REWARD} window-mean"]
     assert entry["metric"] == REWARD and entry["mde"] > table["reward_gain"] / 2
     # strong: a clear gain (+0.96) over small noise

@@ -391,6 +391,8 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
     verdicts += [same] if same else []
     verdicts += constants(candidate, baseline)
     notes = _notes(candidate, baseline) + ((CONSTANTS_MISSING,) if baseline.constants is None else ())
+    if (baseline.power or {}).get("weak") is True:  # an ALIGNED against it cannot rule out a run that learns less
+        notes += (f"note: the golden is WEAK: {baseline.power.get('advice')}",)
     return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts),
                           n_runs=baseline.n_runs, notes=notes)
 
