@@ -30,7 +30,6 @@ from harness.metrics.keys import (
     PG_CLIPFRAC,
     PG_CLIPFRAC_LOWER,
     PG_LOSS,
-    PPO_KL,
     RESPONSE_CLIP_RATIO,
     RESPONSE_LENGTH,
     REWARD,
@@ -179,17 +178,18 @@ DEFAULT_TOLERANCES: dict[str, CurveTolerance] = {
 }
 ALIGN_METRICS = tuple(DEFAULT_TOLERANCES)
 # Judged too where the golden's runs log them (issue 43: the verdict read 5 of the ~91 numbers verl logs): the
-# entropy, the clip fractions, the policy's KL to the rollout policy and the truncation rate verl's own nightly and
+# entropy, the clip fractions and the truncation rate verl's own nightly and
 # NeMo-RL's test suites check. Judged in one family with the five (FAMILY_ALPHA), so they add statistics, not alarms.
-# Floors: a few percent of the lab's levels (clip fractions ~0.1-0.3, ppo_kl ~1e-2).
+# Floors: a few percent of the lab's levels (clip fractions ~0.1-0.3).
 EXTRA_TOLERANCES: dict[str, CurveTolerance] = {
     ENTROPY: CurveTolerance(band_atol=0.05, band_rtol=0.1, window_atol=0.02, window_rtol=0.05, trend_atol=0.005),
     PG_CLIPFRAC: CurveTolerance(band_atol=0.02, window_atol=0.01, trend_atol=0.002),
     PG_CLIPFRAC_LOWER: CurveTolerance(band_atol=0.02, window_atol=0.01, trend_atol=0.002),
-    PPO_KL: CurveTolerance(band_atol=1e-3, band_rtol=0.1, window_atol=5e-4, window_rtol=0.05, trend_atol=1e-4),
     RESPONSE_CLIP_RATIO: CurveTolerance(band_atol=0.05, window_atol=0.02, trend_atol=0.005),
 }
-# Not perf/total_num_tokens: it counts the batch DAPO trains on, 0 at a step whose groups all agreed (nothing to
+# Not actor/ppo_kl: heavy-tailed in the lab, its spikes (events, judged against the golden's rate) flagged 5 of 72
+# clean held-out candidates at N=1 and 13 of 588 at N=3 (seeds 600-608), more than its statistics could catch. Not
+# perf/total_num_tokens: it counts the batch DAPO trains on, 0 at a step whose groups all agreed (nothing to
 # update): clean lab seed 3 has 7 such steps in 30, and its band flagged it against seeds 0-4 at recording.
 FAMILY_METRICS = ALIGN_METRICS + tuple(EXTRA_TOLERANCES)
 # One false-alarm budget for every judged statistic (band, window, trend of each metric): what the five metrics' 15

@@ -17,7 +17,6 @@ GRAD_NORM = "actor/grad_norm"
 ENTROPY = "actor/entropy"
 PG_CLIPFRAC = "actor/pg_clipfrac"
 PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-PPO_KL = "actor/ppo_kl"
 RESPONSE_CLIP_RATIO = "response_length/clip_ratio"  # share of responses cut at max_response_length
 # mean |p_rollout - p_actor| of the sampled tokens, in probability space: verl exponentiates both log-probs before
 # taking the difference (verl/utils/debug/metrics.py calculate_debug_metrics); _max / _std likewise
