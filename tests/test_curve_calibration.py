@@ -18,7 +18,7 @@ import pytest
 
 from harness.lab import LabConfig, run_lab
 from harness.metrics import curves
-from harness.metrics.baseline import NOISE_INFLATION, Baseline, load_baseline
+from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, load_baseline
 from harness.metrics.ingest import load_run
 
 # The targets the calibration is held to (scripts/calibrate-curves measures them on 25 held-out seeds): mean false
@@ -85,7 +85,9 @@ def test_the_tiny_goldens_judge_with_the_measured_inflation():
     assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
     for path in (TINY_LAB_GOLDEN, TINY_GOLDEN):
         for metric, ref in load_baseline(path).metrics.items():
-            assert list(ref.tolerance.inflation) == doc["inflation"][metric], (path.name, metric, ref.tolerance)
+            # the metrics judged beside the five (EXTRA_TOLERANCES) keep the widest prior until they are calibrated
+            expected = doc["inflation"].get(metric, list(EXTRA_INFLATION))
+            assert list(ref.tolerance.inflation) == expected, (path.name, metric, ref.tolerance)
 
 
 def test_the_default_prior_is_narrower_than_the_tiny_recipes_own():

@@ -45,7 +45,7 @@ def _load_runs(paths: list[str], lenient: bool, status) -> list:
 def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient: bool, status):
     """(Baseline | Summary, reference Runs): one golden file, one nightly summary, or reference runs turned into a
     Baseline (bands from their spread)."""
-    from harness.metrics.baseline import ALIGN_METRICS, Baseline, is_baseline_file, load_baseline
+    from harness.metrics.baseline import FAMILY_METRICS, Baseline, is_baseline_file, load_baseline
     from harness.metrics.ingest import is_summary_file, load_summary
 
     special = [p for p in paths if is_baseline_file(p) or is_summary_file(p)]
@@ -55,10 +55,10 @@ def resolve_baseline(paths: list[str], metrics: tuple[str, ...] | None, lenient:
                            f"{len(paths)}); pass either one such file or reference runs")
         return (load_baseline(special[0]) if is_baseline_file(special[0]) else load_summary(special[0])), []
     runs = _load_runs(paths, lenient, status)
-    wanted = metrics or tuple(m for m in ALIGN_METRICS if all(m in r for r in runs))
+    wanted = metrics or tuple(m for m in FAMILY_METRICS if all(m in r for r in runs))
     if not wanted:
         raise BadInput(f"{paths[0]}: the reference runs share none of the alignment metrics "
-                       f"({', '.join(ALIGN_METRICS)})")
+                       f"({', '.join(FAMILY_METRICS)})")
     return Baseline.from_runs(runs, wanted), runs
 
 
@@ -110,10 +110,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             {**alignment.to_json(), "warnings": warnings, "plot": str(plot) if plot else None}))
     else:
         results = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]not judged[/]"}
+        # issue 47: 25 verdicts printed 93 lines with the failures in the middle; failures first, then what was not
+        # judged, then the passes (--failed-only: the failures alone)
+        order = {False: 0, None: 1, True: 2}
+        shown = sorted((v for v in alignment.verdicts if not args.failed_only or v.passed is False),
+                       key=lambda v: order[v.passed])
         # At 80 columns the table's detail column folded ~25 verdicts into ~140 lines: there, one line per verdict.
         if console.width < NARROW:
             console.print(escape(f"{candidate.name} vs {alignment.baseline}"))
-            for v in alignment.verdicts:  # the name first and whole: rich wraps at spaces, names hold none
+            for v in shown:  # the name first and whole: rich wraps at spaces, names hold none
                 console.print(f"{escape(v.metric)} {v.statistic} {results[v.passed]}: {escape(v.where)}: "
                               f"{escape(v.detail)}")
         else:
@@ -122,11 +127,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             table = Table(title=escape(f"{candidate.name} vs {alignment.baseline}"), box=box.SIMPLE_HEAD,
                           pad_edge=False)
             table.add_column("metric", no_wrap=True,
-                             min_width=max((len(v.metric) for v in alignment.verdicts), default=6))
+                             min_width=max((len(v.metric) for v in shown), default=6))
             table.add_column("statistic", no_wrap=True, overflow="ellipsis")
             table.add_column("result", no_wrap=True)
             table.add_column("where: detail", overflow="fold", ratio=1)
-            for v in alignment.verdicts:
+            for v in shown:
                 table.add_row(escape(v.metric), v.statistic, results[v.passed], escape(f"{v.where}: {v.detail}"))
             console.print(table)
         for w in warnings[:MAX_PRINTED_WARNINGS]:
@@ -175,8 +180,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from harness.cli.output import console as output_console
-    from harness.metrics import curves, stats
-    from harness.metrics.baseline import ALIGN_METRICS, Baseline
+    from harness.metrics import curves, power, stats
+    from harness.metrics.baseline import FAMILY_METRICS, Baseline
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
@@ -184,7 +189,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:
         runs = _load_runs(args.runs, args.lenient, status)
-    metrics = tuple(args.metric) if args.metric else tuple(m for m in ALIGN_METRICS if all(m in r for r in runs))
+    metrics = tuple(args.metric) if args.metric else tuple(m for m in FAMILY_METRICS if all(m in r for r in runs))
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
     baseline = Baseline.from_runs(runs, metrics, tolerances=_tolerances(args.tolerance or ()))
@@ -195,6 +200,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
                        f"{len(check.flagged)} of {len(runs)} runs flagged: inspect and drop it, or pass --keep-flagged")
     if check is not None:
         baseline.provenance["self_check"] = check.to_json()
+    baseline = power.with_power(baseline)
     baseline.save(out, force=args.force)
     for w in (w for r in runs for w in r.meta.warnings):
         console.print(f"[yellow]warning[/] {escape(w)}")
@@ -203,8 +209,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
         return emit(verdict(True, "RECORDED", {
             "out": str(out), "metrics": list(metrics), "runs": [r.name for r in runs],
             "steps": [min(steps), max(steps)], "precision": baseline.precision,
-            "self_check": check.to_json() if check is not None else None,
-            "warnings": [w for r in runs for w in r.meta.warnings]}))
+            "self_check": check.to_json() if check is not None else None, "power": baseline.power,
+            "constants": sorted(baseline.constants), "warnings": [w for r in runs for w in r.meta.warnings]}))
     console.print(f"[green]baseline written[/] {escape(str(out))}: {len(metrics)} metrics from {len(runs)} run(s), "
                   f"steps {min(steps)}-{max(steps)}, precision {baseline.precision or 'unknown'}")
     if check is None:
@@ -215,6 +221,13 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
                       f"others, false-alarm rate {check.false_alarm_rate:.0%}")
         for run, failure in check.flagged:
             console.print(f"[yellow]flagged (kept: --keep-flagged)[/] {escape(run)}: {escape(failure)}")
+    console.print(f"{len(baseline.constants)} constant metrics stored (a candidate must reproduce them exactly)")
+    # issue 43: a golden that cannot fail a run which stops learning is said so when it is made, not found later
+    console.print(f"power (smallest shift each statistic flags in {power.POWER:.0%} of candidates):")
+    for line in power.lines(baseline.power):
+        console.print(escape(line))
+    if baseline.power["weak"]:
+        console.print(f"[red]{escape(baseline.power['advice'])}[/]")
     return 0
 
 
@@ -230,6 +243,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print JSON: `passed`, `state` (ALIGNED, MISALIGNED, NOT COMPARED) and every verdict")
     p.add_argument("--plot", metavar="PNG", help="write a candidate-vs-band plot")
+    p.add_argument("--failed-only", action="store_true",
+                   help="print only the failed verdicts (and the summary line); --json always carries every verdict")
     p.add_argument("--lenient", action="store_true",
                    help="skip corrupt lines/pairs, truncated lines and duplicate steps (counted in the warnings) "
                         "instead of refusing the log")

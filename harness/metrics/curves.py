@@ -36,6 +36,8 @@ from harness.findings import Finding
 from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
+    CONSTANTS_MISSING,
+    FAMILY_METRICS,
     Baseline,
     MetricBaseline,
     SanityLimit,
@@ -44,6 +46,7 @@ from harness.metrics.baseline import (
     despiked,
     run_precision,
     run_seed,
+    same_value,
     sanity_limits,
     slope,
     window_stat,
@@ -369,9 +372,10 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
     sanity limits of the baseline's precision. A candidate that stops before the window or trend steps is not
     judged on those statistics (said in the verdict, never passed)."""
     metrics = _metrics(metrics, baseline)
+    family = baseline.judged(metrics)  # one false-alarm budget for every statistic compared (FAMILY_ALPHA)
     verdicts = []
     for metric in metrics:
-        ref = baseline.metrics[metric]
+        ref = family.metrics[metric]
         if metric not in candidate:
             verdicts.append(CurveVerdict(metric=metric, statistic="coverage", passed=False, where="-",
                                          detail=f"candidate {candidate.name} does not log {metric}"))
@@ -384,9 +388,52 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
     verdicts += [frozen] if frozen else []
     verdicts += check_sanity(candidate, baseline.precision or run_precision(candidate), metrics)
     same = algorithm(candidate, baseline)
-    return CurveAlignment(candidate=candidate.name, baseline=baseline.name,
-                          verdicts=tuple(verdicts) + ((same,) if same else ()), n_runs=baseline.n_runs,
-                          notes=_notes(candidate, baseline))
+    verdicts += [same] if same else []
+    verdicts += constants(candidate, baseline)
+    notes = _notes(candidate, baseline) + ((CONSTANTS_MISSING,) if baseline.constants is None else ())
+    if (baseline.power or {}).get("weak") is True:  # an ALIGNED against it cannot rule out a run that learns less
+        notes += (f"note: the golden is WEAK: {baseline.power.get('advice')}",)
+    return CurveAlignment(candidate=candidate.name, baseline=baseline.name, verdicts=tuple(verdicts),
+                          n_runs=baseline.n_runs, notes=notes)
+
+
+def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
+    """The metrics every golden run logged alike (harness.metrics.baseline.find_constants) against the candidate's,
+    to float tolerance: one failing verdict per metric that differs, naming its first differing step; one verdict
+    for all that match; one for those the candidate does not log or shares no step of (not judged: a console log
+    or a wandb export may carry fewer keys). A metric with one value in the golden is checked at every step the
+    candidate logged (a run resumed at step 101 included), a schedule at the steps both logged."""
+    verdicts, same, unjudged = [], [], []
+    for metric, ref in (baseline.constants or {}).items():
+        cand = candidate.series.get(metric)
+        single = len(set(ref.values)) == 1
+        expected = ref.as_dict()
+        pairs = [] if cand is None else [
+            (t, v, ref.values[0] if single else expected[t]) for t, v in zip(cand.steps, cand.values, strict=True)
+            if single or t in expected]
+        if not pairs:
+            unjudged.append(metric)
+            continue
+        differ = [(t, v, r) for t, v, r in pairs if not same_value(v, r)]  # NaN never equals
+        if not differ:
+            same.append(metric)
+            continue
+        t, v, r = differ[0]
+        what = f"{r:.9g} at every step" if single else f"a schedule, {r:.9g} at step {t}"
+        verdicts.append(CurveVerdict(
+            metric=metric, statistic="constant", passed=False, where=f"step {t}", value=v, reference=r,
+            detail=f"{v:.9g} vs the golden's {r:.9g} at step {t}, the first of {len(differ)} of {len(pairs)} steps "
+                   f"that differ; every golden run logged {what}"))
+    if same:
+        verdicts.append(CurveVerdict(metric="constants", statistic="constant", passed=True, where="every step",
+                                     detail=f"{len(same)} metrics equal the golden's at every step: "
+                                            f"{', '.join(same[:6])}{', ...' if len(same) > 6 else ''}"))
+    if unjudged:
+        verdicts.append(CurveVerdict(metric="constants", statistic="constant", passed=None, where="-",
+                                     detail=f"not judged: the candidate logs no step of {len(unjudged)} of the "
+                                            f"golden's constant metrics: {', '.join(unjudged[:6])}"
+                                            f"{', ...' if len(unjudged) > 6 else ''}"))
+    return verdicts
 
 
 def liveness(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> CurveVerdict | None:
@@ -421,7 +468,7 @@ def algorithm(candidate: Run, baseline: Baseline) -> CurveVerdict | None:
 
 
 def _metrics(metrics: tuple[str, ...] | None, baseline: Baseline) -> tuple[str, ...]:
-    metrics = tuple(metrics) if metrics else tuple(m for m in ALIGN_METRICS if m in baseline.metrics) or tuple(
+    metrics = tuple(metrics) if metrics else tuple(m for m in FAMILY_METRICS if m in baseline.metrics) or tuple(
         baseline.metrics)
     for metric in metrics:
         if metric not in baseline.metrics:
@@ -600,8 +647,9 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
     "FAIL: band, trend", or "not judged" (from `alignment` when given); `reference_runs` the golden's own curves
     (at most MAX_REFERENCE_RUNS, each thinned), `n_reference_runs` how many the golden has."""
     out = {}
+    family = baseline.judged(metrics)  # the bands the verdicts judged by
     for metric in metrics:
-        ref = baseline.metrics[metric]
+        ref = family.metrics[metric]
         half = [ref.half_width(i) for i in range(len(ref.steps))]
         cand = candidate[metric] if metric in candidate else Series((), ())
         cmap = despiked(cand, ref.tolerance)[0].as_dict()  # what the band verdict judged

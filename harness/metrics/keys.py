@@ -12,6 +12,12 @@ RESPONSE_LENGTH = "response_length/mean"
 PROMPT_LENGTH = "prompt_length/mean"
 PG_LOSS = "actor/pg_loss"
 GRAD_NORM = "actor/grad_norm"
+# verl's policy-loss diagnostics (verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla's pg_metrics; the
+# actor's entropy from dp_actor.update_policy): what verl's nightly and NeMo-RL's test suites read besides the reward
+ENTROPY = "actor/entropy"
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+RESPONSE_CLIP_RATIO = "response_length/clip_ratio"  # share of responses cut at max_response_length
 # mean |p_rollout - p_actor| of the sampled tokens, in probability space: verl exponentiates both log-probs before
 # taking the difference (verl/utils/debug/metrics.py calculate_debug_metrics); _max / _std likewise
 ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff_mean"
