@@ -107,3 +107,24 @@ def test_the_readme_test_command_exits_with_pytests_code(tmp_path):
     done = subprocess.run([str(ROOT / "scripts" / "test"), str(failing), "-p", "no:cacheprovider"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, (done.returncode, done.stdout[-1500:], done.stderr[-1500:])
+
+
+def duplicate_module_names(root: Path) -> dict[str, list[str]]:
+    """Module file names that stand in more than one package of `root` (package `__init__`/`__main__` aside)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(root.parent)))
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_every_module_name_is_one_module(tmp_path):
+    """One name, one module: `stacks.py` meant the supported stack rows and the gate's overlays, `sync.py` the MLA
+    sync probes and the report's sync-phase verdicts, and a reader (or a traceback) could not tell which."""
+    assert duplicate_module_names(ROOT / "harness") == {}
+    # seeded: a second stacks.py in another package is found
+    for package in ("config", "gate"):
+        (tmp_path / "harness" / package).mkdir(parents=True)
+        (tmp_path / "harness" / package / "stacks.py").write_text("")
+    assert duplicate_module_names(tmp_path / "harness") == {
+        "stacks.py": ["harness/config/stacks.py", "harness/gate/stacks.py"]}

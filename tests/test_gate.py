@@ -14,7 +14,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import BadInput
-from harness.gate import stacks as st
+from harness.gate import overlays as st
 from harness.gate.verdict import ABSENT, BROKEN, CHANGED, SAFE, bisect, compare, oracle_test
 from harness.report.schema import MachineInfo, RunReport, TestVerdict
 

@@ -21,7 +21,7 @@ import pytest
 from harness.cli import main
 from harness.config.requirements import MAX_INCLUDE_DEPTH, MAX_REQUIREMENTS_BYTES, requirement_entries
 from harness.errors import BadInput
-from harness.gate import stacks as st
+from harness.gate import overlays as st
 from harness.gate.verdict import BROKEN, CHANGED, SAFE, compare, oracle_test
 from harness.report.schema import SCHEMA, SCHEMA_VERSION, MachineInfo, RunReport, TestVerdict, write_report
 

@@ -1,6 +1,6 @@
 """`ascend-rl-harness gate --from A --to B`: the upgrade itself, gated (issue 35).
 
-Each stack is built as a cached overlay over the installed one (harness.gate.stacks), the same selection runs in
+Each stack is built as a cached overlay over the installed one (harness.gate.overlays), the same selection runs in
 each with `ascend-rl-harness run --scale tiny` (each side gets run's report set under --report-dir/A and /B), the
 verl algorithm config each side resolves is compared, the tiny verl runs' curves of B are aligned against a golden
 recorded from A's, and when a test that passed on A fails on B the moved packages are bisected with the cheapest
@@ -43,7 +43,7 @@ def _say(text: str) -> None:
 def cmd_gate(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args)
-    from harness.gate import stacks as st
+    from harness.gate import overlays as st
     from harness.io import exclusive
     from harness.plugin import check_report_dir
 
@@ -394,7 +394,7 @@ def _print(doc: dict) -> None:
 def _dry_run(args: argparse.Namespace) -> int:
     """Two NPU stack rows: what moves and which known-bug verdicts change; nothing installed."""
     from harness.config.known_bugs import KNOWN_BUGS, check, in_range, stack_row
-    from harness.gate import stacks as st
+    from harness.gate import overlays as st
     from harness.io import file_kind
 
     def affected(bug, versions: dict) -> str:

@@ -373,7 +373,7 @@ def r3_blocked_stacks() -> dict[str, list[str]]:
 # validation against the installed verl
 
 
-GATE_VERL_ENV = "HARNESS_GATE_VERL"  # the verl version `gate` accepts on the stack it runs (harness.gate.stacks)
+GATE_VERL_ENV = "HARNESS_GATE_VERL"  # the verl version `gate` accepts on the stack it runs (harness.gate.overlays)
 
 
 def check_verl_version() -> str:

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.io import open_input
     from harness.report.render import render_markdown
     from harness.report.schema import load_report
-    from harness.report.sync import sync_verdicts
+    from harness.report.sync_phases import sync_verdicts
 
     paths = list(sys.argv[1:] if argv is None else argv)
     summary = None

@@ -267,9 +267,9 @@ def _consistency(report: RunReport) -> list[Markup]:
 
 
 def _sync_phases(report: RunReport) -> list[Markup]:
-    """Each timed weight sync: its phases in ms against the platform's budget (harness.report.sync)."""
+    """Each timed weight sync: its phases in ms against the platform's budget (harness.report.sync_phases)."""
     from harness.config.platforms import SYNC_PHASES
-    from harness.report.sync import sync_verdicts
+    from harness.report.sync_phases import sync_verdicts
 
     verdicts = sync_verdicts(report)
     if not verdicts:

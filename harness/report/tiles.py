@@ -45,8 +45,8 @@ def _listed(report: RunReport, name: str) -> list[dict]:
 
 def weight_sync(report: RunReport) -> Tile:
     """MLA freshness (every sync of `mla.freshness`: the absorbed W_UK_T/W_UV derived from the synced kv_b_proj) and
-    the timed syncs' phases against their platform budget (harness.report.sync)."""
-    from harness.report.sync import sync_verdicts
+    the timed syncs' phases against their platform budget (harness.report.sync_phases)."""
+    from harness.report.sync_phases import sync_verdicts
 
     syncs = [s for d in _docs(report, "mla.freshness") for s in d.get("syncs") or () if isinstance(s, dict)]
     stale = sum(s.get("freshness_ok") is False for s in syncs)
