@@ -170,6 +170,18 @@ def test_doctor_names_the_mindspeed_bug_for_v220_with_flash_attn_not_for_v230(ca
     assert out.strip().splitlines()[-1].startswith("NO KNOWN BUG:")
 
 
+def test_the_core_r0_16_row_is_clear_of_the_mindspeed_scale_bug(capsys):
+    """Issue 46 M3: MindSpeed core_r0.16.0 versions itself 0.16.0 (< 2.3.0) yet passes self.softmax_scale, and doctor
+    on that row exited 1 on a false certain HIT; `gate --dry-run` between the rows read "clear -> HIT"."""
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0-mcore-0.16", "--", f"+{FLASH}=True")
+    assert code == 0 and "mindspeed-mla-softmax-scale" not in out, out
+    assert main(["gate", "--dry-run", "--json", "--from", "vllm-ascend-0.23.0", "--to",
+                 "vllm-ascend-0.23.0-mcore-0.16"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    named = {row["id"] for row in doc["known_bugs_changed"] + doc["known_bugs_range_changed"]}
+    assert "mindspeed-mla-softmax-scale" not in named, doc
+
+
 def test_doctor_recipe_json_agrees_with_its_exit_code(capsys):
     code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0", "--recipe", str(SEED002), "--json")
     doc = json.loads(out)

@@ -67,6 +67,17 @@ def test_matching_is_by_version():
     assert mismatches(stack, {**reported, "mindspeed": "2.3.0_core_r0.12.1"}, {"mindspeed": False, "mbridge": False})
 
 
+def test_the_core_r0_16_row_accepts_both_canns_its_upstreams_name():
+    """Issue 46 m6: verl v0.9.0's install guide pairs CANN 9.0.0 with vllm-ascend 0.23.0, vllm-ascend v0.23.0's
+    requires 9.1.0; a machine installed per either is on the row, another CANN is not."""
+    row = get_stack("vllm-ascend-0.23.0-mcore-0.16")
+    exact = {p.name: p.reports or p.version for p in row.pins}
+    bugs = {"mindspeed": False, "mbridge": False}
+    for cann in ("9.0.0", "9.1.0"):
+        assert mismatches(row, {**exact, "CANN": cann}, bugs) == [], cann
+    assert [m.split(" (")[0] for m in mismatches(row, {**exact, "CANN": "8.5.0"}, bugs)] == ["CANN 8.5.0"]
+
+
 def test_device_memory_is_read_not_assumed():
     class Props:
         total_memory = 32 * 1024**3  # an Ascend 910B4

@@ -175,7 +175,12 @@ _GRAPH = Condition(f"{_RO}.enforce_eager", "is", False, default=False)  # vLLM g
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        # the core_r0.12.1 line only: MindSpeed core_r0.16.0 versions itself 0.16.0 (< 2.3.0) yet passes
+        # self.softmax_scale (Ascend/MindSpeed core_r0.16.0 mindspeed/core/transformer/flash_attention/
+        # flash_attention/adaptor.py:47,75; setup.py:11), so a named stack of that line read a false certain HIT
+        # (issue 46, M3); that line runs on megatron-core 0.16 (Megatron-LM core_r0.16.0)
         id="mindspeed-mla-softmax-scale", component="mindspeed", affected="<2.3.0", detector="mindspeed-scale",
+        also=(("megatron-core", "<0.13"),),
         when=((Condition(f"{_TC}.use_flash_attn", "is", True, default=True),),),
         symptom="the actor's MLA attention runs at softmax scale 1/sqrt(kv_channels) = 0.125 instead of DeepSeek-V3's "
                 "0.1352 (192^-0.5 x mscale^2): training and rollout disagree from step 1 (seed 001 精度问题2)",

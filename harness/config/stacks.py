@@ -35,6 +35,7 @@ class Pin:
     install: str = ""  # the shell command, for how == "source"
     reports: str = ""  # what importlib.metadata says for the pinned source, where that is not `version`
     bug: str = ""  # the known bug of other sources reporting the same version (harness.config.installed detects it)
+    accepts: tuple[str, ...] = ()  # other versions doctor holds supported, where the upstreams disagree (`source`)
 
 
 # vllm-ascend's Dockerfiles install vLLM and vllm-ascend with the PyTorch CPU index as extra index: on x86_64,
@@ -146,7 +147,7 @@ MSPROBE = Pin("mindstudio-probe", "26.2.0", "requirements/cpu.txt (seed 003: see
 def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_npu: str, transformers: str,
                        vllm: str, triton_ascend: str, megatron: Pin = MEGATRON, mindspeed: Pin = MINDSPEED,
                        suffix: str = "", images: bool = True, transformers_source: str = "",
-                       cann_source: str = "") -> Stack:
+                       cann_source: str = "", cann_accepts: tuple[str, ...] = ()) -> Stack:
     src = f"vllm-project/vllm-ascend {tag}"
     # Both from source as the stack's Dockerfile does it: vLLM from a checkout with VLLM_TARGET_DEVICE=empty (the
     # variable only affects source builds: `pip install vllm==X` takes the CUDA wheel, which needs another torch),
@@ -174,7 +175,8 @@ def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_np
         images={"a2": f"quay.io/ascend/vllm-ascend:{tag}", "a3": f"quay.io/ascend/vllm-ascend:{tag}-a3"} if images
         else {},
         pins=(
-            Pin("CANN", cann, cann_source or f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system"),
+            Pin("CANN", cann, cann_source or f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system",
+                accepts=cann_accepts),
             Pin("torch", torch, f"{src} requirements.txt"),
             Pin("torch-npu", torch_npu, f"{src} requirements.txt / pyproject.toml build requires"),
             Pin("transformers", transformers, transformers_source
@@ -202,7 +204,13 @@ STACKS: tuple[Stack, ...] = (
     _vllm_ascend_stack("v0.23.0", python="3.11", cann="9.0.0", torch="2.10.0", torch_npu="2.10.0.post4",
                        transformers="5.10.4", vllm="0.23.0", triton_ascend="3.2.2", megatron=MEGATRON_016,
                        mindspeed=MINDSPEED_016, suffix="-mcore-0.16", images=False,
-                       cann_source="verl v0.9.0 install_guidance.rst (CANN 9.0.0 for vLLM-Ascend 0.23.0)",
+                       # the upstreams disagree (issue 46, m6): verl v0.9.0 docs/ascend_tutorial/get_start/
+                       # install_guidance.rst:97,100 pairs CANN 9.0.0 with vllm-ascend 0.23.0, vllm-ascend v0.23.0
+                       # docs/source/installation.md:19 says "CANN == 9.1.0 Required": both held supported until a
+                       # night on this row settles it
+                       cann_accepts=("9.1.0",),
+                       cann_source="verl v0.9.0 install_guidance.rst (CANN 9.0.0 for vLLM-Ascend 0.23.0); "
+                                   "vllm-ascend v0.23.0 installation.md requires 9.1.0: both accepted",
                        transformers_source="verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh "
                                            "(transformers==5.10.4; verl 0.9.1 allows >=5.5.3,<5.11)"),
     Stack(name="vllm-ascend-0.19.1rc1", kind="npu", supported=False, python="3.11", pins=(
@@ -215,7 +223,8 @@ STACKS: tuple[Stack, ...] = (
         Pin("CANN", "8.2.RC2", "seed 001 environment table", how="system"),
         Pin("torch", "2.7.1", "seed 001"), Pin("torch-npu", "2.7.1", "seed 001"),
         Pin("vllm-ascend", "0.10.0rc1", "seed 001"), Pin("verl", "0.7.0.dev0", "seed 001"),
-        Pin("mindspeed", "2.2.0_core_r0.12.1", "seed 001")),
+        Pin("mindspeed", "2.2.0_core_r0.12.1", "seed 001"),
+        Pin("megatron-core", "0.12.1", "seed 001 (MindSpeed 2.2.0_core_r0.12.1 runs on Megatron-LM core_r0.12.1)")),
         reason="seed 001's stack (verl 0.7.0.dev0, transformers 4.53.3, MindSpeed v2.2.0 with the MLA scale bug); "
                "the harness's recipes target verl 0.9.1"),
     Stack(name="cpu", kind="cpu", supported=True, python="3.11", pins=(
@@ -253,7 +262,7 @@ def mismatches(stack: Stack, installed: dict[str, str | None],
         have = installed.get(pin.name)
         if have is None:
             out.append(f"{pin.name} missing (wants {pin.version}; {pin.source})")
-        elif not _same(have, pin.reports or pin.version):
+        elif not any(_same(have, v) for v in (pin.reports or pin.version, *pin.accepts)):
             out.append(f"{pin.name} {have} (wants {pin.version}; {pin.source})")
         elif pin.bug:
             found = (bugs or {}).get(pin.name)

@@ -138,7 +138,12 @@ def _cpu_modules():
         """TE's grouped GEMM: `weight<i>` per local expert, column- (fc1) or row-sharded (fc2) by expert-TP."""
 
         def __init__(self, num_gemms, input_size, output_size, *, config, init_method, bias, skip_bias_add,
-                     is_expert, tp_comm_buffer_name=None):
+                     is_expert, tp_comm_buffer_name=None, pg_collection=None, tp_group=None):
+            # pg_collection / tp_group: megatron-core 0.16's TEGroupedMLP passes them (NVIDIA/Megatron-LM
+            # core_v0.16.0 megatron/core/transformer/moe/experts.py TEGroupedMLP.__init__, linear_fc1 / linear_fc2
+            # `pg_collection=pg_collection`); the sharding here reads megatron's global groups, which 0.16 sets up
+            # the same way, so they are accepted and not used (issue 46, M2: every rank raised TypeError on the
+            # core_r0.16.0 row)
             super().__init__()
             if bias:
                 raise ValueError("GroupedLinear: TEGroupedMLP has no bias (add_bias_linear=False)")
@@ -291,15 +296,37 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
     return identity, new_sync
 
 
-def _rank(rank: int, args) -> None:
+def _cpu_verl_platform() -> None:
+    """verl's CPU platform in this rank, whatever the host has, before any verl code runs here: the ranks are gloo
+    ranks on CPU, and verl allocates where its platform says (verl 0.9.1 verl/utils/megatron_utils.py
+    `broadcast_from_megatron_pp`: `torch.empty(..., device=get_device_id())` on a non-owning PP rank, then a
+    broadcast over the PP group; `.to(get_device_id())` of the router's expert_bias). On an NPU host verl picks
+    its Ascend platform (platform_manager.py `_detect_platform_name`: `huawei` once torch_npu imports) and those
+    tensors land on npu:0, which gloo has no backend for: issue 46, B1 (forced before only without an
+    accelerator, and only on rank 0). Rehearsed on CPU under harness.engines.verl_npu_stub."""
+    from harness.launch.verl_cpu import use_cpu_platform
+
+    use_cpu_platform()
+
+
+def _rank_setup(rank: int, world: int, store: str) -> None:
+    """A CPU gloo rank: one torch thread, megatron's `torch.cuda.current_device` answered with "cpu" where there is
+    no CUDA (harness.engines.megatron_probe: the TE-less CPU build), verl's CPU platform (`_cpu_verl_platform`)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     if not torch.cuda.is_available():  # this process only (harness.engines.megatron_probe): TE-less CPU build
         torch.cuda.current_device = lambda: "cpu"
+    _cpu_verl_platform()
     # a rank left in a collective by a dead peer gives up in minutes, not gloo's default 30
-    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+def _rank(rank: int, args) -> None:
+    import torch.distributed as dist
+
+    _rank_setup(rank, WORLD, args.store)
     from megatron.core import parallel_state as mpu
 
     layout = LAYOUTS[args.layout]
