@@ -138,3 +138,21 @@ def test_an_npu_moe_sync_is_refused_with_b2_reverted(npu_engine, monkeypatch):
     model = _built(_moe_weights(0))
     with pytest.raises(AttributeError, match="weight_loader"):
         _sync(npu_engine(model), model, _moe_weights(1))
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["v0.23.0-wake-up", "pr13012-wake-up"])
+def test_a_moe_wake_up_without_a_sync_keeps_the_experts(fixed):
+    """The catcher of known bug vllm-ascend-wake-up-moe-retranspose (#11548 / #12226): an MoE engine woken with no
+    sync after it must compute as before it slept. v0.23.0's wake_up transposes the experts back to checkpoint
+    layout for a sync that never comes (the stub's experts then refuse the runtime GEMM, as the NPU's do): caught;
+    PR #13012's wake_up (no transpose) passes. verl always syncs after a wake, which hides it."""
+    from harness.engines.ascend_moe_stub import wake_up
+
+    model = _built(_moe_weights(0))
+    before = model(X)
+    wake_up(model, HIDDEN, fixed=fixed)  # the level-1 sleep kept the weights: only the wake's own loop acts
+    if fixed:
+        assert torch.equal(model(X), before)
+        return
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        model(X)
