@@ -315,3 +315,15 @@ def test_model_runner_v2_is_set_for_the_route_capturing_engine_only(monkeypatch)
         assert not envs.VLLM_USE_V2_MODEL_RUNNER, "vLLM still reads Model Runner V2 after the engine restored it"
     finally:
         envs.disable_envs_cache()
+
+
+def test_batch_invariance_is_judged_only_where_the_mode_claims_the_model():
+    """Issue 46, M1: vllm-ascend's batch-invariant mode overrides neither MLA decode's attention (_v2) nor the
+    grouped-matmul MoE (#5487), and the suite judged the tiny MLA + MoE model under it on NPU; there it is recorded
+    with the reason, on GPU judged, and a dense (non-MLA) model stays judged on NPU."""
+    from harness.config.platforms import batch_invariance_unjudged
+
+    reason = batch_invariance_unjudged("npu", mla=True)
+    assert reason and "#5487" in reason and "npu_fused_infer_attention_score_v2" in reason
+    assert batch_invariance_unjudged("npu", mla=False) is None
+    assert batch_invariance_unjudged("gpu", mla=True) is None
