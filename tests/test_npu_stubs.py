@@ -156,3 +156,26 @@ def test_a_moe_wake_up_without_a_sync_keeps_the_experts(fixed):
         return
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         model(X)
+
+
+def test_the_stale_pp_cache_seed_refuses_an_mbridge_it_cannot_reach():
+    """Issue 46, m2: mbridge 10cb17f (the NPU rows' pin, a git commit: PyPI's newest is 0.15.1) exports through
+    bucketed_pp_broadcast, and the seeded stale-pp-cache hook on broadcast_from_megatron_pp seeded nothing there,
+    silently; it refuses such an export, and takes 0.15.1's (installed here), which calls the hooked function."""
+    from harness.launch.megatron_sender import _load_mbridge, pp_cache_hook_reaches
+
+    try:
+        _load_mbridge()  # its core without mbridge/__init__.py, which imports transformer_engine
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    from mbridge.core.bridge import Bridge
+
+    pp_cache_hook_reaches(Bridge.export_weights)
+
+    def export_weights(self, models):  # 10cb17f's shape (mbridge/core/bridge.py): the bucketed broadcast
+        from mbridge.core.util import bucketed_pp_broadcast
+
+        yield from bucketed_pp_broadcast(models)
+
+    with pytest.raises(ValueError, match="stale-pp-cache.*seed nothing"):
+        pp_cache_hook_reaches(export_weights)

@@ -239,7 +239,21 @@ def _with_index(name: str, pattern: re.Pattern, index: int) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{index}{m.group(3)}", name, count=1)
 
 
-def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
+def pp_cache_hook_reaches(export_weights) -> None:
+    """Refuse the `stale-pp-cache` seed where mbridge's export does not go through the function it hooks. mbridge
+    0.15.1's `Bridge.export_weights` (mbridge/core/bridge.py) calls `broadcast_from_megatron_pp`; ISEEKYAN/mbridge
+    10cb17f, the NPU rows' pin, rewrote it around `bucketed_pp_broadcast` (mbridge/core/util.py) and the seed
+    silently seeded nothing there (issue 46, m2). PyPI's newest mbridge is 0.15.1 (`pip index versions mbridge`):
+    10cb17f is a git commit only, which the CPU tier (package registry only) cannot install."""
+    import inspect
+
+    if "broadcast_from_megatron_pp(" not in inspect.getsource(export_weights):
+        raise ValueError("--bug stale-pp-cache: the installed mbridge's Bridge.export_weights does not call "
+                         "broadcast_from_megatron_pp (mbridge 10cb17f broadcasts through bucketed_pp_broadcast): "
+                         "the hook would seed nothing; use --exporter verl")
+
+
+def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int, exporter: str = "verl"):
     """Install `bug` in this rank; returns (wrap the exported stream on rank 0, start a sync)."""
     import verl.utils.megatron_utils as verl_mu
     from mbridge.core import bridge as mbridge_core
@@ -251,6 +265,8 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
         pass
 
     if bug == "stale-pp-cache":
+        if exporter == "mbridge":
+            pp_cache_hook_reaches(mbridge_core.Bridge.export_weights)
         cache: dict[int, torch.Tensor] = {}
         calls = [0]
 
@@ -336,7 +352,7 @@ def _rank(rank: int, args) -> None:
     model = bridge._model_provider([])(pre_process=mpu.is_pipeline_first_stage(),
                                        post_process=mpu.is_pipeline_last_stage())
     export = _exporter(args.exporter, bridge, hf_config, model)
-    wrap, new_sync = _seed_bug(args.bug, bridge, layout, args.bucket_mb << 20)
+    wrap, new_sync = _seed_bug(args.bug, bridge, layout, args.bucket_mb << 20, args.exporter)
     times = []
     for k, model_dir in enumerate(args.sync):
         bridge.load_weights([model], model_dir)
