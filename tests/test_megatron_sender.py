@@ -142,3 +142,31 @@ def test_the_nightly_fails_a_sync_phase_over_its_budget_and_passes_one_within(tm
     assert "sync 2: export" in out and "OVER (export)" in out and "FAIL tiny a weight-sync phase over" in out
     assert _nightly(tmp_path, "npu", 1e6) == 0  # no measured budget there: reported, not judged
     assert "no budget here" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the second Megatron line (core_r0.16.0 row)
+MEGATRON_016 = "megatron-core==0.16.0"  # harness.config.stacks MEGATRON_016: the vllm-ascend-0.23.0-mcore-0.16 row
+
+
+@SENDER
+def test_the_sender_runs_on_megatron_core_0_16(sender_weights, sender_model_dirs, reference_goldens, monkeypatch):
+    """Issue 46, M2: on the core_r0.16.0 row megatron-core passes pg_collection to the TE stand-ins, and every
+    sender case failed at model construction. megatron-core 0.16.0 goes on as a cached `--no-deps` overlay (as the
+    gate builds its stacks: harness.gate.stacks), skipping with pip's reason when the registry cannot be reached;
+    the verl exporter's PP 2 / EP 2 export then syncs clean into the reference engine."""
+    import subprocess
+    import sys
+
+    from harness.gate.stacks import StackSkip, build, environment, installed_versions, parse_stack
+
+    try:
+        overlay, _ = build(parse_stack(MEGATRON_016, "megatron-core 0.16", installed_versions()))
+    except StackSkip as exc:
+        pytest.skip(f"megatron-core 0.16.0 overlay: {exc}")
+    env = environment(overlay)
+    version = subprocess.run([sys.executable, "-c", "import megatron.core; print(megatron.core.__version__)"],
+                             env=env, capture_output=True, text=True, timeout=300).stdout.strip()
+    assert version == "0.16.0", f"the overlay imports megatron-core {version!r}"
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # the sender subprocess and its ranks
+    _, failures = _judged(sender_weights, sender_model_dirs, reference_goldens, exporter="verl")
+    assert not failures, failures

@@ -94,6 +94,11 @@ class Stack:
                   "megatron-core, ray (the vllm-ascend images carry ray<=2.48, which ignores RAY_AUTH_MODE=token)",
                   f"python3 -m pip install -r requirements/npu.txt -c {self.constraints_file} {TORCH_CPU_INDEX}"]
         for pin in self.pins:
+            if pin.how == "no-deps":
+                lines += [f"# {pin.name} {pin.version} --no-deps: {pin.source} (its Requires-Dist is not what it "
+                          "imports; requirements/npu.txt)",
+                          f"python3 -m pip install --no-deps {pin.name}=={pin.version}"]
+        for pin in self.pins:
             if pin.how == "source" and pin.reports:
                 lines += [f"# {pin.name} {pin.version} (reports {pin.reports}): {pin.source}", pin.install]
         lines += ["python3 -m pip install --no-deps -e ."]
@@ -102,8 +107,14 @@ class Stack:
 
 VERL = Pin("verl", "0.9.1", "verl 0.9.1 METADATA: transformers>=5.5.3,<5.11 (not 5.6.0), numpy>=2.0.0, "
                             "ray[default]>=2.41, tensordict<=0.10.0", how="registry")
+# megatron-core goes in `--no-deps` on NPU as on CPU (issue 46, m5): its wheel requires nvidia-modelopt[torch] (which
+# requires torch>=2.8 and setuptools>=80), wandb, zarr, tensorstore, nltk, pytest-cov...; 0.12.1 has no aarch64 wheel
+# (the first is 0.14.0), so every NPU install built its sdist and pulled that set into the vllm-ascend image.
+# megatron.core imports torch, numpy and packaging on verl's paths (0.16.0's METADATA requires only those three;
+# tensorstore / zarr only in dist_checkpointing strategies), all in the stack already.
 MEGATRON = Pin("megatron-core", "0.12.1", "MindSpeed v2.3.0_core_r0.12.1 targets Megatron-LM core_r0.12.1; verl 0.9.1 "
-                                          "models/mcore/patch.py apply_patch_megatron_v012_with_torch_v28_v29")
+                                          "models/mcore/patch.py apply_patch_megatron_v012_with_torch_v28_v29",
+               how="no-deps")
 MINDSPEED_TAG = "v2.3.0_core_r0.12.1"
 MINDSPEED = Pin("mindspeed", MINDSPEED_TAG.lstrip("v"),
                 f"Ascend/MindSpeed {MINDSPEED_TAG} flash_attention/adaptor.py passes self.softmax_scale "
@@ -133,7 +144,7 @@ MBRIDGE = Pin("mbridge", MBRIDGE_COMMIT, f"ISEEKYAN/mbridge {MBRIDGE_COMMIT[:7]}
 # defines apply_router_token_dropping and compute_routing_scores_for_aux_loss in transformer/moe/moe_utils.py).
 MEGATRON_016 = Pin("megatron-core", "0.16.0",
                    "verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh: Megatron-LM core_r0.16.0 (release "
-                   "core_v0.16.0)")
+                   "core_v0.16.0)", how="no-deps")
 MINDSPEED_016 = Pin("mindspeed", "0.16.0",
                     "Ascend/MindSpeed core_r0.16.0 (setup.py __version__ 0.16.0; flash_attention/adaptor.py passes "
                     "self.softmax_scale); verl v0.9.0 install_vllm_mcore_npu.sh checks out core_r0.16.0",
