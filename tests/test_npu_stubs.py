@@ -179,3 +179,19 @@ def test_the_stale_pp_cache_seed_refuses_an_mbridge_it_cannot_reach():
 
     with pytest.raises(ValueError, match="stale-pp-cache.*seed nothing"):
         pp_cache_hook_reaches(export_weights)
+
+
+def test_the_platform_stub_option_hands_the_sender_the_stub():
+    """`--platform-stub npu` (make rehearse) gives the sender's processes verl's plugin hook for the Ascend stub; a
+    run without it gives them nothing."""
+    import types
+
+    from fixtures.engines import platform_stub_env
+    from harness.engines import verl_npu_stub
+
+    def config(value):
+        return types.SimpleNamespace(getoption=lambda name: value if name == "platform_stub" else None)
+
+    fixture = platform_stub_env.__wrapped__ if hasattr(platform_stub_env, "__wrapped__") else platform_stub_env
+    assert fixture(config("npu")) == {"VERL_USE_EXTERNAL_MODULES": verl_npu_stub.__name__}
+    assert fixture(config(None)) == {}

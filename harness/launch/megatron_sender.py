@@ -495,8 +495,10 @@ class SenderRun:
     verl's BucketedWeightReceiver, bucket by bucket into `engine.load_weights`, then `engine.finish_sync()`."""
 
     def __init__(self, syncs: list[Path], *, exporter: str = "verl", layout: str = "tp1-pp2-ep2",
-                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0):
+                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None):
         self.syncs, self.exporter, self.layout, self.bug = list(syncs), exporter, layout, bug
+        self.env = dict(env or {})  # over this process's environment (the platform stub: --platform-stub npu)
         self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
         self._next = 0
         self._tmp = None
@@ -511,7 +513,8 @@ class SenderRun:
                "--layout", self.layout, "--exporter", self.exporter, "--bucket-mb", str(self.bucket_mb),
                *(a for d in self.syncs for a in ("--sync", str(d))), *(("--bug", self.bug) if self.bug else ())]
         # its own session: the four ranks it spawns go with it (os.killpg) whatever state they are in
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**os.environ, **self.env})
         return self
 
     def _sender_error(self) -> str:
