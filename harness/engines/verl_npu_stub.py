@@ -14,7 +14,8 @@ This module registers `StubPlatformNPU` under verl's own name for it (`huawei`) 
 PrivateUse1 device renamed `npu` as torch_npu names it, with no NPU behind it: a tensor put there raises
 (`No module named 'torch.npu'`) where on the NPU host it is made and gloo then refuses it. (`meta`, which allocates,
 was tried first: gloo broadcasts a meta tensor silently, leaving it empty.) verl's auto-detection picks the stub as
-it picks PlatformNPU on an NPU host. Only for processes that import it (ENV): the rename is process-wide.
+it picks PlatformNPU on an NPU host. Only for processes that import it (ENV): the rename is process-wide, and made
+only when verl asks for the device (`npu_device`).
 
 Loaded the way verl loads platform plugins: `VERL_USE_EXTERNAL_MODULES=harness.engines.verl_npu_stub` (ENV) makes
 `import verl` import it in every process that imports verl (verl/__init__.py `import_external_libs`).
@@ -42,6 +43,15 @@ def _device_module() -> types.ModuleType:
     return module
 
 
+def npu_device() -> torch.device:
+    """`npu:0`: torch's PrivateUse1 renamed as torch_npu names it, only once verl asks for its device. Renamed at
+    import, torch's own accelerator queries in the sender's ranks then raised ("Please register
+    PrivateUse1HooksInterface") before any verl code ran."""
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    return torch.device("npu", 0)
+
+
 def register() -> None:
     """Register the stub under `huawei` (replacing verl's PlatformNPU, whose torch_npu is absent here)."""
     from verl.plugin.platform import PlatformBase, PlatformRegistry
@@ -50,9 +60,6 @@ def register() -> None:
     if getattr(registered, "harness_stub", False):
         return
     device = _device_module()
-    if torch._C._get_privateuse1_backend_name() != "npu":
-        torch.utils.rename_privateuse1_backend("npu")
-    device_npu = torch.device("npu", 0)
 
     @PlatformRegistry.register(platform=PLATFORM_NAME)
     class StubPlatformNPU(PlatformBase):
@@ -70,7 +77,7 @@ def register() -> None:
             return True  # PlatformNPU: torch_npu imports (use_smi_check) -- the NPU host's answer
 
         def current_device(self):
-            return device_npu
+            return npu_device()
 
         def device_count(self) -> int:
             return 1
