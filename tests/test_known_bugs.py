@@ -79,6 +79,50 @@ CASES = {
 }
 
 
+# The self-test that seeds each row's bug into a stub, stand-in or seeded engine and fails the catcher the row names
+# (issue 46, M4 / m3: rows named suites that could not fail on their bug). A row with no CPU catcher says "doctor is
+# the check" and why.
+CATCHERS = {
+    "mindspeed-mla-softmax-scale": "tests/test_training_scale_probe.py::test_recorder_sees_the_v220_bug_the_"
+                                   "module_hides",
+    "verl-async-stale-absorbed-mla": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite",  # stale_copy
+    "vllm-ascend-wake-up-moe-retranspose": "tests/test_npu_stubs.py::test_a_moe_wake_up_without_a_sync_keeps_the_"
+                                           "experts",
+    "vllm-ascend-batch-invariant-mla-aclgraph": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite",  # split_k
+    "verl-ep-level-2-wake-stale-expert-map": "tests/test_megatron_sender.py::test_an_expert_map_kept_across_a_level_2_"
+                                             "sleep_fails_the_second_sync",
+    "vllm-cpu-amx-mla-packs-copies": "tests/test_host.py::test_the_amx_expectation_matches_what_the_amx_host_raised",
+    "vllm-ascend-0.19-numpy-conflict": "tests/test_stacks.py::test_supported_npu_stacks_fit_verl",
+    "mla-vanilla-prefill-oom": "tests/test_memory_phases.py::test_vanilla_prefill_oom_is_flagged_and_names_the_fix",
+    "logits-oom-long-responses": "tests/test_memory_phases.py::test_seeded_logits_oom_is_flagged_with_its_knobs",
+}
+DOCTOR = "doctor is the check"
+
+
+def _defines(path: Path, test: str) -> bool:
+    import ast
+
+    return any(isinstance(node, ast.FunctionDef) and node.name == test for node in ast.parse(path.read_text()).body)
+
+
+@pytest.mark.parametrize("bug", KNOWN_BUGS, ids=lambda b: b.id)
+def test_every_rows_catcher_can_fail(bug):
+    """A row names a suite or test that exercises its bug's mechanism, with the self-test that seeds the bug and
+    fails it (CATCHERS), or says "doctor is the check" and why; every file and test it names exists."""
+    root = Path(__file__).resolve().parents[1]
+    if bug.id not in CATCHERS:  # doctor alone (a row may name a CPU catcher and doctor for the NPU besides)
+        assert DOCTOR in bug.suite, f"{bug.id}: names {bug.suite!r} but no self-test that seeds its bug and fails it"
+        assert len(bug.suite.replace(DOCTOR, "").strip(" :()")) > 10, f"{bug.id}: say why doctor is the check"
+        return
+    path, _, test = CATCHERS[bug.id].partition("::")
+    assert _defines(root / path, test), f"{bug.id}: {CATCHERS[bug.id]} does not exist"
+    import re
+
+    for named in re.findall(r"((?:suites|tests)/[\w/]+\.py)(?:::(\w+))?", bug.suite):
+        assert (root / named[0]).is_file(), f"{bug.id}: {named[0]} does not exist"
+        assert not named[1] or _defines(root / named[0], named[1]), f"{bug.id}: {'::'.join(named)} does not exist"
+
+
 def _ids(stack, values, env, installed=False) -> set[str]:
     return {h.bug.id for h in check(stack, values, env, installed=installed)}
 
@@ -168,6 +212,18 @@ def test_doctor_names_the_mindspeed_bug_for_v220_with_flash_attn_not_for_v230(ca
     code, out, _ = _doctor(capsys, "--stack", "requirements/npu-vllm-ascend-0.23.0.txt", "--", f"+{FLASH}=True")
     assert code == 0 and "mindspeed-mla-softmax-scale" not in out
     assert out.strip().splitlines()[-1].startswith("NO KNOWN BUG:")
+
+
+def test_the_core_r0_16_row_is_clear_of_the_mindspeed_scale_bug(capsys):
+    """Issue 46 M3: MindSpeed core_r0.16.0 versions itself 0.16.0 (< 2.3.0) yet passes self.softmax_scale, and doctor
+    on that row exited 1 on a false certain HIT; `gate --dry-run` between the rows read "clear -> HIT"."""
+    code, out, _ = _doctor(capsys, "--stack", "vllm-ascend-0.23.0-mcore-0.16", "--", f"+{FLASH}=True")
+    assert code == 0 and "mindspeed-mla-softmax-scale" not in out, out
+    assert main(["gate", "--dry-run", "--json", "--from", "vllm-ascend-0.23.0", "--to",
+                 "vllm-ascend-0.23.0-mcore-0.16"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    named = {row["id"] for row in doc["known_bugs_changed"] + doc["known_bugs_range_changed"]}
+    assert "mindspeed-mla-softmax-scale" not in named, doc
 
 
 def test_doctor_recipe_json_agrees_with_its_exit_code(capsys):

@@ -3,12 +3,16 @@
 the receiving engine that keeps its expert map across a level-2 sleep (verl#7086), fails the same judgement with a
 diagnosis that names the bug; the clean sender passes it (the suite itself runs every exporter and layout clean).
 The stream check's diagnoses are also tested on hand-made streams (no sender start)."""
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
 from fixtures.engines import MAX_TOKENS, PROMPTS, SENDER_SPEC
 from harness.markers import requires
 
+ROOT = Path(__file__).resolve().parents[1]
 SENDER = requires(packages=["megatron.core", "mbridge", "verl", "zmq"])
 
 # (bug, exporter it is seeded into, what the failure must say)
@@ -142,3 +146,55 @@ def test_the_nightly_fails_a_sync_phase_over_its_budget_and_passes_one_within(tm
     assert "sync 2: export" in out and "OVER (export)" in out and "FAIL tiny a weight-sync phase over" in out
     assert _nightly(tmp_path, "npu", 1e6) == 0  # no measured budget there: reported, not judged
     assert "no budget here" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the second Megatron line (core_r0.16.0 row)
+MEGATRON_016 = "megatron-core==0.16.0"  # harness.config.stacks MEGATRON_016: the vllm-ascend-0.23.0-mcore-0.16 row
+# megatron-core's own TEGroupedMLP built on the sender's GroupedLinear stand-in, as the sender's block spec puts it
+# (harness.launch.megatron_sender._cpu_block_spec), in one CPU gloo rank
+GROUPED_MLP = """
+import os, tempfile, torch
+from harness.launch import megatron_sender as ms
+ms._rank_setup(0, 1, os.path.join(tempfile.mkdtemp(), "store"))
+from megatron.core import parallel_state as mpu
+mpu.initialize_model_parallel()
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.experts import TEGroupedMLP
+from megatron.core.transformer.transformer_config import TransformerConfig
+_, grouped, _ = ms._cpu_modules()
+config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, num_moe_experts=2,
+                           moe_ffn_hidden_size=8, use_cpu_initialization=True, add_bias_linear=False,
+                           gated_linear_unit=True, params_dtype=torch.float32)
+mlp = TEGroupedMLP(2, config, MLPSubmodules(linear_fc1=grouped, linear_fc2=grouped),
+                   pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+print("built", *sorted(n for n, _ in mlp.named_parameters()))
+"""
+
+
+@SENDER
+def test_the_te_stand_ins_build_under_megatron_core_0_16():
+    """Issue 46, M2: megatron-core 0.16's TEGroupedMLP passes pg_collection to the grouped-GEMM stand-in
+    (NVIDIA/Megatron-LM core_v0.16.0 transformer/moe/experts.py), which refused it: every sender case of the
+    core_r0.16.0 row failed at model construction. megatron-core 0.16.0 goes on as a cached `--no-deps` overlay (as
+    the gate builds its stacks: harness.gate.stacks; ~20 s the first time, cached after), skipping with pip's reason
+    where the registry cannot be reached. (The whole sender cannot run on 0.16 here: mbridge 0.15.1, the registry's
+    newest, passes max_position_embeddings to 0.16's MLATransformerConfig; the NPU rows' 10cb17f is on GitHub only.)"""
+    import subprocess
+    import sys
+
+    from harness.gate.stacks import StackSkip, build, environment, installed_versions, parse_stack
+
+    try:
+        overlay, _ = build(parse_stack(MEGATRON_016, "megatron-core 0.16", installed_versions()))
+    except StackSkip as exc:
+        pytest.skip(f"megatron-core 0.16.0 overlay: {exc}")
+    env = environment(overlay)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])  # the overlay first, then this checkout
+    version = subprocess.run([sys.executable, "-c", "import megatron.core; print(megatron.core.__version__)"],
+                             env=env, capture_output=True, text=True, timeout=300).stdout.strip()
+    assert version == "0.16.0", f"the overlay imports megatron-core {version!r}"
+    done = subprocess.run([sys.executable, "-c", GROUPED_MLP], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1:]
+    assert done.stdout.split() == ["built", "linear_fc1.weight0", "linear_fc1.weight1", "linear_fc2.weight0",
+                                   "linear_fc2.weight1"], done.stdout

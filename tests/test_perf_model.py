@@ -120,3 +120,11 @@ def test_eager_rollout_decodes_twice_as_long():
                     SEED002_FEATURES)
     assert eager.detail["decode_s"] == pytest.approx(2 * graph.detail["decode_s"])
     assert eager.phase("ref") == graph.phase("ref") and eager.tps_per_card < graph.tps_per_card
+
+
+def test_trust_says_gen_is_calibrated_on_torchair():
+    """Issue 46 m4: the calibration run decoded under TorchAir, which vllm-ascend removed (PR #4814, v0.12.0rc1);
+    the supported stacks run ACL graph, so the TRUST text `plan` prints must say gen is uncalibrated there."""
+    from harness.perf.model import TRUST
+
+    assert "TorchAir" in TRUST and "ACL graph" in TRUST and "uncalibrated until the first nightly" in TRUST

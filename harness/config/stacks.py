@@ -35,6 +35,7 @@ class Pin:
     install: str = ""  # the shell command, for how == "source"
     reports: str = ""  # what importlib.metadata says for the pinned source, where that is not `version`
     bug: str = ""  # the known bug of other sources reporting the same version (harness.config.installed detects it)
+    accepts: tuple[str, ...] = ()  # other versions doctor holds supported, where the upstreams disagree (`source`)
 
 
 # vllm-ascend's Dockerfiles install vLLM and vllm-ascend with the PyTorch CPU index as extra index: on x86_64,
@@ -93,6 +94,11 @@ class Stack:
                   "megatron-core, ray (the vllm-ascend images carry ray<=2.48, which ignores RAY_AUTH_MODE=token)",
                   f"python3 -m pip install -r requirements/npu.txt -c {self.constraints_file} {TORCH_CPU_INDEX}"]
         for pin in self.pins:
+            if pin.how == "no-deps":
+                lines += [f"# {pin.name} {pin.version} --no-deps: {pin.source} (its Requires-Dist is not what it "
+                          "imports; requirements/npu.txt)",
+                          f"python3 -m pip install --no-deps {pin.name}=={pin.version}"]
+        for pin in self.pins:
             if pin.how == "source" and pin.reports:
                 lines += [f"# {pin.name} {pin.version} (reports {pin.reports}): {pin.source}", pin.install]
         lines += ["python3 -m pip install --no-deps -e ."]
@@ -101,8 +107,14 @@ class Stack:
 
 VERL = Pin("verl", "0.9.1", "verl 0.9.1 METADATA: transformers>=5.5.3,<5.11 (not 5.6.0), numpy>=2.0.0, "
                             "ray[default]>=2.41, tensordict<=0.10.0", how="registry")
+# megatron-core goes in `--no-deps` on NPU as on CPU (issue 46, m5): its wheel requires nvidia-modelopt[torch] (which
+# requires torch>=2.8 and setuptools>=80), wandb, zarr, tensorstore, nltk, pytest-cov...; 0.12.1 has no aarch64 wheel
+# (the first is 0.14.0), so every NPU install built its sdist and pulled that set into the vllm-ascend image.
+# megatron.core imports torch, numpy and packaging on verl's paths (0.16.0's METADATA requires only those three;
+# tensorstore / zarr only in dist_checkpointing strategies), all in the stack already.
 MEGATRON = Pin("megatron-core", "0.12.1", "MindSpeed v2.3.0_core_r0.12.1 targets Megatron-LM core_r0.12.1; verl 0.9.1 "
-                                          "models/mcore/patch.py apply_patch_megatron_v012_with_torch_v28_v29")
+                                          "models/mcore/patch.py apply_patch_megatron_v012_with_torch_v28_v29",
+               how="no-deps")
 MINDSPEED_TAG = "v2.3.0_core_r0.12.1"
 MINDSPEED = Pin("mindspeed", MINDSPEED_TAG.lstrip("v"),
                 f"Ascend/MindSpeed {MINDSPEED_TAG} flash_attention/adaptor.py passes self.softmax_scale "
@@ -132,7 +144,7 @@ MBRIDGE = Pin("mbridge", MBRIDGE_COMMIT, f"ISEEKYAN/mbridge {MBRIDGE_COMMIT[:7]}
 # defines apply_router_token_dropping and compute_routing_scores_for_aux_loss in transformer/moe/moe_utils.py).
 MEGATRON_016 = Pin("megatron-core", "0.16.0",
                    "verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh: Megatron-LM core_r0.16.0 (release "
-                   "core_v0.16.0)")
+                   "core_v0.16.0)", how="no-deps")
 MINDSPEED_016 = Pin("mindspeed", "0.16.0",
                     "Ascend/MindSpeed core_r0.16.0 (setup.py __version__ 0.16.0; flash_attention/adaptor.py passes "
                     "self.softmax_scale); verl v0.9.0 install_vllm_mcore_npu.sh checks out core_r0.16.0",
@@ -146,7 +158,7 @@ MSPROBE = Pin("mindstudio-probe", "26.2.0", "requirements/cpu.txt (seed 003: see
 def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_npu: str, transformers: str,
                        vllm: str, triton_ascend: str, megatron: Pin = MEGATRON, mindspeed: Pin = MINDSPEED,
                        suffix: str = "", images: bool = True, transformers_source: str = "",
-                       cann_source: str = "") -> Stack:
+                       cann_source: str = "", cann_accepts: tuple[str, ...] = ()) -> Stack:
     src = f"vllm-project/vllm-ascend {tag}"
     # Both from source as the stack's Dockerfile does it: vLLM from a checkout with VLLM_TARGET_DEVICE=empty (the
     # variable only affects source builds: `pip install vllm==X` takes the CUDA wheel, which needs another torch),
@@ -174,7 +186,8 @@ def _vllm_ascend_stack(tag: str, *, python: str, cann: str, torch: str, torch_np
         images={"a2": f"quay.io/ascend/vllm-ascend:{tag}", "a3": f"quay.io/ascend/vllm-ascend:{tag}-a3"} if images
         else {},
         pins=(
-            Pin("CANN", cann, cann_source or f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system"),
+            Pin("CANN", cann, cann_source or f"{src} Dockerfile (FROM quay.io/ascend/cann:{cann}-...)", how="system",
+                accepts=cann_accepts),
             Pin("torch", torch, f"{src} requirements.txt"),
             Pin("torch-npu", torch_npu, f"{src} requirements.txt / pyproject.toml build requires"),
             Pin("transformers", transformers, transformers_source
@@ -202,7 +215,13 @@ STACKS: tuple[Stack, ...] = (
     _vllm_ascend_stack("v0.23.0", python="3.11", cann="9.0.0", torch="2.10.0", torch_npu="2.10.0.post4",
                        transformers="5.10.4", vllm="0.23.0", triton_ascend="3.2.2", megatron=MEGATRON_016,
                        mindspeed=MINDSPEED_016, suffix="-mcore-0.16", images=False,
-                       cann_source="verl v0.9.0 install_guidance.rst (CANN 9.0.0 for vLLM-Ascend 0.23.0)",
+                       # the upstreams disagree (issue 46, m6): verl v0.9.0 docs/ascend_tutorial/get_start/
+                       # install_guidance.rst:97,100 pairs CANN 9.0.0 with vllm-ascend 0.23.0, vllm-ascend v0.23.0
+                       # docs/source/installation.md:19 says "CANN == 9.1.0 Required": both held supported until a
+                       # night on this row settles it
+                       cann_accepts=("9.1.0",),
+                       cann_source="verl v0.9.0 install_guidance.rst (CANN 9.0.0 for vLLM-Ascend 0.23.0); "
+                                   "vllm-ascend v0.23.0 installation.md requires 9.1.0: both accepted",
                        transformers_source="verl v0.9.0 install_guidance.rst / install_vllm_mcore_npu.sh "
                                            "(transformers==5.10.4; verl 0.9.1 allows >=5.5.3,<5.11)"),
     Stack(name="vllm-ascend-0.19.1rc1", kind="npu", supported=False, python="3.11", pins=(
@@ -215,7 +234,8 @@ STACKS: tuple[Stack, ...] = (
         Pin("CANN", "8.2.RC2", "seed 001 environment table", how="system"),
         Pin("torch", "2.7.1", "seed 001"), Pin("torch-npu", "2.7.1", "seed 001"),
         Pin("vllm-ascend", "0.10.0rc1", "seed 001"), Pin("verl", "0.7.0.dev0", "seed 001"),
-        Pin("mindspeed", "2.2.0_core_r0.12.1", "seed 001")),
+        Pin("mindspeed", "2.2.0_core_r0.12.1", "seed 001"),
+        Pin("megatron-core", "0.12.1", "seed 001 (MindSpeed 2.2.0_core_r0.12.1 runs on Megatron-LM core_r0.12.1)")),
         reason="seed 001's stack (verl 0.7.0.dev0, transformers 4.53.3, MindSpeed v2.2.0 with the MLA scale bug); "
                "the harness's recipes target verl 0.9.1"),
     Stack(name="cpu", kind="cpu", supported=True, python="3.11", pins=(
@@ -253,7 +273,7 @@ def mismatches(stack: Stack, installed: dict[str, str | None],
         have = installed.get(pin.name)
         if have is None:
             out.append(f"{pin.name} missing (wants {pin.version}; {pin.source})")
-        elif not _same(have, pin.reports or pin.version):
+        elif not any(_same(have, v) for v in (pin.reports or pin.version, *pin.accepts)):
             out.append(f"{pin.name} {have} (wants {pin.version}; {pin.source})")
         elif pin.bug:
             found = (bugs or {}).get(pin.name)

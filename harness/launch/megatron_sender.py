@@ -138,7 +138,12 @@ def _cpu_modules():
         """TE's grouped GEMM: `weight<i>` per local expert, column- (fc1) or row-sharded (fc2) by expert-TP."""
 
         def __init__(self, num_gemms, input_size, output_size, *, config, init_method, bias, skip_bias_add,
-                     is_expert, tp_comm_buffer_name=None):
+                     is_expert, tp_comm_buffer_name=None, pg_collection=None, tp_group=None):
+            # pg_collection / tp_group: megatron-core 0.16's TEGroupedMLP passes them (NVIDIA/Megatron-LM
+            # core_v0.16.0 megatron/core/transformer/moe/experts.py TEGroupedMLP.__init__, linear_fc1 / linear_fc2
+            # `pg_collection=pg_collection`); the sharding here reads megatron's global groups, which 0.16 sets up
+            # the same way, so they are accepted and not used (issue 46, M2: every rank raised TypeError on the
+            # core_r0.16.0 row)
             super().__init__()
             if bias:
                 raise ValueError("GroupedLinear: TEGroupedMLP has no bias (add_bias_linear=False)")
@@ -234,7 +239,21 @@ def _with_index(name: str, pattern: re.Pattern, index: int) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{index}{m.group(3)}", name, count=1)
 
 
-def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
+def pp_cache_hook_reaches(export_weights) -> None:
+    """Refuse the `stale-pp-cache` seed where mbridge's export does not go through the function it hooks. mbridge
+    0.15.1's `Bridge.export_weights` (mbridge/core/bridge.py) calls `broadcast_from_megatron_pp`; ISEEKYAN/mbridge
+    10cb17f, the NPU rows' pin, rewrote it around `bucketed_pp_broadcast` (mbridge/core/util.py) and the seed
+    silently seeded nothing there (issue 46, m2). PyPI's newest mbridge is 0.15.1 (`pip index versions mbridge`):
+    10cb17f is a git commit only, which the CPU tier (package registry only) cannot install."""
+    import inspect
+
+    if "broadcast_from_megatron_pp(" not in inspect.getsource(export_weights):
+        raise ValueError("--bug stale-pp-cache: the installed mbridge's Bridge.export_weights does not call "
+                         "broadcast_from_megatron_pp (mbridge 10cb17f broadcasts through bucketed_pp_broadcast): "
+                         "the hook would seed nothing; use --exporter verl")
+
+
+def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int, exporter: str = "verl"):
     """Install `bug` in this rank; returns (wrap the exported stream on rank 0, start a sync)."""
     import verl.utils.megatron_utils as verl_mu
     from mbridge.core import bridge as mbridge_core
@@ -246,6 +265,8 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
         pass
 
     if bug == "stale-pp-cache":
+        if exporter == "mbridge":
+            pp_cache_hook_reaches(mbridge_core.Bridge.export_weights)
         cache: dict[int, torch.Tensor] = {}
         calls = [0]
 
@@ -291,15 +312,37 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int):
     return identity, new_sync
 
 
-def _rank(rank: int, args) -> None:
+def _cpu_verl_platform() -> None:
+    """verl's CPU platform in this rank, whatever the host has, before any verl code runs here: the ranks are gloo
+    ranks on CPU, and verl allocates where its platform says (verl 0.9.1 verl/utils/megatron_utils.py
+    `broadcast_from_megatron_pp`: `torch.empty(..., device=get_device_id())` on a non-owning PP rank, then a
+    broadcast over the PP group; `.to(get_device_id())` of the router's expert_bias). On an NPU host verl picks
+    its Ascend platform (platform_manager.py `_detect_platform_name`: `huawei` once torch_npu imports) and those
+    tensors land on npu:0, which gloo has no backend for: issue 46, B1 (forced before only without an
+    accelerator, and only on rank 0). Rehearsed on CPU under harness.engines.verl_npu_stub."""
+    from harness.launch.verl_cpu import use_cpu_platform
+
+    use_cpu_platform()
+
+
+def _rank_setup(rank: int, world: int, store: str) -> None:
+    """A CPU gloo rank: one torch thread, megatron's `torch.cuda.current_device` answered with "cpu" where there is
+    no CUDA (harness.engines.megatron_probe: the TE-less CPU build), verl's CPU platform (`_cpu_verl_platform`)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     if not torch.cuda.is_available():  # this process only (harness.engines.megatron_probe): TE-less CPU build
         torch.cuda.current_device = lambda: "cpu"
+    _cpu_verl_platform()
     # a rank left in a collective by a dead peer gives up in minutes, not gloo's default 30
-    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+def _rank(rank: int, args) -> None:
+    import torch.distributed as dist
+
+    _rank_setup(rank, WORLD, args.store)
     from megatron.core import parallel_state as mpu
 
     layout = LAYOUTS[args.layout]
@@ -309,7 +352,7 @@ def _rank(rank: int, args) -> None:
     model = bridge._model_provider([])(pre_process=mpu.is_pipeline_first_stage(),
                                        post_process=mpu.is_pipeline_last_stage())
     export = _exporter(args.exporter, bridge, hf_config, model)
-    wrap, new_sync = _seed_bug(args.bug, bridge, layout, args.bucket_mb << 20)
+    wrap, new_sync = _seed_bug(args.bug, bridge, layout, args.bucket_mb << 20, args.exporter)
     times = []
     for k, model_dir in enumerate(args.sync):
         bridge.load_weights([model], model_dir)
@@ -452,8 +495,10 @@ class SenderRun:
     verl's BucketedWeightReceiver, bucket by bucket into `engine.load_weights`, then `engine.finish_sync()`."""
 
     def __init__(self, syncs: list[Path], *, exporter: str = "verl", layout: str = "tp1-pp2-ep2",
-                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0):
+                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None):
         self.syncs, self.exporter, self.layout, self.bug = list(syncs), exporter, layout, bug
+        self.env = dict(env or {})  # over this process's environment (the platform stub: --platform-stub npu)
         self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
         self._next = 0
         self._tmp = None
@@ -468,7 +513,8 @@ class SenderRun:
                "--layout", self.layout, "--exporter", self.exporter, "--bucket-mb", str(self.bucket_mb),
                *(a for d in self.syncs for a in ("--sync", str(d))), *(("--bug", self.bug) if self.bug else ())]
         # its own session: the four ranks it spawns go with it (os.killpg) whatever state they are in
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**os.environ, **self.env})
         return self
 
     def _sender_error(self) -> str:

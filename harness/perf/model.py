@@ -94,7 +94,11 @@ TRUST = ("calibrated on one run (seed 002: A3 128 cards, DSV3 671B, 1k/3k, real 
          "what a calibrated constant absorbs does not transfer: on the published random-weight run (forced expert "
          "balance, every optimisation, 3k responses) gen +4 % and reshard +3 % hold, but ref +116 %, update +69 %, "
          "reward -30 %, offload -80 %, TPS/card -30 %. Treat another chip, another model or another expert balance "
-         "as a 2x band, and recalibrate on its first run")
+         "as a 2x band, and recalibrate on its first run. gen is calibrated on decode under TorchAir graph mode "
+         "(hicann/cann-recipes-train docs/llm_rl/deepseek_rl_train_optimization.md §2.2, §6.1), which the supported "
+         "stacks no longer have (vllm-ascend PR #4814, first tag v0.12.0rc1, removed it; ACL graph only, up to ~10x "
+         "slower on A2: vllm-ascend #4984): a gen prediction under ACL graph is uncalibrated until the first nightly "
+         "on the stack measures it")
 
 # verl 0.9.1 timing_s/<key> of each phase (ray_trainer.py `marked_timer` names); offload has no key of its own.
 VERL_KEYS = {"gen": "gen", "old_log_prob": "old_log_prob", "ref": "ref", "reward": "reward", "adv": "adv",

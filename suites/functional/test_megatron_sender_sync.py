@@ -8,7 +8,8 @@ engine is built dummy (verl's load_format=dummy), takes sync 1, sleeps at level 
 mode, takes sync 2 (every tensor different): after each, the stream equals the trainer's weights tensor for tensor,
 greedy tokens and full log-probs equal an engine built fresh on them, W_UK_T / W_UV are the derivation of the new
 kv_b_proj, and every exposed weight -- experts and router bias included -- is the trainer's. The phases of each
-sync (export, transfer, load, finalize) go to the report (`sync.phases`).
+sync (export, transfer, load, finalize) go to the report (`sync.phases`). Under `--platform-stub npu` the sender's
+ranks run under a stub of verl's Ascend platform (harness.engines.verl_npu_stub), as on an NPU host.
 """
 import pytest
 
@@ -24,11 +25,11 @@ SENDERS = [("verl", "tp1-pp2-ep2"), ("mbridge", "tp1-pp2-ep2"), ("verl", "tp2-pp
 @pytest.mark.parametrize("exporter, layout", SENDERS, ids=[f"{e}-{lay}" for e, lay in SENDERS])
 def test_megatron_sender_syncs_reach_the_engine(engine_kind, engine_dtype, exporter, layout, sender_weights,
                                                 sender_model_dirs, sender_goldens, detected_hardware,
-                                                record_property, expect):
+                                                platform_stub_env, record_property, expect):
     from harness.launch.megatron_sender import SenderRun, run_series
 
     with engine_kind.make(SENDER_SPEC, weights=None, load_format="dummy", dtype=engine_dtype, seed=0) as engine, \
-            SenderRun(sender_model_dirs, exporter=exporter, layout=layout) as sender:
+            SenderRun(sender_model_dirs, exporter=exporter, layout=layout, env=platform_stub_env) as sender:
         series = run_series(engine, sender, sender_weights, [g.rollout for g in sender_goldens], prompts=PROMPTS,
                             max_tokens=MAX_TOKENS)
     record_property("sync.phases", {"platform": detected_hardware.kind, "engine": engine.name,
