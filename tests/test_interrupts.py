@@ -152,7 +152,7 @@ def test_the_collector_counts_only_tests_whose_call_ran(tmp_path):
     from harness.report.collect import ReportCollector
 
     collector = ReportCollector.__new__(ReportCollector)  # no session: only the per-test bookkeeping
-    collector.tests = {}
+    collector.tests, collector.root = {}, str(tmp_path)
     for nodeid, phases in (("t.py::done", ("setup", "call", "teardown")), ("t.py::stopped", ("setup",)),
                            ("t.py::skipped", ("setup",))):
         for when in phases:

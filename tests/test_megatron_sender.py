@@ -177,13 +177,13 @@ def test_the_te_stand_ins_build_under_megatron_core_0_16():
     """Issue 46, M2: megatron-core 0.16's TEGroupedMLP passes pg_collection to the grouped-GEMM stand-in
     (NVIDIA/Megatron-LM core_v0.16.0 transformer/moe/experts.py), which refused it: every sender case of the
     core_r0.16.0 row failed at model construction. megatron-core 0.16.0 goes on as a cached `--no-deps` overlay (as
-    the gate builds its stacks: harness.gate.stacks; ~20 s the first time, cached after), skipping with pip's reason
+    the gate builds its stacks: harness.gate.overlays; ~20 s the first time, cached after), skipping with pip's reason
     where the registry cannot be reached. (The whole sender cannot run on 0.16 here: mbridge 0.15.1, the registry's
     newest, passes max_position_embeddings to 0.16's MLATransformerConfig; the NPU rows' 10cb17f is on GitHub only.)"""
     import subprocess
     import sys
 
-    from harness.gate.stacks import StackSkip, build, environment, installed_versions, parse_stack
+    from harness.gate.overlays import StackSkip, build, environment, installed_versions, parse_stack
 
     try:
         overlay, _ = build(parse_stack(MEGATRON_016, "megatron-core 0.16", installed_versions()))

@@ -234,7 +234,8 @@ def test_recipe_runs_the_teams_job_and_wants_its_own_golden(pytester: pytest.Pyt
     recipe = pytester.path / "team.sh"
     recipe.write_text("python3 -m verl.trainer.main_ppo trainer.total_training_steps=5 actor_rollout_ref.actor.optim"
                       ".lr=1e-6\n")
-    pytester.makepyfile(test_recipe=RECIPE_SUITE.format(recipe=str(recipe.resolve())))
+    # a name no module of tests/ has (in-process pytester shares sys.modules with this session: tests/test_recipe.py)
+    pytester.makepyfile(test_team_recipe_tier=RECIPE_SUITE.format(recipe=str(recipe.resolve())))
     result = pytester.runpytest("-p", "fixtures.dapo", "--recipe", str(recipe), "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*a golden recorded from this recipe's own runs*"])

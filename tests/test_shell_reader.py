@@ -347,8 +347,11 @@ def test_the_job_is_read_as_bash_runs_it(script, entry):
 
 
 @pytest.mark.parametrize("script, cause", [
-    ("torchrun --standalone -m verl.trainer.sft_trainer a=1\n", "runs `torchrun -m verl.trainer.sft_trainer`, which"),
-    ("python3 -m verl.trainer.main_generation a=1\n", "runs `python3 -m verl.trainer.main_generation`, which"),
+    ("torchrun --standalone -m verl.trainer.sft_trainer a=1\n",
+     "runs `torchrun -m verl.trainer.sft_trainer`: an SFT job"),
+    ("python3 -m verl.trainer.main_generation a=1\n",
+     "runs `python3 -m verl.trainer.main_generation`: a generation job"),
+    ("python3 -m verl.tools.convert a=1\n", "runs `python3 -m verl.tools.convert`, which is neither"),
     ("python3 main_ppo_split.py a=1\n", "runs `python3 main_ppo_split.py`, a script file rather than a module"),
 ])
 def test_a_job_that_is_not_rl_is_refused_for_its_true_cause(script, cause):

@@ -358,17 +358,19 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(f"{verdict}: {counts_text(report)}")
     if not report.passed:  # the run's own command on exactly its failed node ids (harness.report.failures)
-        console.print(f"rerun what failed: {escape(rerun_failed(report))}")
+        # one line, never folded at the width (a command to copy, and a line tools grep for)
+        console.print(f"rerun what failed: {escape(rerun_failed(report))}", soft_wrap=True)
     for s in regressed:
         console.print(f"[red]regression[/] {escape(s.metric)}: {s.before:.4g} -> {s.after:.4g} ({s.change:+.1%}) "
                       f"from {escape(s.report)}")
     for line in trend_failures:
         console.print(f"[red]FAIL[/] {escape(line)}")
     if args.history:
-        console.print(f"trend over {escape(str(args.history))}: {(report_dir / 'trend.html').absolute()}")
+        console.print(f"trend over {escape(str(args.history))}: {(report_dir / 'trend.html').absolute()}",
+                      soft_wrap=True)
     console.print(f"report: {(report_dir / 'report.html').absolute()} (JSON: {(report_dir / written.name).absolute()}, "
                   f"Markdown: {(report_dir / 'report.md').absolute()}, JUnit: {(report_dir / JUNIT_NAME).absolute()}, "
-                  f"pytest log: {log.absolute()})")
+                  f"pytest log: {log.absolute()})", soft_wrap=True)  # paths: never folded mid-name
     return 0 if passed else 1
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -115,6 +116,8 @@ def package_versions() -> dict[str, str]:
 def module_exists(name: str) -> bool:
     """Is `name` importable, found without importing it? A missing parent package counts as missing
     (find_spec("megatron.core") raises ModuleNotFoundError when `megatron` is absent)."""
+    if name in sys.modules:  # imported already; a package module made by hand has no __spec__ (find_spec raised)
+        return sys.modules[name] is not None
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:

@@ -225,7 +225,10 @@ def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, 
         if files and not runs:  # verl's split_placement example: `python3 main_ppo_split.py` (issue 44: true cause)
             other = (f"; it runs `{one_line(files[0])}`, a script file rather than a module: the harness reads the "
                      "jobs verl runs as `python3 -m MODULE`")
-        if runs:
+        kind = next((k for word, k in _JOB_KINDS if runs and word in runs[0].rsplit(" ", 1)[-1].lower()), None)
+        if kind:  # the true cause by name (issue 44: a generation job was refused as one that "names no model")
+            other = f"; it runs `{one_line(runs[0])}`: {kind}, not an RL job the harness plans"
+        elif runs:
             other = (f"; it runs `{one_line(runs[0])}`, which is neither verl's trainer nor a recipe's main (a "
                      "distillation, SFT or generation trainer, or a tool, is not a job the harness plans)")
         raise BadInput(f"--recipe {source}: no `python3 -m verl.trainer.main_ppo ...` (or a recipe's "
@@ -318,6 +321,8 @@ _LAUNCHER = re.compile(r"(.*/)?torchrun$")
 _UNSET_INTERPRETER = re.compile(r"\$\{\w+\}$")
 # verl.trainer modules that are not an RL job (issue 44: refused for the true cause, not "names no model")
 _NOT_RL = re.compile(r"sft|generation|eval")
+_JOB_KINDS = (("sft", "an SFT job"), ("generation", "a generation job"), ("eval", "an evaluation job"),
+              ("distill", "a distillation job"))
 
 
 def _runs_module(words: list[str], i: int) -> str | None:

@@ -232,8 +232,20 @@ def get_bounded(url: str, path: str, *, cap: int, timeout_s: float, what: str, s
     bare, headers = auth_headers(url)
     request = urllib.request.Request(f"{bare}{path}", headers=headers)
     deadline = time.monotonic() + timeout_s
+    stall = stall or (f"{what}: no complete answer within {timeout_s:g} s (it stalls or trickles); check the cluster, "
+                      "or raise HARNESS_RAY_CONNECT_TIMEOUT")
 
     def fetch() -> bytes:
+        try:
+            return read()
+        except urllib.error.HTTPError:
+            raise
+        except (TimeoutError, urllib.error.URLError) as exc:  # the socket's own timeout: the same stall, one line
+            if isinstance(exc, TimeoutError) or isinstance(exc.reason, TimeoutError):
+                raise BadInput(stall) from None
+            raise
+
+    def read() -> bytes:
         with _OPENER.open(request, timeout=timeout_s) as reply:
             chunks, size = [], 0
             while size <= cap and time.monotonic() < deadline:
@@ -247,8 +259,7 @@ def get_bounded(url: str, path: str, *, cap: int, timeout_s: float, what: str, s
                                "the address")
             return b"".join(chunks)  # the deadline: `within` reports it
 
-    return within(timeout_s, stall or f"{what}: no complete answer within {timeout_s:g} s (it stalls or trickles); "
-                             "check the cluster, or raise HARNESS_RAY_CONNECT_TIMEOUT", fetch)
+    return within(timeout_s, stall, fetch)
 
 
 def check_dashboard(url: str, option: str = "--ray-address", timeout_s: float | None = None) -> str:

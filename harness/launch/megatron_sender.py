@@ -52,6 +52,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -109,6 +110,9 @@ def _load_mbridge():
         for name, path in (("mbridge", root), ("mbridge.models", os.path.join(root, "models"))):
             package = types.ModuleType(name)
             package.__path__ = [path]
+            # a spec as the import system gives a package: find_spec("mbridge") raised on a module without one
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            package.__spec__.submodule_search_locations = [path]
             sys.modules[name] = package
     import mbridge.models.deepseek_v3  # noqa: F401  (registers "deepseek_v3")
     from mbridge.core import AutoBridge

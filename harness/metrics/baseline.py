@@ -306,6 +306,9 @@ MIN_CONSTANT_STEPS = 3
 # candidates on critic/rewards/max, response_length/min and train/kept_groups.
 NOT_CONSTANT_SUFFIXES = ("/max", "/min")
 NOT_CONSTANT = ("train/num_gen_batches", "train/kept_groups")
+# Nor the machine's measurements (verl's perf/* and timing_*): a host that logs one the same at every step (the
+# memory a CPU run reports as 0, a synthetic log's throughput) says nothing of the job's settings.
+NOT_CONSTANT_PREFIXES = ("perf/", "timing_s/", "timing_per_token_ms/")
 
 
 def same_value(a: float, b: float) -> bool:
@@ -318,8 +321,8 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
     same finite values (with one run: one value at every step)."""
     out = {}
     for metric in sorted(runs[0].series):
-        if metric in judged or metric in NOT_CONSTANT or metric.endswith(NOT_CONSTANT_SUFFIXES) or not all(
-                metric in r for r in runs):
+        if metric in judged or metric in NOT_CONSTANT or metric.endswith(NOT_CONSTANT_SUFFIXES) or metric.startswith(
+                NOT_CONSTANT_PREFIXES) or not all(metric in r for r in runs):
             continue
         curves = [r[metric] for r in runs]
         ref = curves[0]

@@ -309,6 +309,9 @@ def spikes(metric: str, cand: Series, found: tuple[stats.Spike, ...], ref: Metri
     SPIKE_SIZE_LIMIT x the metric's level (or twice the golden's own largest). Every spike is named, pass or fail:
     the band, window and trend saw each replaced by its neighbours' median."""
     tol = ref.tolerance
+    if len(cand) < 2 * stats.SPIKE_NEIGHBOURS + 1:  # no step has its neighbours on both sides: a zig-zag of 4 steps
+        return _unfilled(metric, "spikes", _span(cand), f"{len(cand)} steps; a spike is a step against "
+                         f"{stats.SPIKE_NEIGHBOURS} neighbours on each side")  # read as 2 spikes (a clean seed failed)
     golden, golden_steps = ref.spikes
     allowed = stats.spike_allowance(golden, golden_steps, len(cand), tol.confidence)
     limit = max(stats.SPIKE_SIZE_LIMIT, 2 * ref.largest_spike)

@@ -1,5 +1,6 @@
-"""pytest-benchmark: rendering the full report page (five matplotlib plots, base64-embedded) and the
-throughput of a 1000-step run. Both sit on the main job's critical path after the suites finish."""
+"""pytest-benchmark: rendering the full report page (five curve plots and the step's phase-time bar, matplotlib,
+base64-embedded) and the throughput of a 1000-step run. Both sit on the main job's critical path after the suites
+finish."""
 from __future__ import annotations
 
 from harness.config.hardware import PROFILES
@@ -10,7 +11,7 @@ from harness.report.render import render_html
 
 def test_render_full_report_page(benchmark, full_report):
     page = benchmark.pedantic(render_html, args=(full_report,), rounds=3, warmup_rounds=1)
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 6
 
 
 def test_throughput_of_a_long_run(benchmark):
