@@ -182,7 +182,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
 
     from harness.cli.output import console as output_console
     from harness.config.recipe import VERL_VERSION
-    from harness.redact import one_line, redact_value
+    from harness.redact import one_line
 
     scale = job.scale
     console = output_console()
@@ -212,8 +212,8 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
                   + ("" if explain else " (--explain lists them; --format verl-cli prints the command)"),
                   markup=False, soft_wrap=True)
     origins = doc.get("recipe", {}).get("origins", {})
-    for key, value in doc["env"].items() if explain else ():  # masked when secret, and one line whatever it holds
-        console.print(f"  env {key}={one_line(redact_value(key, value), 400)}", markup=False, soft_wrap=True)
+    for key, value in doc["env"].items() if explain else ():  # masked already (redact_doc); one line whatever it holds
+        console.print(f"  env {key}={one_line(value, 400)}", markup=False, soft_wrap=True)
     for override in doc["overrides"] if explain else ():  # with its origin, as Hydra's --cfg job (still copyable)
         origin = origins.get(override.lstrip("+~").partition("=")[0])
         console.print(f"  {override}" + (f"  # {origin}" if origin else ""), markup=False, soft_wrap=True)
