@@ -6,7 +6,8 @@ ENAMETOOLONG) is one line naming the file.
 
 Inputs are regular files: `open_input` refuses a FIFO (open() would block until a writer comes), a device
 (/dev/zero never ends) or a link to one before reading, and a whole-file read is bounded (MAX_JSON_BYTES).
-Lock files are opened without following a symbolic link planted in their place (a root run overwrote its target).
+Locks are filelock's (`held`), never taken through a symbolic link planted in their place (a root run overwrote
+its target).
 
 Every file the harness writes for later reading (baselines, reports, a run's meta.json, the launcher's
 launch.json) carries `schema` and `schema_version`; `read_versioned` is the one loader, and it refuses a
@@ -212,7 +213,11 @@ def atomic_target(path: str | os.PathLike, *, overwrite: bool = True, exists: st
     fails if it exists -- atomic against another writer (checking first, then writing, let two `baseline record`s
     both succeed and the first golden be lost); BadInput "already exists; `exists`". An OSError of the file system
     (full, read-only, denied, name too long) becomes BadInput naming `path`; mkstemp never follows a planted
-    link (O_EXCL) and the rename replaces a link, never its target."""
+    link (O_EXCL) and the rename replaces a link, never its target.
+
+    Ours, not a library's: atomicwrites, the one that did this job, is archived and unmaintained since 2022 (its
+    README; untitaker/python-atomicwrites issue 61), its author pointing to os.replace, which this is, plus the
+    umask mode, the stale temporaries and the one-line errors above."""
     path = Path(path)
     tmp = None
     try:
@@ -266,33 +271,68 @@ def write_json_atomic(path: str | os.PathLike, obj, *, indent: int = 2, overwrit
 def open_lock(path: str | os.PathLike) -> int:
     """An fd of the lock file `path` for fcntl.flock, created if absent (0666 less the umask), never through a
     symbolic link planted in its place (O_NOFOLLOW: as root, a planted `.lock -> /etc/passwd` was truncated).
-    BadInput for a link or a file system that refuses the file."""
+    BadInput for a link or a file system that refuses the file. Only for the overlay builder
+    (harness.gate.overlays), whose lock file is renamed while held, which filelock cannot do; every other lock
+    is `held`."""
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 & ~current_umask())
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise BadInput(f"{path}: is a symbolic link, not a lock file; remove it (a lock is never followed)") \
-                from None
-        if exc.errno in WRITE_ERRNOS:
-            raise write_error(path, exc) from None
-        raise
+        raise _lock_error(path, exc) from None
 
 
-_HELD: dict[Path, int] = {}  # directories this process holds, with how many nested holders
+def _lock_error(path, exc: OSError) -> Exception:
+    if exc.errno == errno.ELOOP:
+        return BadInput(f"{path}: is a symbolic link, not a lock file; remove it (a lock is never followed)")
+    return write_error(path, exc) if exc.errno in WRITE_ERRNOS else exc
+
+
+@contextlib.contextmanager
+def held(path: str | os.PathLike, *, busy: str | None = None):
+    """Hold the lock file `path` (filelock: flock, dies with the process, so a killed run never leaves it stuck)
+    for the block: waiting for it, or with `busy` refusing at once with BadInput "`busy` in use by <holder>".
+    Re-entrant within one process (one FileLock per path): `run` holds its report directory and the collector of
+    the pytest session it starts in-process takes it again. The holder writes "pid N" into the file for the
+    refusal to name (filelock >= 4 leaves a held file's content alone; 3.x truncates it on every try, and the
+    refusal says "another process"). Never through a planted link: filelock >= 3.20.1 opens with O_NOFOLLOW
+    (tox-dev/filelock PR 461, CVE-2025-68146; as root, a planted `.lock -> /etc/passwd` was truncated), and the
+    ELOOP it raises is one line here."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(path, timeout=-1 if busy is None else 0, is_singleton=True, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise BadInput(f"{busy} in use by {_holder(path)}; wait for it or choose another directory") from None
+    except OSError as exc:
+        raise _lock_error(path, exc) from None
+    try:
+        if lock.lock_counter == 1:
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+                finally:
+                    os.close(fd)
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(path) -> str:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+        finally:
+            os.close(fd)
+    return "another process"
 
 
 @contextlib.contextmanager
 def exclusive(directory: str | os.PathLike, what: str):
-    """Hold DIR/.lock (fcntl) for the block, or refuse with one line: two writers of one directory would
-    overwrite each other's files silently. The lock dies with the process, so a killed run never
-    leaves it stuck. Re-entrant within one process: `run` holds it, and the report collector of the pytest
-    session `run` starts in-process takes it again (a plain `pytest --report-dir` takes it alone).
-
-    Not filelock (4.3, in the stack through torch and Ray), though it also flocks with O_NOFOLLOW: the refusal
-    names the holder (its pid, written into the lock file), and a planted link gets one line saying so, both of
-    which its Timeout does not carry; these 30 lines are the whole of it."""
-    import fcntl
-
+    """Hold DIR/.lock (`held`) for the block, or refuse with one line naming the holder: two writers of one
+    directory would overwrite each other's files silently."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -300,31 +340,8 @@ def exclusive(directory: str | os.PathLike, what: str):
         if exc.errno in WRITE_ERRNOS or exc.errno == errno.EEXIST:
             raise write_error(directory, exc) from None
         raise
-    key = directory.resolve()
-    if key in _HELD:
-        _HELD[key] += 1
-        try:
-            yield directory
-        finally:
-            _HELD[key] -= 1
-        return
-    fd = open_lock(directory / ".lock")
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            raise BadInput(f"{directory}: {what} is in use by {holder}; wait for it or choose another "
-                           "directory") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        _HELD[key] = 1
-        try:
-            yield directory
-        finally:
-            del _HELD[key]
-    finally:
-        os.close(fd)
+    with held(directory.resolve() / ".lock", busy=f"{directory}: {what} is"):
+        yield directory
 
 
 def cache_root() -> Path:

@@ -62,3 +62,18 @@ def test_a_locked_directory_refuses_a_second_writer(tmp_path):
         with exclusive(tmp_path / "out", "the report directory"):  # and re-entrant within one process
             pass
 
+
+
+def test_the_declared_filelock_never_follows_a_planted_link():
+    # filelock before 3.20.1 opened its lock file with O_TRUNC through a symbolic link (CVE-2025-68146): a range
+    # admitting it lets `pip install` into a team's image keep a filelock that truncates what a planted .lock in
+    # /tmp points at (the machine lock; as root, /etc/passwd)
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    doc = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    (req,) = [r for r in map(Requirement, doc["project"]["dependencies"]) if r.name == "filelock"]
+    assert not req.specifier.contains("3.20.0") and req.specifier.contains(version("filelock")), req

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from harness.config import cpu_tier
@@ -44,20 +43,12 @@ TIMEOUT_S = 3600.0
 MACHINE_LOCK = Path(tempfile.gettempdir()) / "ascend-rl-harness-tiny-verl.lock"
 
 
-@contextmanager
 def one_at_a_time():
-    """Hold MACHINE_LOCK (blocking) for the duration of a tiny verl run."""
-    import fcntl
-    import os
+    """Hold MACHINE_LOCK (waiting for it) for the duration of a tiny verl run; in /tmp, which anyone can write, so
+    never through a planted link (harness.io.held)."""
+    from harness.io import held
 
-    from harness.io import open_lock
-
-    lock = open_lock(MACHINE_LOCK)  # in /tmp, which anyone can write: never through a planted link
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(lock)
+    return held(MACHINE_LOCK)
 
 
 def model_dir(run_dir: str | Path) -> Path:
