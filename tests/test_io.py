@@ -68,10 +68,10 @@ def test_the_declared_filelock_never_follows_a_planted_link():
     # filelock before 3.20.1 opened its lock file with O_TRUNC through a symbolic link (CVE-2025-68146): a range
     # admitting it lets `pip install` into a team's image keep a filelock that truncates what a planted .lock in
     # /tmp points at (the machine lock; as root, /etc/passwd)
-    import tomllib
     from importlib.metadata import version
     from pathlib import Path
 
+    import tomllib
     from packaging.requirements import Requirement
 
     doc = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
