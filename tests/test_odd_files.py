@@ -174,3 +174,18 @@ def test_a_fifo_in_a_run_directory_is_not_opened(tmp_path):
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"critic/rewards/mean": 0.5}}) + "\n")
     os.mkfifo(run_dir / "console.log")
     assert load_run(run_dir)["critic/rewards/mean"].steps == (1,)
+
+
+def test_a_huge_tensorboard_length_field_is_a_truncation_not_a_read(tmp_path):
+    # tensorboard's own loader (EventFileLoader) trusts a length whose CRC holds and read(2**60): a MemoryError
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    path = _events(tmp_path, steps=3)
+    raw = path.read_bytes()
+    head = struct.pack("<Q", 1 << 60)
+    path.write_bytes(raw + head + struct.pack("<I", masked_crc32c(head)) + b"\0" * 64)
+    with pytest.raises(BadInput, match=r"tfevents.*:byte\d+: truncated last record"):
+        load_run(path)
+    assert load_run(path, strict=False)["critic/rewards/mean"].steps == (1, 2, 3)
