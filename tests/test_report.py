@@ -249,16 +249,20 @@ def test_schema_1_reports_still_load(tmp_path, report_factory):
 
 
 @pytest.mark.parametrize(("where", "value", "message"), [
-    (("created",), 5, "field 'created' is int"),
-    (("tests",), "x", "field 'tests' is str"),
-    (("tests", 0, "outcome"), "passed<script>", "is none of passed"),
-    (("tests", 0, "duration_s"), "1.0", "field 'duration_s' is str"),
-    (("tests", 0, "duration_s"), 10**400, "expected a finite number"),
-    (("exit_status",), True, "field 'exit_status' is bool"),
-    (("machine", "python"), ["3"], "(machine): field 'python' is list"),
-    (("machine", "packages"), {"verl": 1}, "packages must map names"),
-    (("tests", 1, "benchmark", "stats"), {"median": "fast"}, "benchmark needs a string fullname"),
-    (("tests", 0, "markers"), [1], "markers must be strings"),
+    (("created",), 5, "field created: Input should be a valid string (got int '5')"),
+    (("tests",), "x", "field tests: Input should be a valid list (got str 'x')"),
+    (("tests", 0, "outcome"), "passed<script>", "field tests.0.outcome: Input should be 'passed', 'failed'"),
+    (("tests", 0, "duration_s"), "1.0", "field tests.0.duration_s: Input should be a valid number (got str"),
+    (("tests", 0, "duration_s"), 10**400, "field tests.0.duration_s: Input should be a valid number (got int"),
+    (("tests", 0, "duration_s"), 1e308, "field tests.0.duration_s: Input should be less than or equal to 1000000000"),
+    (("exit_status",), True, "field exit_status: Input should be a valid integer (got bool 'True')"),
+    (("machine", "python"), ["3"], "field machine.python: Input should be a valid string (got list"),
+    (("machine", "packages"), {"verl": 1}, "field machine.packages.verl: Input should be a valid string (got int"),
+    (("tests", 1, "benchmark", "stats"), {"median": "fast"}, "field tests.1.benchmark.stats.median: Input should be"
+                                                             " a finite number within +-1e+100 (got str 'fast')"),
+    (("tests", 1, "benchmark", "stats", "median"), 10**400, "field tests.1.benchmark.stats.median: Input should be"),
+    (("tests", 0, "markers"), [1], "field tests.0.markers.0: Input should be a valid string (got int '1')"),
+    (("tests", 0, "nodeid"), None, "field tests.0.nodeid: Input should be a valid string (got NoneType 'None')"),
 ])
 def test_wrong_field_types_are_one_line_bad_input(tmp_path, capsys, report_factory, where, value, message):
     doc = _doc(report_factory("typed", "2026-11-01T02:00:00+00:00", tps=1.0, bench_median=0.01))
