@@ -218,10 +218,9 @@ def report_name(prefix: str, created: str) -> str:
 # The schema, validated by pydantic (TypedDicts over the JSON, then the frozen dataclasses above). Not the
 # hand-written field table it replaced: loading a 5,120-test report took 132-162 ms against its 181-214 ms (one
 # process, three rounds each; importing pydantic costs ~90 ms once), the message names the field by its path
-# (tests.3.duration_s), and the numeric policy is in the types. Strict scalars: a JSON
-# true is no count, status or duration (bool is an int in Python), "1.0" is no number; durations are seconds in
-# [0, MAX_SECONDS] (a 1e308 s night broke the trend's plot), counts are bounded, benchmark stats are metric values
-# (10**400, NaN and inf are not).
+# (tests.3.duration_s), and the numeric policy is in the types. Strict scalars: a JSON true is no count, status or
+# duration (bool is an int in Python), "1.0" is no number; durations are seconds in [0, MAX_SECONDS] (a 1e308 s
+# night broke the trend's plot), counts are bounded, benchmark stats are metric values (10**400, NaN, inf are not).
 Seconds = Annotated[float, Field(strict=True, ge=0, le=numeric.MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[StrictInt, Field(ge=0, le=numeric.MAX_COUNT)]
 
@@ -233,69 +232,32 @@ def _metric(value):
 
 
 Metric = Annotated[Any, AfterValidator(_metric)]  # int or float, kept as it is (rounds: 5)
-OptStr, OptDict = Optional[StrictStr], Optional[dict]  # Optional, not "X | None": evaluated on Python 3.10
-_OPEN = ConfigDict(extra="allow")  # a benchmark's other stats (min, max, iqr, ...) are kept as pytest-benchmark wrote
+S, Opt = StrictStr, Optional  # short names: the tables below are the schema
 
 
-class _Stats(TypedDict):
-    __pydantic_config__ = _OPEN
-    median: Metric
-    mean: Metric
-    stddev: Metric
-    rounds: Metric
-    ops: Metric
-    min: NotRequired[Metric]
+def _open(name: str, fields: dict):
+    """A TypedDict keeping keys it does not name: a benchmark's other stats (max, iqr, ...) as pytest-benchmark
+    wrote them."""
+    shape = TypedDict(name, fields)
+    shape.__pydantic_config__ = ConfigDict(extra="allow")
+    return shape
 
 
-class _Benchmark(TypedDict):  # pytest-benchmark's stats of the test (drawn by the renderer and the trend)
-    __pydantic_config__ = _OPEN
-    fullname: StrictStr
-    stats: _Stats
-
-
-class _Test(TypedDict):
-    nodeid: StrictStr
-    outcome: Literal[OUTCOMES]
-    duration_s: Seconds
-    reason: NotRequired[StrictStr]
-    markers: NotRequired[list[StrictStr]]
-    properties: NotRequired[dict]
-    benchmark: NotRequired[Optional[_Benchmark]]
-    traceback: NotRequired[StrictStr]  # schema 2
-    log: NotRequired[StrictStr]  # schema 2
-
-
-class _Machine(TypedDict):
-    hostname: StrictStr
-    platform: StrictStr
-    python: StrictStr
-    cpu_count: Count
-    device_kind: StrictStr
-    device_name: StrictStr
-    device_count: Count
-    hardware_profile: StrictStr
-    driver: OptStr
-    cann: OptStr
-    packages: dict[StrictStr, OptStr]
-    host: NotRequired[OptDict]
-
-
-class _Report(TypedDict):
-    created: StrictStr
-    name: StrictStr
-    commit: OptStr
-    dirty: NotRequired[Optional[StrictBool]]
-    scale: OptStr
-    plan: NotRequired[OptDict]
-    command: NotRequired[list[StrictStr]]
-    machine: _Machine
-    tests: list[_Test]
-    duration_s: Seconds
-    exit_status: Annotated[StrictInt, Field(ge=-numeric.MAX_COUNT, le=numeric.MAX_COUNT)]
-    paths: NotRequired[list[StrictStr]]
-
-
-_REPORT = TypeAdapter(_Report)
+_BENCHMARK = _open("Benchmark", {"fullname": S, "stats": _open("Stats", {
+    **dict.fromkeys(("median", "mean", "stddev", "rounds", "ops"), Metric), "min": NotRequired[Metric]})})
+_TEST = TypedDict("Test", {
+    "nodeid": S, "outcome": Literal[OUTCOMES], "duration_s": Seconds, "reason": NotRequired[S],
+    "markers": NotRequired[list[S]], "properties": NotRequired[dict], "benchmark": NotRequired[Opt[_BENCHMARK]],
+    "traceback": NotRequired[S], "log": NotRequired[S]})  # traceback and log: schema 2
+_MACHINE = TypedDict("Machine", {
+    "hostname": S, "platform": S, "python": S, "cpu_count": Count, "device_kind": S, "device_name": S,
+    "device_count": Count, "hardware_profile": S, "driver": Opt[S], "cann": Opt[S], "packages": dict[S, Opt[S]],
+    "host": NotRequired[Opt[dict]]})
+_REPORT = TypeAdapter(TypedDict("Report", {
+    "created": S, "name": S, "commit": Opt[S], "dirty": NotRequired[Opt[StrictBool]], "scale": Opt[S],
+    "plan": NotRequired[Opt[dict]], "command": NotRequired[list[S]], "machine": _MACHINE, "tests": list[_TEST],
+    "duration_s": Seconds, "exit_status": Annotated[StrictInt, Field(ge=-numeric.MAX_COUNT, le=numeric.MAX_COUNT)],
+    "paths": NotRequired[list[S]]}))
 
 
 def finite(value) -> bool:
