@@ -292,10 +292,11 @@ def held(path: str | os.PathLike, *, busy: str | None = None):
     for the block: waiting for it, or with `busy` refusing at once with BadInput "`busy` in use by <holder>".
     Re-entrant within one process (one FileLock per path): `run` holds its report directory and the collector of
     the pytest session it starts in-process takes it again. The holder writes "pid N" into the file for the
-    refusal to name (filelock >= 4 leaves a held file's content alone; 3.x truncates it on every try, and the
-    refusal says "another process"). Never through a planted link: filelock >= 3.20.1 opens with O_NOFOLLOW
-    (tox-dev/filelock PR 461, CVE-2025-68146; as root, a planted `.lock -> /etc/passwd` was truncated), and the
-    ELOOP it raises is one line here."""
+    refusal to name: filelock 4 leaves a held file's content alone; 3.x opens it with O_TRUNC on every try
+    (tox-dev/filelock src/filelock/_unix.py UnixFileLock._acquire), so under 3.20.1 the refusal says "another
+    process" (run so: the two pid tests fail, the link tests pass). Never through a planted link: filelock >=
+    3.20.1 opens with O_NOFOLLOW (tox-dev/filelock PR 461, CVE-2025-68146; as root, a planted `.lock ->
+    /etc/passwd` was truncated), and the ELOOP it raises is one line here."""
     from filelock import FileLock, Timeout
 
     lock = FileLock(path, timeout=-1 if busy is None else 0, is_singleton=True, thread_local=False)
