@@ -443,8 +443,9 @@ def _tfrecords(path: Path, issues: _Issues) -> Iterator[tuple[int, bytes]]:
     over compat/tensorflow_stub/pywrap_tensorflow.py PyRecordReader_New) because, measured on this CPU tier: a
     byte flipped mid-file gave it 14 of 30 steps and no error (here 29 and the corrupt record named); a cut last
     record is dropped silently (here a truncation naming its byte); a CRC-valid length field of 2**60 made it
-    read(2**60), a MemoryError (here a bounded check against the file's size); and 200,000 scalar events (8.3 MB)
-    took it 135 s against 9.5-28 s here (the same load, one run each)."""
+    read(2**60), a MemoryError (here a bounded check against the file's size); and it is slower: 40,000 scalar
+    events (1.7 MB) took it 17-22 s against 3-7 s here (alternating in one process, two rounds; 200,000 events,
+    135 s against 9.5-28 s)."""
     import mmap
     import struct
 
