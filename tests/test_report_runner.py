@@ -366,3 +366,47 @@ def test_run_ends_like_pytest_within_columns(tmp_path, monkeypatch, capsys, colu
         assert message == full
     assert main(["run", "--scale", "tiny", "--report-dir", "out", "--verbose"]) == 1
     assert "┃" in capsys.readouterr().out  # the full table, on request
+
+
+ECHO_JOB = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.tiny
+    def test_job(request, record_property):
+        get = request.config.getoption
+        record_property("job", {"recipe": get("recipe"), "env": get("recipe_env"), "model": get("model_path"),
+                                "golden": get("baseline")})
+''')
+
+
+def test_run_takes_your_recipe_and_golden_as_its_own_flags(tmp_path, monkeypatch, capsys):
+    """Issue 45: `run --recipe R --recipe-env N=V --model-path M --golden G` hands the team's job to the tiers (the
+    plugin's --recipe, --recipe-env, --model-path, --baseline); seeded: `run` had no such flags, the job went after
+    `--` unchecked. Each is checked before the report directory is touched: one line, exit 2."""
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_echo_job.py").write_text(ECHO_JOB)
+    recipe = tmp_path / "our_dapo.sh"
+    recipe.write_text('python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path="${MODEL:?}"\n')
+    golden = tmp_path / "tiny.json"
+    golden.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    flags = ["--recipe", str(recipe), "--recipe-env", "MODEL=/models/dsv3", "--model-path", "/shared/dsv3",
+             "--golden", str(golden)]
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", *flags]) == 0, capsys.readouterr()
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    job = doc["tests"][0]["properties"]["job"]  # the report writes paths under the working directory relative
+    assert {**job, "recipe": tmp_path / job["recipe"], "golden": tmp_path / job["golden"]} == {
+        "recipe": recipe, "env": ["MODEL=/models/dsv3"], "model": "/shared/dsv3", "golden": golden}
+    capsys.readouterr()
+    bad = [(["--recipe", str(tmp_path / "missing.sh")], "--recipe"),
+           (["--recipe", str(recipe)], "MODEL"),  # the script stops on ${MODEL:?}: --recipe-env names it
+           (["--recipe", str(recipe), "--recipe-env", "MODEL /x"], "--recipe-env 'MODEL /x': NAME=VALUE expected"),
+           (["--recipe-env", "MODEL=/x"], "--recipe-env without --recipe"),
+           (["--golden", str(tmp_path / "nope.json")], "--golden"),
+           (["--", "--recipe", str(recipe)], "pass `run --recipe ...` before the `--`"),
+           (["--", "--baseline", str(golden)], "pass `run --golden ...` before the `--`")]
+    for extra, says in bad:
+        assert main(["run", "--scale", "tiny", "--report-dir", "fresh", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, (extra, err)
+        assert not (tmp_path / "fresh").exists(), extra

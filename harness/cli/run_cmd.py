@@ -220,15 +220,38 @@ class _Log(io.TextIOBase):
 
 # pytest options the runner sets itself (pytest_args): given again after `--`, pytest's last one won, so
 # `run --report-dir A -- --report-dir B` wrote B while A's previous report was swapped out and the JSON named A's
-# files.
-OWNED_OPTIONS = ("--report-dir", "--scale")
+# files. The team's job (issue 45) is `run`'s own flags too, checked before the report directory is touched; pytest's
+# --baseline is `run --golden`.
+JOB_OPTIONS = {"--recipe": "--recipe", "--recipe-env": "--recipe-env", "--model-path": "--model-path",
+               "--golden": "--baseline"}  # run's flag -> the plugin's option (harness.plugin)
+OWNED_OPTIONS = {"--report-dir": "--report-dir", "--scale": "--scale",
+                 **{pytest_option: flag for flag, pytest_option in JOB_OPTIONS.items()}}
 
 
 def _refuse_owned_options(extra: list[str]) -> None:
     for word in extra:
         option = word.partition("=")[0]
         if option in OWNED_OPTIONS:
-            raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {option} ...` before the `--`")
+            flag = OWNED_OPTIONS[option]
+            raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {flag} ...` before the `--`")
+
+
+def job_options(args: argparse.Namespace) -> list[str]:
+    """The pytest options of `run --recipe/--recipe-env/--model-path/--golden`, each checked as the plugin checks it
+    (BadInput, one line, exit 2): a recipe the launcher would refuse, a golden that is not there."""
+    from harness.cli.args import recipe_from_args
+    from harness.plugin import check_input_path
+
+    if (args.recipe_env or args.model_path) and not args.recipe:
+        given = "--recipe-env" if args.recipe_env else "--model-path"
+        raise BadInput(f"{given} without --recipe: it is an input of your recipe; pass --recipe FILE")
+    recipe_from_args(args)
+    if args.golden is not None:
+        check_input_path("--golden", args.golden)
+    out = ["--recipe", args.recipe] if args.recipe else []
+    out += [f"--recipe-env={item}" for item in args.recipe_env]
+    out += ["--model-path", args.model_path] if args.model_path else []
+    return out + (["--baseline", args.golden] if args.golden is not None else [])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -240,14 +263,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     root = project_root()
     _refuse_owned_options(args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
+    job = job_options(args)
     report_dir = check_report_dir(args.report_dir)
     if args.history:
         check_store(args.history)
     with exclusive(report_dir, "this report directory"), staged(report_dir) as generation:
-        return _run_locked(args, scale, root, report_dir, generation)
+        return _run_locked(args, scale, root, report_dir, generation, job)
 
 
-def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation) -> int:
+def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation, job: list[str]) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -260,7 +284,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     from harness.report.schema import load_report
     from harness.report.trend import lost
 
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    extra = job + (args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
     # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
     # while tests run, and its own terminal report goes to the log. With --json it is stderr's: stdout carries only
@@ -393,7 +417,7 @@ def short_summary(test, width: int) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import whole
+    from harness.cli.args import add_recipe_env_argument, whole
 
     p = sub.add_parser("run", help="the main job: run a scale's suites and write the report (JSON + HTML + Markdown)")
     p.add_argument("--scale", default="tiny", help="scale to run (default tiny; see `scales`)")
@@ -407,5 +431,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "REGRESSED, LOST TESTS), the counts, failing tests and the report's files")
     p.add_argument("--verbose", action="store_true",
                    help="end with the table of every test (default: one `FAILED id - E line` per failure, as pytest)")
+    p.add_argument("--recipe", metavar="FILE",
+                   help="your verl job (a launch script or a Hydra YAML, as `plan --recipe` reads it): the tiers run "
+                        "it instead of the scale's built-in job (tiny: rehearsed on verl's real trainer; reduced: "
+                        "planned at reduced layers on one node; launched tiers: submitted as written)")
+    add_recipe_env_argument(p)
+    p.add_argument("--model-path", metavar="DIR",
+                   help="with --recipe on a launched tier: the HF model directory on the cluster's shared storage "
+                        "(default: the recipe's actor_rollout_ref.model.path, else the scale's)")
+    p.add_argument("--golden", metavar="FILE", help="the golden to judge the curves against: a baseline file recorded "
+                   "from your recipe's own runs (`baseline record RUN... -o FILE`), or a directory of them; pytest's "
+                   "--baseline")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
     p.set_defaults(func=cmd_run)
