@@ -360,6 +360,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    _record_reductions(config, items)
+
+
+REDUCTION_PROPERTY = "recipe.reduction"  # the report's record of what the reduced tier changed in --recipe's job
+
+
+def _record_reductions(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--recipe at the reduced tier (issue 45): the recipe brought up at reduced layers on one node
+    (harness.config.job.reduce), planned once per scale. Each change is printed, one line (`reduced: KEY FROM -> TO
+    (why)`), before any test runs -- on a CPU host too, where the tier then skips for want of its node (under xdist
+    `run` prints them) -- and recorded on every reduced test of the report (REDUCTION_PROPERTY). A recipe the tier
+    cannot reduce is a usage error."""
+    if not config.getoption("recipe", None):
+        return
+    from harness.config.job import build_job
+
+    jobs: dict[str, object] = {}
+    for item in items:
+        scale = scale_for(item)
+        if scale is None or scale.tier != "reduced":
+            continue
+        if scale.name not in jobs:
+            try:
+                jobs[scale.name] = job = build_job(scale, user_recipe(config),
+                                                   model_path=config.getoption("model_path", None))
+            except BadInput as exc:
+                raise pytest.UsageError(f"--recipe at scale {scale.name}: {exc}") from None
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None and not hasattr(config, "workerinput"):  # an xdist worker's terminal is unseen
+                reporter.write_line(f"--recipe {job.user.source} at scale {scale.name}: {len(job.reduction)} change(s)")
+                for change in job.reduction:
+                    reporter.write_line(change.line())
+        item.user_properties.append((REDUCTION_PROPERTY, [c.to_json() for c in jobs[scale.name].reduction]))
 
 
 def scale_for(item: pytest.Item) -> Scale | None:

@@ -8,6 +8,7 @@ import re
 import shlex
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -376,6 +377,10 @@ ECHO_JOB = textwrap.dedent('''
         get = request.config.getoption
         record_property("job", {"recipe": get("recipe"), "env": get("recipe_env"), "model": get("model_path"),
                                 "golden": get("baseline")})
+
+    @pytest.mark.reduced
+    def test_on_the_node():
+        pass
 ''')
 
 
@@ -410,3 +415,27 @@ def test_run_takes_your_recipe_and_golden_as_its_own_flags(tmp_path, monkeypatch
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, (extra, err)
         assert not (tmp_path / "fresh").exists(), extra
+
+
+def test_run_brings_your_recipe_up_at_reduced_layers_and_says_what_changed(tmp_path, monkeypatch, capsys):
+    """Issue 45: `run --scale reduced-a2 --recipe R` (the plugin's `-m reduced --recipe R`) plans a 64-card script at
+    reduced layers on one node, prints each change (from -> to, why) before the tier runs -- here it then skips, for
+    want of an A2 node -- and records them in the report. Seeded: the tier launched the recipe as written."""
+    recipes = Path(__file__).parent / "recipes"
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_echo_job_reduced.py").write_text(ECHO_JOB)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "reduced-a2", "--report-dir", "out", "--recipe",
+                 str(recipes / "dsv3_64card_dapo.sh")]) == 0
+    out = capsys.readouterr().out
+    assert "reduced: trainer.nnodes 8 -> 1 (the reduced tier runs on one a2 node of 8 devices)" in out
+    assert "reduced: actor_rollout_ref.model.path /mnt/models/DeepSeek-V3 -> models/deepseek-v3-4l" in out
+    assert "reduced: trainer.nnodes 8 -> 1" in (tmp_path / "out" / "pytest.log").read_text()  # the plugin's own
+    (test,) = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
+    assert test["outcome"] == "skipped" and "hardware a2" in test["reason"]
+    recorded = {c["override"]: c["to"] for c in test["properties"]["recipe.reduction"]}
+    assert recorded["trainer.nnodes"] == "1" and recorded["actor_rollout_ref.model.path"] == "models/deepseek-v3-4l"
+    other = recipes / "idioms" / "moonlight_megatron_arrays.sh"
+    assert main(["run", "--scale", "reduced-a2", "--report-dir", "fresh", "--recipe", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not DeepSeek-V3's dims" in err and not (tmp_path / "fresh").exists()

@@ -236,22 +236,30 @@ def _refuse_owned_options(extra: list[str]) -> None:
             raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {flag} ...` before the `--`")
 
 
-def job_options(args: argparse.Namespace) -> list[str]:
+def job_options(args: argparse.Namespace, scale) -> tuple[list[str], list[str]]:
     """The pytest options of `run --recipe/--recipe-env/--model-path/--golden`, each checked as the plugin checks it
-    (BadInput, one line, exit 2): a recipe the launcher would refuse, a golden that is not there."""
+    (BadInput, one line, exit 2): a recipe the launcher would refuse, a golden that is not there; and at the reduced
+    tier the lines of what bringing the recipe up on one node changes (harness.config.job.reduce), for the console."""
     from harness.cli.args import recipe_from_args
     from harness.plugin import check_input_path
 
     if (args.recipe_env or args.model_path) and not args.recipe:
         given = "--recipe-env" if args.recipe_env else "--model-path"
         raise BadInput(f"{given} without --recipe: it is an input of your recipe; pass --recipe FILE")
-    recipe_from_args(args)
+    user = recipe_from_args(args)
+    lines = []
+    if user is not None and scale.tier == "reduced":
+        from harness.config.job import build_job
+
+        job = build_job(scale, user, model_path=args.model_path)
+        lines = [f"--recipe {user.source} at scale {scale.name}: {len(job.reduction)} change(s)",
+                 *(c.line() for c in job.reduction)]
     if args.golden is not None:
         check_input_path("--golden", args.golden)
     out = ["--recipe", args.recipe] if args.recipe else []
     out += [f"--recipe-env={item}" for item in args.recipe_env]
     out += ["--model-path", args.model_path] if args.model_path else []
-    return out + (["--baseline", args.golden] if args.golden is not None else [])
+    return out + (["--baseline", args.golden] if args.golden is not None else []), lines
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -263,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     root = project_root()
     _refuse_owned_options(args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
-    job = job_options(args)
+    job = job_options(args, scale)
     report_dir = check_report_dir(args.report_dir)
     if args.history:
         check_store(args.history)
@@ -271,7 +279,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_locked(args, scale, root, report_dir, generation, job)
 
 
-def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation, job: list[str]) -> int:
+def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation,
+                job: tuple[list[str], list[str]]) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -284,7 +293,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     from harness.report.schema import load_report
     from harness.report.trend import lost
 
-    extra = job + (args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
+    extra = job[0] + (args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
     # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
     # while tests run, and its own terminal report goes to the log. With --json it is stderr's: stdout carries only
@@ -300,6 +309,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     log, new_log = report_dir / LOG_NAME, generation.path / LOG_NAME
     shown = " ".join(redact_argv(argv))  # the console and CI logs are shared: no token from --ray-address
     console.print(f"[bold]ascend-rl-harness run[/] scale {escape(scale.name)}: pytest {escape(shown)}")
+    for line in job[1]:  # the recipe at reduced layers: each change, never folded (a line to grep for)
+        console.print(escape(line), soft_wrap=True)
     session = _Session()
     # stderr too: pytest's usage errors go there, and `run` says one line pointing at the log instead
     out = _Log(new_log)
