@@ -32,7 +32,7 @@ def test_a_64_card_recipe_is_brought_up_at_reduced_layers_on_one_node_and_every_
     assert job.scale.model.num_dense_layers == 3 and job.scale.model.num_moe_layers == 1 and job.plan_error is None
     changed = {c.key: (c.before, c.after) for c in job.reduction}
     assert changed == {
-        "actor_rollout_ref.model.path": ("/mnt/models/DeepSeek-V3", "models/deepseek-v3-4l"),
+        "actor_rollout_ref.model.path": ("/mnt/models/DeepSeek-V3", "/mnt/models/deepseek-v3-4l"),
         "trainer.nnodes": ("8", "1"),
         f"{_MG}.pipeline_model_parallel_size": ("8", "1"),
         f"{_RO}.data_parallel_size": ("8", "1"),

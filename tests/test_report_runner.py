@@ -429,12 +429,13 @@ def test_run_brings_your_recipe_up_at_reduced_layers_and_says_what_changed(tmp_p
                  str(recipes / "dsv3_64card_dapo.sh")]) == 0
     out = capsys.readouterr().out
     assert "reduced: trainer.nnodes 8 -> 1 (the reduced tier runs on one a2 node of 8 devices)" in out
-    assert "reduced: actor_rollout_ref.model.path /mnt/models/DeepSeek-V3 -> models/deepseek-v3-4l" in out
+    assert "reduced: actor_rollout_ref.model.path /mnt/models/DeepSeek-V3 -> /mnt/models/deepseek-v3-4l" in out
     assert "reduced: trainer.nnodes 8 -> 1" in (tmp_path / "out" / "pytest.log").read_text()  # the plugin's own
     (test,) = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
     assert test["outcome"] == "skipped" and "hardware a2" in test["reason"]
     recorded = {c["override"]: c["to"] for c in test["properties"]["recipe.reduction"]}
-    assert recorded["trainer.nnodes"] == "1" and recorded["actor_rollout_ref.model.path"] == "models/deepseek-v3-4l"
+    assert recorded["trainer.nnodes"] == "1"
+    assert recorded["actor_rollout_ref.model.path"] == "/mnt/models/deepseek-v3-4l"  # beside the recipe's model
     other = recipes / "idioms" / "moonlight_megatron_arrays.sh"
     assert main(["run", "--scale", "reduced-a2", "--report-dir", "fresh", "--recipe", str(other)]) == 2
     err = capsys.readouterr().err

@@ -837,7 +837,12 @@ def reduce(scale: Scale, user: UserRecipe, *, model_path: str | None = None, dat
         if key in values:
             changes.append(Change(key, values[key], None, f"the {layers} layers split evenly over PP{pp}"))
             overrides.append(f"~{key}")
-    reduced_path = model_path or recipes.dapo_recipe(scale).override_map()["actor_rollout_ref.model.path"]
+    # the reduced checkpoint beside the recipe's model on the storage its nodes mount (a launched job's working
+    # directory has no models/: harness.launch.jobs.shared_inputs), else the scale's own models/<name>
+    written_path = values.get("actor_rollout_ref.model.path") or ""
+    reduced_path = model_path or (str(Path(written_path).parent / model.name) if Path(written_path).is_absolute()
+                                  and "${" not in written_path else
+                                  recipes.dapo_recipe(scale).override_map()["actor_rollout_ref.model.path"])
     changes.insert(0, Change("actor_rollout_ref.model.path", values.get("actor_rollout_ref.model.path"), reduced_path,
                              f"the reduced scale's model {model.name}: {model.num_dense_layers} dense + "
                              f"{model.num_moe_layers} MoE layers of {w.model.name}'s dims"))
