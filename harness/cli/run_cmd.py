@@ -32,6 +32,9 @@ from rich.markup import escape
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
+# Where an installed wheel keeps the suites: the checkout's root as a directory beside `harness` (pyproject.toml
+# [tool.setuptools]); `run` from a team's image with no checkout runs these.
+BUNDLE_DIR = "ascend_rl_harness_suites"
 CACHE_DIR = ".pytest_cache"  # pytest's cache (--lf, --ff, --sw), kept per report directory
 # The checkout this harness is imported from (an editable install, or PYTHONPATH at a clone): where `run` finds
 # suites/ when the working directory is outside every clone.
@@ -122,10 +125,11 @@ class _Progress:
 
 def project_root(start: Path | None = None) -> Path:
     """The checkout whose suites `run` runs: the working directory or the nearest directory above it that holds
-    suites/ (as git finds .git), else the checkout the harness is imported from. BadInput saying where to run
-    otherwise (`run` from any other directory said only "no suites/ here")."""
+    suites/ (as git finds .git), else the checkout the harness is imported from, else the suites installed with it
+    (BUNDLE_DIR, beside the package in site-packages). BadInput saying where to run otherwise (`run` from any other
+    directory said only "no suites/ here")."""
     start = (start or Path.cwd()).resolve()
-    for directory in (start, *start.parents, CHECKOUT):
+    for directory in (start, *start.parents, CHECKOUT, CHECKOUT / BUNDLE_DIR):
         if (directory / SUITES_DIR).is_dir():
             return directory
     raise BadInput(f"no {SUITES_DIR}/ in {start} or any directory above it, nor beside the harness ({CHECKOUT}); run "
