@@ -360,7 +360,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    _record_reductions(config, items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # after every deselection (-m, -k: `pytest -m tiny --recipe moonlight.sh` never plans the reduced tier it skips)
+    _record_reductions(session.config, session.items)
 
 
 REDUCTION_PROPERTY = "recipe.reduction"  # the report's record of what the reduced tier changed in --recipe's job

@@ -78,3 +78,32 @@ def test_a_recipe_of_another_model_is_refused_at_the_reduced_tier():
     with pytest.raises(BadInput, match=r"moonlight-16b-a3b is not DeepSeek-V3's dims .*run the recipe at its own "
                                        r"tier"):
         build_job(get_scale("reduced-a2"), read_recipe(str(RECIPES / "idioms" / "moonlight_megatron_arrays.sh")))
+
+
+TIERS = '''
+import pytest
+
+@pytest.mark.tiny
+def test_here():
+    pass
+
+@pytest.mark.reduced
+def test_on_the_node():
+    pass
+'''
+
+
+def test_pytest_m_reduced_prints_the_reduction_and_skips_for_want_of_the_node(pytester: pytest.Pytester):
+    """`pytest -m reduced --recipe R` prints each change and skips with the reason on CPU; a tier the session does
+    not select is never planned (`-m tiny` with a recipe the reduced tier refuses runs: the plan came after -m)."""
+    pytester.makepyfile(test_reduced_recipe_tiers=TIERS)
+    result = pytester.runpytest("-m", "reduced", "--recipe", str(DSV3_64), "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"--recipe {DSV3_64} at scale reduced-a2: 11 change(s)",
+                                 "reduced: trainer.nnodes 8 -> 1 (the reduced tier runs on one a2 node of 8 devices)",
+                                 "*hardware a2*"])
+    other = RECIPES / "idioms" / "moonlight_megatron_arrays.sh"
+    pytester.runpytest("-m", "tiny", "--recipe", str(other)).assert_outcomes(passed=1)
+    refused = pytester.runpytest("-m", "reduced", "--recipe", str(other))
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--recipe at scale reduced-a2: *moonlight-16b-a3b is not DeepSeek-V3's dims*"])
