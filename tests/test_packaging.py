@@ -98,10 +98,11 @@ def image(tmp_path_factory) -> Path:
     env = tmp_path_factory.mktemp("image") / "venv"
     _run([sys.executable, "-m", "venv", env], check=True, timeout=120)
     python = env / "bin" / "python"
-    # the image's torch: the suites' fixtures import it, as every image of the stack has it (this tier's build, from
-    # the index or the wheel cache the tier was installed from)
+    # the image's torch and transformers, which every image of the stack has: the suites' fixtures import torch, a
+    # suite module transformers (harness.memory.prefill). torch is this tier's build (from the index or the wheel cache
+    # the tier was installed from), transformers another version than the tier's (requirements/cpu.txt 5.19.0)
     torch = f"torch=={importlib.metadata.version('torch')}"
-    _skip_if_offline(_pip(python, "install", "-q", *IMAGE, torch), "building the foreign image")
+    _skip_if_offline(_pip(python, "install", "-q", *IMAGE, torch, "transformers==5.17.0"), "building the foreign image")
     return python
 
 
