@@ -20,6 +20,10 @@
 #   RECIPE        your own job (a launch script or Hydra YAML, as `plan --recipe` reads it): every tier runs it instead
 #                 of the scale's built-in job (tiny: rehearsed on verl's real trainer at tiny scale), and the trend
 #                 store keys the night by it
+#   RECIPE_ENV    NAME=VALUE words (space separated): the environment RECIPE's launch script is read with
+#                 (`run --recipe-env`; a script that stops on an unset ${NAME:?} needs it)
+#   MODEL_PATH    the HF model directory on the cluster's shared storage for RECIPE on the launched tiers
+#                 (`run --model-path`; default: the recipe's own actor_rollout_ref.model.path)
 #   GOLDEN_DIR    your goldens, one per tier, recorded from RECIPE's own runs: GOLDEN_DIR/<scale>.json (`ascend-rl-
 #                 harness baseline record RUN... -o GOLDEN_DIR/<scale>.json`); a tier without one is not judged on
 #                 curves (a failure under --strict-hardware, never a pass against another job's golden)
@@ -79,14 +83,18 @@ for scale in $SCALES; do
   extra=(--strict-hardware --hardware "$HARDWARE")
   [ -n "${RAY_ADDRESS:-}" ] && extra+=(--ray-address "$RAY_ADDRESS")
   [ -n "${TINY_VERL:-}" ] && extra+=(--tiny-verl "$TINY_VERL")
+  job=()  # the job and its golden: `run`'s own flags, checked by `run` before the tier starts (exit 2, one line)
   if [ -n "${RECIPE:-}" ]; then
-    extra+=(--recipe "$RECIPE")
-    [ -f "${GOLDEN_DIR:-}/$scale.json" ] && extra+=(--baseline "$GOLDEN_DIR/$scale.json")
+    job+=(--recipe "$RECIPE")
+    for item in ${RECIPE_ENV:-}; do job+=(--recipe-env "$item"); done
+    [ -n "${MODEL_PATH:-}" ] && job+=(--model-path "$MODEL_PATH")
+    [ -f "${GOLDEN_DIR:-}/$scale.json" ] && job+=(--golden "$GOLDEN_DIR/$scale.json")
   elif [ -d "$BASELINE_DIR/$HARDWARE" ]; then
-    extra+=(--baseline "$BASELINE_DIR/$HARDWARE")
+    job+=(--golden "$BASELINE_DIR/$HARDWARE")
   fi
   tier_status=0
-  run "$HARNESS" run --scale "$scale" --report-dir "$out" -- "${extra[@]}" || tier_status=$?
+  # ${job[@]+...}: an empty array is an unset variable to bash < 4.4 under set -u
+  run "$HARNESS" run --scale "$scale" --report-dir "$out" ${job[@]+"${job[@]}"} -- "${extra[@]}" || tier_status=$?
   # Keep the report whatever happened: the trend store is how a regression is seen the next morning.
   if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     run mkdir -p "$TREND_STORE/$scale$TREND_KEY"

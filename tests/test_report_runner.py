@@ -8,6 +8,7 @@ import re
 import shlex
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -366,3 +367,76 @@ def test_run_ends_like_pytest_within_columns(tmp_path, monkeypatch, capsys, colu
         assert message == full
     assert main(["run", "--scale", "tiny", "--report-dir", "out", "--verbose"]) == 1
     assert "┃" in capsys.readouterr().out  # the full table, on request
+
+
+ECHO_JOB = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.tiny
+    def test_job(request, record_property):
+        get = request.config.getoption
+        record_property("job", {"recipe": get("recipe"), "env": get("recipe_env"), "model": get("model_path"),
+                                "golden": get("baseline")})
+
+    @pytest.mark.reduced
+    def test_on_the_node():
+        pass
+''')
+
+
+def test_run_takes_your_recipe_and_golden_as_its_own_flags(tmp_path, monkeypatch, capsys):
+    """Issue 45: `run --recipe R --recipe-env N=V --model-path M --golden G` hands the team's job to the tiers (the
+    plugin's --recipe, --recipe-env, --model-path, --baseline); seeded: `run` had no such flags, the job went after
+    `--` unchecked. Each is checked before the report directory is touched: one line, exit 2."""
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_echo_job.py").write_text(ECHO_JOB)
+    recipe = tmp_path / "our_dapo.sh"
+    recipe.write_text('python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path="${MODEL:?}"\n')
+    golden = tmp_path / "tiny.json"
+    golden.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    flags = ["--recipe", str(recipe), "--recipe-env", "MODEL=/models/dsv3", "--model-path", "/shared/dsv3",
+             "--golden", str(golden)]
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", *flags]) == 0, capsys.readouterr()
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    job = doc["tests"][0]["properties"]["job"]  # the report writes paths under the working directory relative
+    assert {**job, "recipe": tmp_path / job["recipe"], "golden": tmp_path / job["golden"]} == {
+        "recipe": recipe, "env": ["MODEL=/models/dsv3"], "model": "/shared/dsv3", "golden": golden}
+    capsys.readouterr()
+    bad = [(["--recipe", str(tmp_path / "missing.sh")], "--recipe"),
+           (["--recipe", str(recipe)], "MODEL"),  # the script stops on ${MODEL:?}: --recipe-env names it
+           (["--recipe", str(recipe), "--recipe-env", "MODEL /x"], "--recipe-env 'MODEL /x': NAME=VALUE expected"),
+           (["--recipe-env", "MODEL=/x"], "--recipe-env without --recipe"),
+           (["--golden", str(tmp_path / "nope.json")], "--golden"),
+           (["--", "--recipe", str(recipe)], "pass `run --recipe ...` before the `--`"),
+           (["--", "--baseline", str(golden)], "pass `run --golden ...` before the `--`")]
+    for extra, says in bad:
+        assert main(["run", "--scale", "tiny", "--report-dir", "fresh", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, (extra, err)
+        assert not (tmp_path / "fresh").exists(), extra
+
+
+def test_run_brings_your_recipe_up_at_reduced_layers_and_says_what_changed(tmp_path, monkeypatch, capsys):
+    """Issue 45: `run --scale reduced-a2 --recipe R` (the plugin's `-m reduced --recipe R`) plans a 64-card script at
+    reduced layers on one node, prints each change (from -> to, why) before the tier runs -- here it then skips, for
+    want of an A2 node -- and records them in the report. Seeded: the tier launched the recipe as written."""
+    recipes = Path(__file__).parent / "recipes"
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_echo_job_reduced.py").write_text(ECHO_JOB)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "reduced-a2", "--report-dir", "out", "--recipe",
+                 str(recipes / "dsv3_64card_dapo.sh")]) == 0
+    out = capsys.readouterr().out
+    assert "reduced: trainer.nnodes 8 -> 1 (the reduced tier runs on one a2 node of 8 devices)" in out
+    assert "reduced: actor_rollout_ref.model.path /mnt/models/DeepSeek-V3 -> /mnt/models/deepseek-v3-4l" in out
+    assert "reduced: trainer.nnodes 8 -> 1" in (tmp_path / "out" / "pytest.log").read_text()  # the plugin's own
+    (test,) = json.loads((tmp_path / "out" / "report.json").read_text())["tests"]
+    assert test["outcome"] == "skipped" and "hardware a2" in test["reason"]
+    recorded = {c["override"]: c["to"] for c in test["properties"]["recipe.reduction"]}
+    assert recorded["trainer.nnodes"] == "1"
+    assert recorded["actor_rollout_ref.model.path"] == "/mnt/models/deepseek-v3-4l"  # beside the recipe's model
+    other = recipes / "idioms" / "moonlight_megatron_arrays.sh"
+    assert main(["run", "--scale", "reduced-a2", "--report-dir", "fresh", "--recipe", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not DeepSeek-V3's dims" in err and not (tmp_path / "fresh").exists()

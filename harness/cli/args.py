@@ -101,14 +101,9 @@ def add_recipe_env_argument(p: argparse.ArgumentParser) -> None:
 
 def recipe_from_args(args: argparse.Namespace):
     """The UserRecipe of --recipe (started with --recipe-env's variables) and the overrides after `--`."""
-    from harness.config.user_recipe import read_recipe
+    from harness.config.user_recipe import parse_recipe_env, read_recipe
 
-    env = {}
-    for item in getattr(args, "recipe_env", None) or ():
-        name, eq, value = item.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name):
-            raise BadInput(f"--recipe-env {item!r}: NAME=VALUE expected (a shell variable name, then =)")
-        env[name] = value
+    env = parse_recipe_env(getattr(args, "recipe_env", None) or ())
     return read_recipe(getattr(args, "recipe", None), getattr(args, "overrides", None) or (), env)
 
 

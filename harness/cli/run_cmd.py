@@ -32,6 +32,9 @@ from rich.markup import escape
 from harness.errors import BadInput
 
 SUITES_DIR = "suites"
+# Where an installed wheel keeps the suites: the checkout's root as a directory beside `harness` (pyproject.toml
+# [tool.setuptools]); `run` from a team's image with no checkout runs these.
+BUNDLE_DIR = "ascend_rl_harness_suites"
 CACHE_DIR = ".pytest_cache"  # pytest's cache (--lf, --ff, --sw), kept per report directory
 # The checkout this harness is imported from (an editable install, or PYTHONPATH at a clone): where `run` finds
 # suites/ when the working directory is outside every clone.
@@ -122,10 +125,11 @@ class _Progress:
 
 def project_root(start: Path | None = None) -> Path:
     """The checkout whose suites `run` runs: the working directory or the nearest directory above it that holds
-    suites/ (as git finds .git), else the checkout the harness is imported from. BadInput saying where to run
-    otherwise (`run` from any other directory said only "no suites/ here")."""
+    suites/ (as git finds .git), else the checkout the harness is imported from, else the suites installed with it
+    (BUNDLE_DIR, beside the package in site-packages). BadInput saying where to run otherwise (`run` from any other
+    directory said only "no suites/ here")."""
     start = (start or Path.cwd()).resolve()
-    for directory in (start, *start.parents, CHECKOUT):
+    for directory in (start, *start.parents, CHECKOUT, CHECKOUT / BUNDLE_DIR):
         if (directory / SUITES_DIR).is_dir():
             return directory
     raise BadInput(f"no {SUITES_DIR}/ in {start} or any directory above it, nor beside the harness ({CHECKOUT}); run "
@@ -220,15 +224,46 @@ class _Log(io.TextIOBase):
 
 # pytest options the runner sets itself (pytest_args): given again after `--`, pytest's last one won, so
 # `run --report-dir A -- --report-dir B` wrote B while A's previous report was swapped out and the JSON named A's
-# files.
-OWNED_OPTIONS = ("--report-dir", "--scale")
+# files. The team's job (issue 45) is `run`'s own flags too, checked before the report directory is touched; pytest's
+# --baseline is `run --golden`.
+JOB_OPTIONS = {"--recipe": "--recipe", "--recipe-env": "--recipe-env", "--model-path": "--model-path",
+               "--golden": "--baseline"}  # run's flag -> the plugin's option (harness.plugin)
+OWNED_OPTIONS = {"--report-dir": "--report-dir", "--scale": "--scale",
+                 **{pytest_option: flag for flag, pytest_option in JOB_OPTIONS.items()}}
 
 
 def _refuse_owned_options(extra: list[str]) -> None:
     for word in extra:
         option = word.partition("=")[0]
         if option in OWNED_OPTIONS:
-            raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {option} ...` before the `--`")
+            flag = OWNED_OPTIONS[option]
+            raise BadInput(f"{option} after `--`: `run` sets it itself; pass `run {flag} ...` before the `--`")
+
+
+def job_options(args: argparse.Namespace, scale) -> tuple[list[str], list[str]]:
+    """The pytest options of `run --recipe/--recipe-env/--model-path/--golden`, each checked as the plugin checks it
+    (BadInput, one line, exit 2): a recipe the launcher would refuse, a golden that is not there; and at the reduced
+    tier the lines of what bringing the recipe up on one node changes (harness.config.job.reduce), for the console."""
+    from harness.cli.args import recipe_from_args
+    from harness.plugin import check_input_path
+
+    if (args.recipe_env or args.model_path) and not args.recipe:
+        given = "--recipe-env" if args.recipe_env else "--model-path"
+        raise BadInput(f"{given} without --recipe: it is an input of your recipe; pass --recipe FILE")
+    user = recipe_from_args(args)
+    lines = []
+    if user is not None and scale.tier == "reduced":
+        from harness.config.job import build_job
+
+        job = build_job(scale, user, model_path=args.model_path)
+        lines = [f"--recipe {user.source} at scale {scale.name}: {len(job.reduction)} change(s)",
+                 *(c.line() for c in job.reduction)]
+    if args.golden is not None:
+        check_input_path("--golden", args.golden)
+    out = ["--recipe", args.recipe] if args.recipe else []
+    out += [f"--recipe-env={item}" for item in args.recipe_env]
+    out += ["--model-path", args.model_path] if args.model_path else []
+    return out + (["--baseline", args.golden] if args.golden is not None else []), lines
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -240,14 +275,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     scale = scale_arg(args.scale)
     root = project_root()
     _refuse_owned_options(args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
+    job = job_options(args, scale)
     report_dir = check_report_dir(args.report_dir)
     if args.history:
         check_store(args.history)
     with exclusive(report_dir, "this report directory"), staged(report_dir) as generation:
-        return _run_locked(args, scale, root, report_dir, generation)
+        return _run_locked(args, scale, root, report_dir, generation, job)
 
 
-def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation) -> int:
+def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, generation,
+                job: tuple[list[str], list[str]]) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -260,7 +297,7 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     from harness.report.schema import load_report
     from harness.report.trend import lost
 
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    extra = job[0] + (args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args)
     argv = pytest_args(scale.name, scale.tier, report_dir, args.workers, extra, root)
     # The progress output writes to a duplicate of the terminal's fd: pytest's fd capture redirects fd 1
     # while tests run, and its own terminal report goes to the log. With --json it is stderr's: stdout carries only
@@ -276,6 +313,8 @@ def _run_locked(args: argparse.Namespace, scale, root: Path, report_dir: Path, g
     log, new_log = report_dir / LOG_NAME, generation.path / LOG_NAME
     shown = " ".join(redact_argv(argv))  # the console and CI logs are shared: no token from --ray-address
     console.print(f"[bold]ascend-rl-harness run[/] scale {escape(scale.name)}: pytest {escape(shown)}")
+    for line in job[1]:  # the recipe at reduced layers: each change, never folded (a line to grep for)
+        console.print(escape(line), soft_wrap=True)
     session = _Session()
     # stderr too: pytest's usage errors go there, and `run` says one line pointing at the log instead
     out = _Log(new_log)
@@ -393,7 +432,7 @@ def short_summary(test, width: int) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.cli.args import whole
+    from harness.cli.args import add_recipe_env_argument, whole
 
     p = sub.add_parser("run", help="the main job: run a scale's suites and write the report (JSON + HTML + Markdown)")
     p.add_argument("--scale", default="tiny", help="scale to run (default tiny; see `scales`)")
@@ -407,5 +446,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "REGRESSED, LOST TESTS), the counts, failing tests and the report's files")
     p.add_argument("--verbose", action="store_true",
                    help="end with the table of every test (default: one `FAILED id - E line` per failure, as pytest)")
+    p.add_argument("--recipe", metavar="FILE",
+                   help="your verl job (a launch script or a Hydra YAML, as `plan --recipe` reads it): the tiers run "
+                        "it instead of the scale's built-in job (tiny: rehearsed on verl's real trainer; reduced: "
+                        "planned at reduced layers on one node; launched tiers: submitted as written)")
+    add_recipe_env_argument(p)
+    p.add_argument("--model-path", metavar="DIR",
+                   help="with --recipe on a launched tier: the HF model directory on the cluster's shared storage "
+                        "(default: the recipe's actor_rollout_ref.model.path, else the scale's)")
+    p.add_argument("--golden", metavar="FILE", help="the golden to judge the curves against: a baseline file recorded "
+                   "from your recipe's own runs (`baseline record RUN... -o FILE`), or a directory of them; pytest's "
+                   "--baseline")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments")
     p.set_defaults(func=cmd_run)

@@ -89,6 +89,24 @@ def ignored_keys(entrypoint: str, keys) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One override the reduced tier changes in a recipe: `key` from `before` to `after` (None: unset / removed)."""
+
+    key: str
+    before: str | None
+    after: str | None
+    why: str
+
+    def line(self) -> str:
+        return (f"reduced: {self.key} {self.before if self.before is not None else '(unset)'} -> "
+                f"{self.after if self.after is not None else '(removed)'} ({self.why})")
+
+    def to_json(self) -> dict:
+        # "override", not "key": the report masks the value of any field named as a secret (harness.redact)
+        return {"override": self.key, "from": self.before, "to": self.after, "why": self.why}
+
+
+@dataclass(frozen=True)
 class Job:
     """A scale with the user's recipe applied."""
 
@@ -104,6 +122,7 @@ class Job:
     warnings: tuple[str, ...] = ()  # a scale / harness value that changes the model, engine, algorithm or a length
     engine: str = "megatron"
     ignored: tuple[str, ...] = ()  # the user's keys verl's trainer composes and then ignores (IGNORED_BY_MAIN_PPO)
+    reduction: tuple[Change, ...] = ()  # the reduced tier: what bringing the recipe up on one node changed (reduce)
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -116,6 +135,12 @@ def build_job(scale: Scale, user: UserRecipe | None = None, *, model_path: str |
     both."""
     if scale.tier == "tiny" and user is not None:
         return rehearsal(scale, user, model_path=model_path, data_dir=data_dir)
+    if scale.tier == "reduced" and user is not None:
+        return reduce(scale, user, model_path=model_path, data_dir=data_dir)
+    return _build(scale, user, model_path=model_path, data_dir=data_dir)
+
+
+def _build(scale: Scale, user: UserRecipe | None, *, model_path: str | None, data_dir: str | None) -> Job:
     base = recipes.dapo_recipe(scale, model_path=model_path, data_dir=data_dir)
     if user is None:
         values = base.override_map()
@@ -269,6 +294,8 @@ def model_of(path: str | None) -> tuple[ModelSpec | None, str]:
     config = Path(path) / "config.json"
     if "${" not in path and config.is_file():
         return _spec_from_config(config, name), name
+    if name in MODELS:  # a registered model's own directory (models/deepseek-v3-4l: the reduced scale's 4 layers)
+        return MODELS[name], name
     for pattern, model in KNOWN_MODELS:
         if pattern.search(name):
             return MODELS[model], name
@@ -727,3 +754,99 @@ def rehearsal(tiny: Scale, user: UserRecipe, *, model_path: str | None = None, d
     recipe = base.with_overrides(kept)
     return Job(scale=scale, recipe=recipe, user=user, read=tuple(kept), notes=tuple(notes),
                values=recipe.override_map())
+
+
+# ---------------------------------------------------------------------------------------------------- reduced layers
+
+# The steps of the reduced scale's own job (harness.launch.jobs DEFAULT_STEPS_VERL; this layer cannot import it): the
+# 64-card script's 200 steps at a reduced step of ~465 s predicted would take a day on the node.
+REDUCED_STEPS = 20
+
+
+def _fit(size: int, room: int, divides: int | None = None) -> int:
+    """The largest size <= `size` that divides `room` (a node's devices; Megatron and vLLM split it evenly) and, when
+    given, `divides` (the layers a pipeline splits)."""
+    return max(d for d in range(1, max(1, min(size, room)) + 1)
+               if room % d == 0 and (divides is None or divides % d == 0))
+
+
+def reduce(scale: Scale, user: UserRecipe, *, model_path: str | None = None, data_dir: str | None = None) -> Job:
+    """The user's recipe brought up at the reduced scale (issue 45; seed 001 brought its job up at reduced layers
+    first): its own overrides -- algorithm, batch share, lengths, offloads, memory knobs -- on the reduced scale's model
+    (deepseek-v3-4l: 3 dense + 1 MoE layer, DeepSeek-V3's dims) and one node of the reduced scale's hardware, the
+    parallel plan cut to fit that node (each size the largest that divides the node's devices, PP the layers too),
+    the prompts per step the reduced scale's (its samples per prompt stay the recipe's). Every change is a
+    Change, printed by `run` / the plugin and in `plan`'s notes. BadInput when the recipe's model is not DeepSeek-V3's
+    dims (the reduced model would describe another one)."""
+    written = _build(scale, user, model_path=None, data_dir=data_dir)  # the recipe's job as written
+    values, w, model = written.values, written.scale, scale.model
+    if written.scale.model.num_hidden_layers != model.num_hidden_layers:
+        dims = ("hidden_size", "num_attention_heads", "n_routed_experts", "moe_intermediate_size", "kv_lora_rank")
+        other = [f"{d} {getattr(w.model, d)}" for d in dims if getattr(w.model, d) != getattr(model, d)]
+        if other:
+            raise BadInput(f"--recipe {user.source}: its model {w.model.name} is not DeepSeek-V3's dims "
+                           f"({', '.join(other)}); the reduced tier's model is {model.name}: run the recipe at its "
+                           "own tier")
+    node, layers = scale.devices_per_node, model.num_hidden_layers
+    t, r = w.plan.train, w.plan.rollout
+    tp = _fit(t.tp, node)
+    cp = _fit(t.cp, node // tp)
+    pp = _fit(t.pp, node // (tp * cp), layers)
+    etp = None if t.etp is None else _fit(t.etp, node // pp)
+    ep = _fit(t.ep, node // (pp * (etp or tp)), model.n_routed_experts)
+    rtp = _fit(r.tp, node)
+    rdp = _fit(r.dp, node // rtp)
+    rep = _fit(r.ep, rtp * rdp)
+    dp = node // (tp * pp * cp)
+    one_node = f"one {scale.hardware.name} node of {node} devices"
+    # key -> (what the recipe's job runs with, its value on the node, why)
+    target = {
+        "trainer.nnodes": (w.nodes, 1, f"the reduced tier runs on {one_node}"),
+        "trainer.n_gpus_per_node": (w.devices_per_node, node, f"the reduced tier runs on {one_node}"),
+        f"{_MG}.tensor_model_parallel_size": (t.tp, tp, f"fits {one_node}"),
+        f"{_MG}.context_parallel_size": (t.cp, cp, f"fits {one_node} beside TP{tp}"),
+        f"{_MG}.pipeline_model_parallel_size": (t.pp, pp, f"splits the {layers} layers within {one_node}"),
+        f"{_MG}.expert_tensor_parallel_size": (t.etp, etp, f"fits {one_node} with PP{pp}"),
+        f"{_MG}.expert_model_parallel_size": (t.ep, ep, f"PP{pp} x EP x ETP{etp} within {one_node}"),
+        f"{_RO}.tensor_model_parallel_size": (r.tp, rtp, f"a rollout instance within {one_node}"),
+        f"{_RO}.data_parallel_size": (r.dp, rdp, f"rollout TP{rtp} x DP within {one_node}"),
+        f"{_RO}.expert_parallel_size": (r.ep, rep, f"at most rollout TP{rtp} x DP{rdp}"),
+    }
+    # a step of the recipe's own batch on one node took the 64-card script 2 h (7412 s predicted): the reduced tier
+    # takes the reduced scale's prompts per step; what a device holds follows the micro batch and lengths, kept
+    gbs = min(w.batch.gbs, max(dp, scale.batch.gbs // dp * dp))
+    target["data.train_batch_size"] = (w.batch.gbs, gbs, "the reduced scale's prompts per step: a step in minutes "
+                                                          "on one node; the micro batch and lengths stay the recipe's")
+    target[f"{_A}.ppo_mini_batch_size"] = (w.batch.mini_batch, min(w.batch.mini_batch, gbs),
+                                           "at most the prompts per step")
+    steps = _int("trainer.total_training_steps", values.get("trainer.total_training_steps"))
+    if steps is not None and steps > REDUCED_STEPS:
+        target["trainer.total_training_steps"] = (steps, REDUCED_STEPS, "the reduced scale's own job's steps: a "
+                                                  "bring-up judged on its first curves, not the recipe's whole run")
+    if t.recompute is not None and t.recompute.num_layers > layers // pp:
+        key = next((k for k in (*LEGACY_KEYS, RECOMPUTE["num_layers"]) if LEGACY_KEYS.get(k, RECOMPUTE["num_layers"])
+                    == RECOMPUTE["num_layers"] and k in values), RECOMPUTE["num_layers"])
+        target[key] = (t.recompute.num_layers, layers // pp, f"the layers of a stage: {layers} over PP{pp}")
+    changes, overrides = [], []
+    for key, (before, after, why) in target.items():
+        if before == after:
+            continue
+        changes.append(Change(key, values.get(key, f"{before} (default)"), str(after), why))
+        overrides.append(f"{key}={after}")  # each a key of verl's schema (trainer/config/ppo_megatron_trainer.yaml)
+    for key in (FIRST_STAGE, LAST_STAGE, FORK_STAGE_LIST):
+        if key in values:
+            changes.append(Change(key, values[key], None, f"the {layers} layers split evenly over PP{pp}"))
+            overrides.append(f"~{key}")
+    # the reduced checkpoint beside the recipe's model on the storage its nodes mount (a launched job's working
+    # directory has no models/: harness.launch.jobs.shared_inputs), else the scale's own models/<name>
+    written_path = values.get("actor_rollout_ref.model.path") or ""
+    reduced_path = model_path or (str(Path(written_path).parent / model.name) if Path(written_path).is_absolute()
+                                  and "${" not in written_path else
+                                  recipes.dapo_recipe(scale).override_map()["actor_rollout_ref.model.path"])
+    changes.insert(0, Change("actor_rollout_ref.model.path", values.get("actor_rollout_ref.model.path"), reduced_path,
+                             f"the reduced scale's model {model.name}: {model.num_dense_layers} dense + "
+                             f"{model.num_moe_layers} MoE layers of {w.model.name}'s dims"))
+    reduced_user = dataclasses.replace(user, overrides=user.overrides + tuple(overrides))
+    job = _build(scale, reduced_user, model_path=reduced_path, data_dir=data_dir)
+    return dataclasses.replace(job, user=user, notes=(*job.notes, *(c.line() for c in changes)),
+                               reduction=tuple(changes))

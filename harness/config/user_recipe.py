@@ -75,6 +75,18 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").partition("=")[0]
 
 
+def parse_recipe_env(items: Sequence[str], option: str = "--recipe-env") -> dict[str, str]:
+    """--recipe-env's NAME=VALUE items as the environment the launch script is started with; BadInput naming
+    `option` for an item that is no shell assignment. The one parser of `plan`/`launch`/`run` and the pytest plugin."""
+    env = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise BadInput(f"{option} {item!r}: NAME=VALUE expected (a shell variable name, then =)")
+        env[name] = value
+    return env
+
+
 def read_recipe(path: str | None = None, overrides: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> UserRecipe | None:
     """The user's job from `--recipe FILE` (a script started with `env`, --recipe-env) and/or overrides after `--`;
