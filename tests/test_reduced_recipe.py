@@ -107,3 +107,33 @@ def test_pytest_m_reduced_prints_the_reduction_and_skips_for_want_of_the_node(py
     refused = pytester.runpytest("-m", "reduced", "--recipe", str(other))
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*--recipe at scale reduced-a2: *moonlight-16b-a3b is not DeepSeek-V3's dims*"])
+
+
+def test_launch_prints_the_reduction_it_books(capsys):
+    """Seeded: `launch --scale reduced-a2 --recipe R` booked the reduced job and said nothing of what it changed
+    (only `run` and the tier printed it), and launch.json's spec had no record of it."""
+    import dataclasses
+
+    from harness.cli import main
+    from harness.launch.ray_job import JobSpec
+
+    code = main(["launch", "--scale", "reduced-a2", "--recipe", str(DSV3_64), "--k8s", "--image", "img:1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "reduced: trainer.nnodes 8 -> 1" in err and "reduced: data.train_batch_size 256 -> 16" in err, err
+    job = build_job(get_scale("reduced-a2"), read_recipe(str(DSV3_64)))
+    spec = JobSpec("j", "true", "/r", 1, reduction=tuple(c.to_json() for c in job.reduction))
+    assert {"override": "trainer.nnodes", "from": "8", "to": "1"}.items() <= \
+        next(c for c in dataclasses.asdict(spec)["reduction"] if c["override"] == "trainer.nnodes").items()
+
+
+def test_a_job_from_an_installed_wheel_uploads_no_site_packages(tmp_path):
+    """Seeded: run from an installed wheel, REPO_ROOT is site-packages, and every Ray job uploaded all of it as its
+    working dir; there the team's image has the harness, so nothing is uploaded."""
+    from harness.launch.ray_job import REPO_ROOT, checkout_dir
+
+    site = tmp_path / "site-packages"
+    (site / "harness").mkdir(parents=True)
+    (site / "numpy").mkdir()
+    assert checkout_dir(site) is None
+    assert checkout_dir(REPO_ROOT) == str(REPO_ROOT)  # this checkout: uploaded as before

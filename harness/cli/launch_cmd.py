@@ -76,6 +76,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         output_console(stderr=True).print("read: " + one_line(", ".join(job.user.files_read), 2000), markup=False,
                                           soft_wrap=True)
+        for change in job.reduction:  # the reduced tier's changes to the recipe, as `run` and the tier print them
+            output_console(stderr=True).print(one_line(change.line(), 2000), markup=False, soft_wrap=True)
     if args.k8s:  # the manifest's own checks (names, node count) cost nothing: before composing in verl's schema
         from harness.launch.k8s import manifest, manifest_yaml
 
@@ -147,8 +149,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = output_console(stderr=True)
     spec = job_for_scale(scale, run_dir, steps=args.steps, resume=args.resume, seed=args.seed, fault=args.fault,
                          user=job.user, model_path=args.model_path, data_dir=args.data_dir)
-    # launch.json records what --force overrode, and every file the job was read from
-    spec = dataclasses.replace(spec, forced=forced, files_read=tuple(job.user.files_read) if job.user else ())
+    # launch.json records what --force overrode, every file the job was read from and what the reduced tier changed
+    spec = dataclasses.replace(spec, forced=forced, files_read=tuple(job.user.files_read) if job.user else (),
+                               reduction=tuple(c.to_json() for c in job.reduction))
     rules = stop_rules_for(job) if args.abort_on_fail else ()
     kw = {"timeout_s": args.timeout, "stall_s": args.stall_timeout, "console": console, "stop_rules": rules,
           "wait": not args.no_wait}

@@ -27,6 +27,13 @@ from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD
 from harness.redact import for_terminal, redact, redact_doc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def checkout_dir(root: Path = REPO_ROOT) -> str | None:
+    """The harness's checkout, which a job uploads as its Ray working dir; None when the harness runs from an
+    installed wheel (`root` is then site-packages, which a job would have uploaded whole): the team's image has
+    the harness installed, and the cluster's nodes run it from there."""
+    return str(root) if all((root / p).exists() for p in ("pyproject.toml", "harness", "suites")) else None
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
 WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "data", "**/__pycache__",
                         ".benchmarks", ".hypothesis", "*.egg-info")
@@ -59,11 +66,12 @@ class JobSpec:
     run_dir: str  # absolute; the job writes metrics.jsonl (and rollouts/, profiles/, checkpoints/) here
     total_steps: int
     env: Mapping[str, str] = field(default_factory=dict)
-    working_dir: str | None = str(REPO_ROOT)  # uploaded by Ray; None when the cluster image has the harness
+    working_dir: str | None = checkout_dir()  # uploaded by Ray; None when the cluster image has the harness
     resume: bool = False  # a resubmission that resumes from the run's checkpoints (verl resume_mode=auto)
     entrypoint_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources the driver needs
     forced: str | None = None  # the INVALID verdict `launch --force` overrode (recorded in launch.json's spec)
     files_read: tuple[str, ...] = ()  # the files the recipe was read from (a wrapper's target too), named
+    reduction: tuple[dict, ...] = ()  # the reduced tier: what bringing the recipe up on one node changed (job.Change)
 
     @property
     def metrics_path(self) -> Path:
