@@ -37,7 +37,7 @@ def _short_run(tmp_path_factory, steps: int, seed: int, fault: str):
     return load_run(out)
 
 
-@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "none"])
+@pytest.mark.parametrize("fault", [f for f, how in FAULTS.items() if f != "none" and how.trainer_fault is None])
 def test_each_fault_is_flagged_by_compare(fault, golden, tmp_path_factory):
     run = _short_run(tmp_path_factory, FAULT_STEPS, 0, fault)
     alignment = curves.compare(run, golden)
@@ -78,3 +78,40 @@ def test_clean_run_learns_and_writes_verl_filelogger(tiny_lab_run, golden):
 def test_lab_cli_rejects_bad_input(capsys):
     assert main(["lab", "--steps", "0", "--out", "/nonexistent/never-written"]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", [f for f, how in FAULTS.items() if how.trainer_fault])
+def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
+    """The trainer faults (issue 43: a run that stops learning, or learns at half speed) act on the code the lab
+    trains with from FAULT_FROM_STEP on, and on nothing after the run. Seeded: a patch that never engages (its
+    step count off) or that outlives its run (the next clean run would stop learning too)."""
+    import torch
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    from harness.lab.config import FAULT_FROM_STEP
+    from harness.lab.loop import _patched
+
+    saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step
+    reward = torch.tensor([[1.0], [-1.0]])
+    mask, uid = torch.ones(2, 1), __import__("numpy").array(["a", "a"], dtype=object)
+    logp = torch.zeros(2, 1, requires_grad=True)
+    with _patched(FAULTS[fault].trainer_fault):
+        layer = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+        moved = []
+        for _ in range(2 * FAULT_FROM_STEP + 2):  # two optimizer steps per lab step
+            before = layer.weight.detach().clone()
+            layer(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+            moved.append(not torch.equal(before, layer.weight))
+        adv, _ = core_algos.compute_grpo_outcome_advantage(reward, mask, uid)
+        config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=2)
+        loss, _ = core_algos.get_policy_loss_fn("vanilla")(logp.detach(), logp, torch.tensor([[1.0], [1.0]]),
+                                                           mask, loss_agg_mode="token-mean", config=config)
+    assert all(moved[:2 * FAULT_FROM_STEP]), moved  # healthy before its step
+    live = {"frozen-optimizer": moved[-2:] == [False, False], "half-updates": moved[-2:] in ([True, False],
+            [False, True]), "zero-advantage": not adv.any(), "dead-loss": float(loss) == 0.0 and bool(adv.any())}
+    assert live[fault], (fault, moved, adv, loss)
+    assert (core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn,
+            torch.optim.AdamW.step) == saved  # undone

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=SEED, default=LabConfig.seed,
                    help="seed of the policy init, the prompts and the rollout sampling (default %(default)s)")
     p.add_argument("--fault", default="none", choices=sorted(FAULTS),
-                   help="rollout fault to inject (default %(default)s; see harness/lab/loop.py)")
+                   help="rollout or trainer fault to inject (default %(default)s; see harness/lab/config.py)")
     p.add_argument("--gbs", type=whole(1, MAX_GBS), default=LabConfig.gbs,
                    help=f"prompts per step (default %(default)s, at most {MAX_GBS})")
     p.add_argument("--n", type=whole(2, MAX_N), default=LabConfig.n,

@@ -15,6 +15,11 @@ class LabFault:
     load_format: str = "real"
     engine_fault: str | None = None  # harness.engines.reference.EngineFault value
     sync: bool = True
+    trainer_fault: str | None = None  # patched into the trainer's code from step FAULT_FROM_STEP on (loop._patched)
+
+
+# The trainer faults start after this many healthy steps: a run that learns, then stops (issue 43's class).
+FAULT_FROM_STEP = 3
 
 
 FAULTS: dict[str, LabFault] = {
@@ -23,6 +28,12 @@ FAULTS: dict[str, LabFault] = {
     "dummy-no-rederive": LabFault(load_format="dummy", engine_fault="stale_copy"),
     "wrong-scale": LabFault(engine_fault="scale_v_head"),
     "no-sync": LabFault(sync=False),
+    # A run that stops learning, whichever part of the trainer stops it (issue 43): the advantage verl computes,
+    # the policy loss verl returns, the optimizer's step; and one that learns at half speed.
+    "zero-advantage": LabFault(trainer_fault="zero-advantage"),
+    "dead-loss": LabFault(trainer_fault="dead-loss"),
+    "frozen-optimizer": LabFault(trainer_fault="frozen-optimizer"),
+    "half-updates": LabFault(trainer_fault="half-updates"),
 }
 
 

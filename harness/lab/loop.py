@@ -140,8 +140,50 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
     spec = config.spec()
     # The lab's tensors are tiny: intra-op threads only add spin/sync overhead, which on a shared 2-core CI
     # machine made steps 30x slower (measured 40-70 s/step with 2 threads under load vs ~1 s with one).
-    with torch_threads(1):
+    with torch_threads(1), _patched(fault.trainer_fault):
         return _run(config, out, fault, spec, make_engine, progress)
+
+
+@contextmanager
+def _patched(trainer_fault: str | None):
+    """The trainer fault patched into the code the lab trains with -- verl's GRPO advantage and policy loss
+    (verl.trainer.ppo.core_algos) and the optimizer's step -- from step FAULT_FROM_STEP on, the way a held-out fault
+    is patched into verl's own code: the run's settings stay the same, so only its curves can tell."""
+    if trainer_fault is None:
+        yield
+        return
+    from verl.trainer.ppo import core_algos
+
+    from harness.lab.config import FAULT_FROM_STEP
+
+    steps = {"n": 0}  # optimizer steps taken; 2 per lab step (ppo_mini_batch_size 4 of gbs 8)
+    live = lambda: steps["n"] >= 2 * FAULT_FROM_STEP  # noqa: E731
+    saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step
+
+    def advantage(*args, **kwargs):
+        adv, ret = saved[0](*args, **kwargs)
+        return (adv * 0, ret * 0) if trainer_fault == "zero-advantage" and live() else (adv, ret)
+
+    def policy_loss_fn(name):
+        loss_fn = saved[1](name)
+
+        def dead(*args, **kwargs):
+            loss, metrics = loss_fn(*args, **kwargs)
+            return (loss * 0 if live() else loss), metrics
+        return dead if trainer_fault == "dead-loss" else loss_fn
+
+    def step(self, *args, **kwargs):
+        skip = live() and (trainer_fault == "frozen-optimizer" or
+                           (trainer_fault == "half-updates" and steps["n"] % 2 == 1))
+        steps["n"] += 1
+        return None if skip else saved[2](self, *args, **kwargs)
+
+    core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn = advantage, policy_loss_fn
+    torch.optim.AdamW.step = step
+    try:
+        yield
+    finally:
+        core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step = saved
 
 
 def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_engine: Callable,
