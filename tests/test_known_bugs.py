@@ -82,13 +82,17 @@ CASES = {
 # The self-test that seeds each row's bug into a stub, stand-in or seeded engine and fails the catcher the row names
 # (issue 46, M4 / m3: rows named suites that could not fail on their bug). A row with no CPU catcher says "doctor is
 # the check" and why.
+# id -> the node id of the SEEDED case that fails its catcher on the bug (one item: a parametrised test names its
+# seeded parameter). test_every_catcher_is_a_seeded_case_this_tier_runs collects them all at once.
 CATCHERS = {
     "mindspeed-mla-softmax-scale": "tests/test_training_scale_probe.py::test_recorder_sees_the_v220_bug_the_"
-                                   "module_hides",
-    "verl-async-stale-absorbed-mla": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite",  # stale_copy
+                                   "module_hides[deepseek-v3]",
+    "verl-async-stale-absorbed-mla": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite[stale_copy-"
+                                     "test_mla_weight_sync]",
     "vllm-ascend-wake-up-moe-retranspose": "tests/test_npu_stubs.py::test_a_moe_wake_up_without_a_sync_keeps_the_"
-                                           "experts",
-    "vllm-ascend-batch-invariant-mla-aclgraph": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite",  # split_k
+                                           "experts[v0.23.0-wake-up]",
+    "vllm-ascend-batch-invariant-mla-aclgraph": "tests/test_mla_seeded.py::test_seeded_engine_fails_suite[split_k-"
+                                                "test_batch_invariance]",
     "verl-ep-level-2-wake-stale-expert-map": "tests/test_megatron_sender.py::test_an_expert_map_kept_across_a_level_2_"
                                              "sleep_fails_the_second_sync",
     "vllm-cpu-amx-mla-packs-copies": "tests/test_host.py::test_the_amx_expectation_matches_what_the_amx_host_raised",
@@ -97,30 +101,147 @@ CATCHERS = {
     "logits-oom-long-responses": "tests/test_memory_phases.py::test_seeded_logits_oom_is_flagged_with_its_knobs",
 }
 DOCTOR = "doctor is the check"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _defines(path: Path, test: str) -> bool:
+def _test_function(nodeid: str):
+    """The module-level test function a node id names (its AST), None where there is none."""
     import ast
 
-    return any(isinstance(node, ast.FunctionDef) and node.name == test for node in ast.parse(path.read_text()).body)
+    path, _, test = nodeid.partition("::")
+    test = test.split("[")[0]
+    if not (ROOT / path).is_file():
+        return None
+    return next((node for node in ast.parse((ROOT / path).read_text()).body
+                 if isinstance(node, ast.FunctionDef) and node.name == test), None)
+
+
+def asserts_a_failure(function) -> bool:
+    """The test asserts that something fails: `pytest.raises`, or an assert whose condition negates (`assert not
+    finding.ok`) or reads a failure (`outcomes["failed"] == n`, `assert failures`). A test asserting only success
+    (`assert check.ok`) shows that the fix passes, not that the catcher can fail."""
+    import ast
+
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.raises":
+            return True
+        if isinstance(node, ast.Assert):
+            for sub in ast.walk(node.test):  # the condition, not the message
+                if isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not):
+                    return True
+                if isinstance(sub, (ast.Name, ast.Attribute, ast.Constant)) and "fail" in ast.unparse(sub).lower():
+                    return True
+    return False
+
+
+# Collects the node ids as this tier does (pyproject's addopts: its -m, the harness plugin's deselection), and says
+# per item whether it would skip here: a skip / skipif mark, or a `requires` this machine lacks (harness.plugin).
+PROBE = """
+import json, os
+from pathlib import Path
+
+from _pytest.skipping import evaluate_skip_marks
+
+deselected = []
+
+
+def pytest_deselected(items):
+    deselected.extend(item.nodeid for item in items)
+
+
+def pytest_collection_finish(session):
+    from harness.markers import DETECTED_KEY
+    from harness.plugin import item_need
+
+    collected = {}
+    for item in session.items:
+        skip = evaluate_skip_marks(item)
+        missing = item_need(item).missing(item.config.stash[DETECTED_KEY], {})
+        collected[item.nodeid] = skip.reason if skip else "; ".join(missing)
+    Path(os.environ["CATCHER_PROBE_OUT"]).write_text(json.dumps({"collected": collected, "deselected": deselected}))
+"""
+
+
+def catcher_problems(nodeids: list[str], tmp_path: Path) -> dict[str, str]:
+    """node id -> why it cannot catch its bug on this tier ("" where it can): it names no test, selects other than
+    one item, is deselected by the tier's markers, would skip here, or asserts no failure. One `--collect-only`
+    of them all (a few seconds of imports; running them is the suite's job)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from harness.config.hardware import module_exists
+
+    problems = {n: "" if _test_function(n) else "no such test" for n in nodeids}
+    runnable = [n for n in nodeids if not problems[n]]  # pytest stops on a node id it cannot find
+    (tmp_path / "catcher_probe.py").write_text(PROBE)
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "CATCHER_PROBE_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "catcher_probe",
+                           "--collect-only", "-q", *runnable], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.is_file(), f"the collection did not finish (exit {done.returncode}):\n{done.stdout[-3000:]}"
+    probe = json.loads(out.read_text())
+    for nodeid in runnable:
+        mine = [n for n in probe["collected"] if n == nodeid or n.startswith(nodeid + "[")]
+        function = _test_function(nodeid)
+        skips = [c.args[0].value for c in _calls(function, "pytest.importorskip") if not module_exists(c.args[0].value)]
+        if not mine and any(n == nodeid or n.startswith(nodeid + "[") for n in probe["deselected"]):
+            problems[nodeid] = "deselected on this tier"
+        elif len(mine) != 1:
+            problems[nodeid] = f"selects {len(mine)} items; name the seeded one"
+        elif probe["collected"][mine[0]] or skips:
+            problems[nodeid] = f"would skip here: {probe['collected'][mine[0]] or 'no ' + ', '.join(skips)}"
+        elif not asserts_a_failure(function):
+            problems[nodeid] = "asserts no failure"
+    return problems
+
+
+def _calls(function, name: str) -> list:
+    import ast
+
+    return [node for node in ast.walk(function) if isinstance(node, ast.Call) and ast.unparse(node.func) == name
+            and node.args and isinstance(node.args[0], ast.Constant)]
 
 
 @pytest.mark.parametrize("bug", KNOWN_BUGS, ids=lambda b: b.id)
 def test_every_rows_catcher_can_fail(bug):
     """A row names a suite or test that exercises its bug's mechanism, with the self-test that seeds the bug and
     fails it (CATCHERS), or says "doctor is the check" and why; every file and test it names exists."""
-    root = Path(__file__).resolve().parents[1]
+    import re
+
     if bug.id not in CATCHERS:  # doctor alone (a row may name a CPU catcher and doctor for the NPU besides)
         assert DOCTOR in bug.suite, f"{bug.id}: names {bug.suite!r} but no self-test that seeds its bug and fails it"
         assert len(bug.suite.replace(DOCTOR, "").strip(" :()")) > 10, f"{bug.id}: say why doctor is the check"
         return
-    path, _, test = CATCHERS[bug.id].partition("::")
-    assert _defines(root / path, test), f"{bug.id}: {CATCHERS[bug.id]} does not exist"
-    import re
-
     for named in re.findall(r"((?:suites|tests)/[\w/]+\.py)(?:::(\w+))?", bug.suite):
-        assert (root / named[0]).is_file(), f"{bug.id}: {named[0]} does not exist"
-        assert not named[1] or _defines(root / named[0], named[1]), f"{bug.id}: {'::'.join(named)} does not exist"
+        assert (ROOT / named[0]).is_file(), f"{bug.id}: {named[0]} does not exist"
+        assert not named[1] or _test_function("::".join(named)), f"{bug.id}: {'::'.join(named)} does not exist"
+
+
+# Seeded catchers, each a way a row's catcher could not fail on this tier, with what the check must say.
+SEEDED_CATCHERS = {
+    "tests/test_npu_stubs.py::test_no_such_catcher": "no such test",
+    # asserts the v2.3.0 fix passes, never the v2.2.0 bug
+    "tests/test_training_scale_probe.py::test_recorder_passes_the_v230_fix[tiny-dsv3]": "asserts no failure",
+    # the fixed and the seeded parameter both
+    "tests/test_npu_stubs.py::test_a_moe_wake_up_without_a_sync_keeps_the_experts": "selects 2 items",
+    # -m 'not regression' (pyproject addopts)
+    "tests/test_tiny_verl.py::test_the_alignment_fails_a_seeded_regression_on_the_real_trainer":
+        "deselected on this tier",
+    "suites/memory/test_chunked_prefill.py::test_vllm_ascend_chunked_prefill_has_no_score_matrix":
+        "would skip here: hardware npu",
+}
+
+
+def test_every_catcher_is_a_seeded_case_this_tier_runs(tmp_path):
+    """Each CATCHERS node id is one item this CPU tier collects and runs (not deselected by its markers, not skipped
+    here) whose test asserts a failure -- and the check says which way each seeded catcher cannot fail."""
+    problems = catcher_problems([*CATCHERS.values(), *SEEDED_CATCHERS], tmp_path)
+    assert {n: p for n, p in problems.items() if n in CATCHERS.values() and p} == {}
+    for nodeid, want in SEEDED_CATCHERS.items():
+        assert problems[nodeid].startswith(want), (nodeid, problems[nodeid])
 
 
 def _ids(stack, values, env, installed=False) -> set[str]:

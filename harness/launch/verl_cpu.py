@@ -26,7 +26,6 @@ harness.config.cpu_tier, the one place that names the CPU-only differences.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.metadata
 import importlib.util
@@ -80,12 +79,14 @@ def _mem_get_info(*_args) -> tuple[int, int]:
 
 
 def _register_platform() -> None:
-    from verl.plugin.platform import PlatformBase, PlatformRegistry
+    from verl.plugin.platform import PlatformRegistry
+
+    from harness.engines.verl_platform import host_platform_base
 
     cpu_device = _device_module()
 
     @PlatformRegistry.register(platform=PLATFORM_NAME)
-    class PlatformCPU(PlatformBase):
+    class PlatformCPU(host_platform_base()):
         """verl's platform interface (verl/plugin/platform/platform_base.py) for CPU: device cpu, backend gloo,
         the Ray resource `GPU` (verl/single_controller/ray/base.py counts only "GPU"/"NPU" resources, so the
         local cluster declares one logical GPU), no IPC (weights go to vLLM through shared memory)."""
@@ -94,35 +95,8 @@ def _register_platform() -> None:
         vendor_name = "cpu"
         device_module = cpu_device
 
-        def is_available(self) -> bool:
-            return True
-
         def current_device(self):
             return _DeviceIndex("cpu")
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index) -> None:
-            pass
-
-        def synchronize(self, device_index=None) -> None:
-            pass
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            pass
-
-        def empty_cache(self) -> None:
-            pass
-
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
 
         def communication_backend_name(self) -> str:
             return "gloo"
@@ -130,27 +104,11 @@ def _register_platform() -> None:
         def visible_devices_envvar(self) -> str:
             return "CUDA_VISIBLE_DEVICES"  # what Ray sets for the logical GPU resource
 
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            pass
-
-        def profiler_stop(self) -> None:
-            pass
-
         def ray_resource_name(self) -> str:
             return "GPU"
 
         def ray_noset_envvars(self) -> list[str]:
             return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self):
-            return None
 
 
 def _cpu_process_group() -> None:

@@ -47,6 +47,19 @@ def vllm_on_cpu(engine_kind, detected_hardware) -> bool:
     return engine_kind.name.startswith("vllm") and platform_facts(detected_hardware.kind).sleep_level is None
 
 
+def vllm_wakes_here(engine_kind, detected_hardware, level: int, config: pytest.Config) -> None:
+    """Skip (or fail, strict) where this vLLM cannot sleep: vLLM CPU, unless `--platform-stub npu` stands in
+    vllm-ascend's weights-side sleep (level 1 keeps the weights, wake_up transposes the MoE experts back:
+    harness.engines.ascend_moe_stub), at verl 0.9.1's NPU level only."""
+    if not vllm_on_cpu(engine_kind, detected_hardware):
+        return
+    if config.getoption("platform_stub") != "npu":
+        skip_or_fail(config, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    elif level != platform_facts("npu").sleep_level:  # not a case of the stubbed platform, missing nothing
+        pytest.skip(f"level {level} under --platform-stub npu (verl 0.9.1 sleeps vllm-ascend at "
+                    f"{platform_facts('npu').sleep_level})")
+
+
 def run_sleeping(engine_kind, detected_hardware, fn, *args):
     """`fn(make, *args)` with `make` building an engine meant to sleep: a vLLM engine gets sleep mode, and where a
     process holds only one of those (GPU / NPU), `fn` runs in a fresh process; other engines run here."""
@@ -92,6 +105,9 @@ def wake_and_sync(make, level: int, dtype, spec, model_dirs) -> dict:
             engine.wake_up()
             for weights in targets:
                 sync(engine, weights)
+                # each update finalized after its last bucket, as verl does (vllm_rollout finish_weight_update); a
+                # layerwise reload left open across two updates loads the second into processed layers
+                engine.finish_sync()
             after = engine.generate(PROMPTS, MAX_TOKENS)
             diff = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
             if diff:
@@ -131,8 +147,7 @@ def test_wake_up_generates_as_before_sleep(engine_kind, level, engine_dtype, det
     again, step 2 `new` then `old` (an engine that re-derives its absorbed copies on the first sync
     only passes one step). After each step the engine must generate as it did on `old` before any sleep. A wake
     path that loses or garbles weights, or copies discarded with the pool and not re-derived, changes tokens."""
-    if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    vllm_wakes_here(engine_kind, detected_hardware, level, pytestconfig)
     run = run_sleeping(engine_kind, detected_hardware, wake_and_sync, level, engine_dtype, mla_spec,
                        tuple(str(d) for d in mla_model_dirs))
     needs_sleep(pytestconfig, run)
@@ -147,9 +162,9 @@ def test_moe_experts_resume_after_sleep(engine_kind, level, engine_dtype, detect
     NPUWorker.wake_up), and the sync after it must re-attach the loaders, load and re-derive (verl's
     patch_vllm_moe_model_weight_loader + process_weights_after_loading: harness.engines.vllm.prepare_moe_sync);
     the all-dense model above never wakes an MoE layer. After each step the engine generates as before any sleep.
-    The plain kind cannot sync MoE on vllm-ascend and does not run here (fixtures/engines.py)."""
-    if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+    The plain kind cannot sync MoE on vllm-ascend and does not run here (fixtures/engines.py). On this CPU,
+    `--platform-stub npu` runs it through vllm-ascend's MoE layer and wake_up (make rehearse)."""
+    vllm_wakes_here(engine_kind, detected_hardware, level, pytestconfig)
     run = run_sleeping(engine_kind, detected_hardware, wake_and_sync, level, engine_dtype, MOE_SPEC,
                        tuple(str(d) for d in moe_model_dirs))
     needs_sleep(pytestconfig, run)
