@@ -504,6 +504,25 @@ def _send(stream: Iterator, handle: str, bucket_mb: int, sender_cls) -> dict:
     return {"export_s": export[0], "send_s": total - export[0], "tensors": export[1], "bytes": export[2]}
 
 
+def _preload() -> None:
+    """What every rank imports (megatron-core, mbridge, transformers, verl, the harness's verl CPU platform),
+    imported once here and inherited by the ranks as they fork: spawned ranks each imported it all again (~40 CPU-s
+    a rank, 26 of them verl's; 4 ranks on 2 cores were ~50 s of each sender start: issue 43). Fork is safe here as
+    torch states it (no device initialised in the parent: verl's import only counts devices, verl 0.9.1
+    verl/utils/device.py `is_torch_npu_available`), and the ranks use none (gloo ranks on verl's CPU platform:
+    `_rank_setup`). zmq and the process group come in each rank, after the fork."""
+    import megatron.core.parallel_state  # noqa: F401
+    import megatron.core.transformer.moe.experts  # noqa: F401
+    from megatron.core.models.gpt import gpt_layer_specs  # noqa: F401
+    from transformers import AutoConfig  # noqa: F401
+
+    _load_mbridge()
+    import verl.models.mcore.weight_converter  # noqa: F401
+    import verl.utils.megatron_utils  # noqa: F401
+
+    import harness.launch.verl_cpu  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
 
@@ -514,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     owner = os.getppid()
     with tempfile.TemporaryDirectory(prefix="harness-sender-") as tmp:
         args.store = os.path.join(tmp, "store")
-        ranks = mp.start_processes(_rank, args=(args,), nprocs=WORLD, join=False, start_method="spawn")
+        _preload()
+        ranks = mp.start_processes(_rank, args=(args,), nprocs=WORLD, join=False, start_method="fork")
         try:
             while not ranks.join(timeout=1):
                 if os.getppid() != owner:  # the receiver is gone (a killed session): no ranks left polling
