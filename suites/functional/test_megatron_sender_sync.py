@@ -10,6 +10,10 @@ greedy tokens and full log-probs equal an engine built fresh on them, W_UK_T / W
 kv_b_proj, and every exposed weight -- experts and router bias included -- is the trainer's. The phases of each
 sync (export, transfer, load, finalize) go to the report (`sync.phases`). Under `--platform-stub npu` the sender's
 ranks run under a stub of verl's Ascend platform (harness.engines.verl_npu_stub), as on an NPU host.
+
+The four ranks are one process for the session (fixtures.engines `megatron_sender`; issue 43: starting them was
+most of each case's time): each case still asks it for its own series, from a Megatron model built fresh for the
+case, into an engine of its own built dummy.
 """
 import pytest
 
