@@ -96,6 +96,17 @@ def test_the_clean_sender_passes_and_times_every_phase(megatron_sender, sender_w
     assert all(row["buckets"] > 2 for row in series.log), series.log  # 1 MB buckets split the tiny model
 
 
+@pytest.mark.parametrize("option, value", [("layout", "tp2-pp2-ep2"), ("exporter", "nemo"), ("bug", "stale-cache")])
+def test_a_series_the_sender_cannot_send_is_refused_before_it_reaches_the_process(option, value):
+    """The sender's process serves the whole session (SenderServer): a bad request would stop it mid-session, and
+    the next case would pay a new start; it is refused here in one line naming the option (no process starts)."""
+    from harness.errors import BadInput
+    from harness.launch.megatron_sender import SenderRun
+
+    with pytest.raises(BadInput, match=rf"^Megatron sender: {option} '{value}': use one of "):
+        SenderRun([], **{option: value})
+
+
 # ---------------------------------------------------------------- the stream check on hand-made streams
 def _truth():
     gen = torch.Generator().manual_seed(0)

@@ -668,6 +668,12 @@ class SenderRun:
     def __init__(self, syncs: list[Path], *, exporter: str = "verl", layout: str = "tp1-pp2-ep2",
                  bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0,
                  env: dict[str, str] | None = None, server: SenderServer | None = None):
+        from harness.errors import BadInput
+
+        for what, value, known in (("exporter", exporter, EXPORTERS), ("layout", layout, LAYOUTS),
+                                   ("bug", bug, (None, *SENDER_BUGS))):
+            if value not in known:  # here, not in the sender's ranks: a bad request would stop its process
+                raise BadInput(f"Megatron sender: {what} {value!r}: use one of {', '.join(map(str, known))}")
         self.syncs, self.exporter, self.layout, self.bug = list(syncs), exporter, layout, bug
         self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
         self._own = server is None
