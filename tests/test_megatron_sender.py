@@ -36,23 +36,24 @@ def reference_goldens(sender_model_dirs):
     return [_built_fresh(kind, SENDER_SPEC, d, torch.float32).rollout for d in sender_model_dirs]
 
 
-def _judged(sender_weights, sender_model_dirs, goldens, *, bug=None, exporter="verl", fault=None):
+def _judged(server, sender_weights, sender_model_dirs, goldens, *, bug=None, exporter="verl", fault=None):
     from harness.engines.reference import make_reference_engine
     from harness.launch.megatron_sender import SenderRun, run_series
 
     with make_reference_engine(SENDER_SPEC, load_format="dummy", fault=fault) as engine, \
-            SenderRun(sender_model_dirs, exporter=exporter, bug=bug) as sender:
+            SenderRun(sender_model_dirs, exporter=exporter, bug=bug, server=server) as sender:
         series = run_series(engine, sender, sender_weights, goldens, prompts=PROMPTS, max_tokens=MAX_TOKENS)
     return series, [r.message() for r in series.results if not r.ok]
 
 
 @SENDER
 @pytest.mark.parametrize("bug, exporter, says", SEEDED, ids=[f"{b}-{e}" for b, e, _ in SEEDED])
-def test_each_seeded_sender_bug_fails_with_its_diagnosis(sender_weights, sender_model_dirs, reference_goldens, bug,
-                                                         exporter, says):
+def test_each_seeded_sender_bug_fails_with_its_diagnosis(megatron_sender, sender_weights, sender_model_dirs,
+                                                         reference_goldens, bug, exporter, says):
     import re
 
-    _, failures = _judged(sender_weights, sender_model_dirs, reference_goldens, bug=bug, exporter=exporter)
+    _, failures = _judged(megatron_sender, sender_weights, sender_model_dirs, reference_goldens, bug=bug,
+                          exporter=exporter)
     assert failures, f"{bug} in the {exporter} export passed every check"
     assert any(re.search(says, f) for f in failures), "\n".join(failures)
     if bug == "stale-pp-cache":  # the cache only shows from the second sync on
@@ -60,11 +61,12 @@ def test_each_seeded_sender_bug_fails_with_its_diagnosis(sender_weights, sender_
 
 
 @SENDER
-def test_an_expert_map_kept_across_a_level_2_sleep_fails_the_second_sync(sender_weights, sender_model_dirs,
-                                                                        reference_goldens):
+def test_an_expert_map_kept_across_a_level_2_sleep_fails_the_second_sync(megatron_sender, sender_weights,
+                                                                        sender_model_dirs, reference_goldens):
     """verl#7086 on the receiving side: sync 1 is right; after the level-2 sleep each expert lands in its
     neighbour's slot, which the weights the engine computes with and its outputs both show; the stream is clean."""
-    series, failures = _judged(sender_weights, sender_model_dirs, reference_goldens, fault="stale_expert_map")
+    series, failures = _judged(megatron_sender, sender_weights, sender_model_dirs, reference_goldens,
+                               fault="stale_expert_map")
     assert failures and all(f.startswith("after sync 2/2") for f in failures), failures
     assert any("mlp.experts." in f and "not the synced ones" in f for f in failures), failures
     assert any("decode differently" in f or "log-probs do not" in f for f in failures), failures
@@ -72,13 +74,19 @@ def test_an_expert_map_kept_across_a_level_2_sleep_fails_the_second_sync(sender_
 
 
 @SENDER
-def test_the_clean_sender_passes_and_times_every_phase(sender_weights, sender_model_dirs, reference_goldens):
+def test_the_clean_sender_passes_and_times_every_phase(megatron_sender, sender_weights, sender_model_dirs,
+                                                       reference_goldens):
+    """Also after a seeded series on the same sender process: the suite's cases share one process
+    (harness.launch.megatron_sender.SenderServer), so a seeded bug's patches must end with its series."""
     from harness.config.platforms import SYNC_PHASES
     from harness.engines.reference import make_reference_engine
     from harness.launch.megatron_sender import SenderRun, run_series
 
+    _, seeded = _judged(megatron_sender, sender_weights, sender_model_dirs, reference_goldens, bug="pp-offset-lost",
+                        exporter="mbridge")
+    assert seeded, "pp-offset-lost in the mbridge export passed every check"
     with make_reference_engine(SENDER_SPEC, load_format="dummy") as engine, \
-            SenderRun(sender_model_dirs, exporter="mbridge") as sender:
+            SenderRun(sender_model_dirs, exporter="mbridge", server=megatron_sender) as sender:
         series = run_series(engine, sender, sender_weights, reference_goldens, prompts=PROMPTS,
                             max_tokens=MAX_TOKENS)
     assert all(r.ok for r in series.results), [r.message() for r in series.results if not r.ok]
@@ -86,6 +94,17 @@ def test_the_clean_sender_passes_and_times_every_phase(sender_weights, sender_mo
     assert len(phases) == 2 and all(set(p) == set(SYNC_PHASES) and p["export"] > 0 and p["load"] > 0
                                     for p in phases), phases
     assert all(row["buckets"] > 2 for row in series.log), series.log  # 1 MB buckets split the tiny model
+
+
+@pytest.mark.parametrize("option, value", [("layout", "tp2-pp2-ep2"), ("exporter", "nemo"), ("bug", "stale-cache")])
+def test_a_series_the_sender_cannot_send_is_refused_before_it_reaches_the_process(option, value):
+    """The sender's process serves the whole session (SenderServer): a bad request would stop it mid-session, and
+    the next case would pay a new start; it is refused here in one line naming the option (no process starts)."""
+    from harness.errors import BadInput
+    from harness.launch.megatron_sender import SenderRun
+
+    with pytest.raises(BadInput, match=rf"^Megatron sender: {option} '{value}': use one of "):
+        SenderRun([], **{option: value})
 
 
 # ---------------------------------------------------------------- the stream check on hand-made streams

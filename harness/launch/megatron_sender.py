@@ -2,13 +2,15 @@
 ranks (PP 2 with EP 2, or PP 2 with TP 2), exported the way verl exports it, sent through verl's own bucketed
 transfer, received by an engine under test (`SenderRun`).
 
-    python -m harness.launch.megatron_sender --sync DIR [--sync DIR ...] --socket-dir D --out F.json
-        [--layout tp1-pp2-ep2|tp2-pp2-ep1] [--exporter verl|mbridge] [--bug NAME] [--bucket-mb N]
+    python -m harness.launch.megatron_sender --socket-dir D
 
-Each sync k: every rank loads the k-th checkpoint (an HF model directory) into its shard with mbridge's
-`load_weights` (its HF -> Megatron import: the step's new weights), the exporter turns the shards back into HF
-tensors, and rank 0 sends them through verl 0.9.1's `BucketedWeightSender` (shared memory + ZMQ, the path verl
-takes where there is no CUDA IPC) to `ipc://D/sync-k.sock`.
+The process (`SenderServer` starts it) sends one series of syncs per request D/request-<n>.json (`SenderRun`
+writes it: the checkpoints, layout, exporter, seeded bug, bucket size) and answers D/reply-<n>.json with the
+per-sync timings, until D/stop; a failure leaves D/error.json. Each sync k of series n: every rank loads the k-th
+checkpoint (an HF model directory) into its shard with mbridge's `load_weights` (its HF -> Megatron import: the
+step's new weights), the exporter turns the shards back into HF tensors, and rank 0 sends them through verl
+0.9.1's `BucketedWeightSender` (shared memory + ZMQ, the path verl takes where there is no CUDA IPC) to
+`ipc://D/series-n-sync-k.sock`.
 
 Exporters (both real code, installed):
   verl     verl 0.9.1 `verl/utils/megatron_utils.py` `per_tensor_generator` (PP broadcast, EP all-gather with
@@ -257,10 +259,28 @@ def pp_cache_hook_reaches(export_weights) -> None:
                          "the hook would seed nothing; use --exporter verl")
 
 
-def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int, exporter: str = "verl"):
-    """Install `bug` in this rank; returns (wrap the exported stream on rank 0, start a sync)."""
+@contextlib.contextmanager
+def _seeded(bug: str | None, bridge, layout: Layout, exporter: str = "verl"):
+    """`bug` installed in this rank for one series; yields (wrap the exported stream on rank 0, start a sync). The
+    module attributes it patches are restored when the series ends: the next series the same ranks send is clean
+    (one sender process serves a whole session: `SenderServer`)."""
     import verl.utils.megatron_utils as verl_mu
     from mbridge.core import bridge as mbridge_core
+
+    patched = []
+
+    def patch(owner, name, value):
+        patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    try:
+        yield _install(bug, bridge, layout, exporter, verl_mu, mbridge_core, patch)
+    finally:
+        for owner, name, value in reversed(patched):
+            setattr(owner, name, value)
+
+
+def _install(bug, bridge, layout, exporter, verl_mu, mbridge_core, patch):
 
     def identity(stream):
         return stream
@@ -283,11 +303,11 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int, export
                 return out
             return broadcast
 
-        verl_mu.broadcast_from_megatron_pp = cached(verl_mu.broadcast_from_megatron_pp)
-        mbridge_core.broadcast_from_megatron_pp = cached(mbridge_core.broadcast_from_megatron_pp)
+        patch(verl_mu, "broadcast_from_megatron_pp", cached(verl_mu.broadcast_from_megatron_pp))
+        patch(mbridge_core, "broadcast_from_megatron_pp", cached(mbridge_core.broadcast_from_megatron_pp))
         return identity, lambda: calls.__setitem__(0, 0)
     if bug == "pp-offset-lost":
-        verl_mu.get_transformer_layer_offset = lambda *args, **kwargs: 0
+        patch(verl_mu, "get_transformer_layer_offset", lambda *args, **kwargs: 0)
         real_map = mbridge_core.Bridge._weight_name_mapping_mcore_local_to_global
 
         def local_names(self, model, consider_ep=True):
@@ -297,7 +317,7 @@ def _seed_bug(bug: str | None, bridge, layout: Layout, bucket_bytes: int, export
             return {k: _with_index(v, _LAYER, int(_LAYER.search(k).group(2))) if _LAYER.search(k) else v
                     for k, v in names.items()}
 
-        mbridge_core.Bridge._weight_name_mapping_mcore_local_to_global = local_names
+        patch(mbridge_core.Bridge, "_weight_name_mapping_mcore_local_to_global", local_names)
         return identity, new_sync
     if bug == "ep-rank0-ids":
         if layout.ep < 2:
@@ -343,39 +363,70 @@ def _rank_setup(rank: int, world: int, store: str) -> None:
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
+def _requests(root: Path) -> Iterator[tuple[int, dict]]:
+    """The series asked of this sender, in order: `request-<n>.json` as `SenderRun` writes them (atomically: every
+    rank reads the same request, so no collective waits between series and none can time out while the session
+    runs other tests), until `stop` (written only after every reply is in)."""
+    n = 0
+    while True:
+        if (root / f"request-{n}.json").exists():
+            yield n, json.loads((root / f"request-{n}.json").read_text())
+            n += 1
+        elif (root / "stop").exists():
+            return
+        else:
+            time.sleep(0.05)
+
+
 def _rank(rank: int, args) -> None:
     import torch.distributed as dist
-
-    _rank_setup(rank, WORLD, args.store)
     from megatron.core import parallel_state as mpu
 
-    layout = LAYOUTS[args.layout]
-    mpu.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-                                  expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp)
-    hf_config, bridge = _bridge(args.sync[0])
+    _rank_setup(rank, WORLD, args.store)
+    root, layout = Path(args.socket_dir), None
+    for n, request in _requests(root):
+        if LAYOUTS[request["layout"]] != layout:  # the process groups of the layout, made again only when it changes
+            if layout is not None:
+                mpu.destroy_model_parallel()
+            layout = LAYOUTS[request["layout"]]
+            mpu.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
+                                          pipeline_model_parallel_size=layout.pp,
+                                          expert_model_parallel_size=layout.ep,
+                                          expert_tensor_parallel_size=layout.etp)
+        times = _series(rank, n, request, layout, root)
+        if rank == 0:
+            from harness.io import write_json_atomic
+
+            write_json_atomic(root / f"reply-{n}.json", {"syncs": times, "request": request})
+    dist.destroy_process_group()
+
+
+def _series(rank: int, n: int, request: dict, layout: Layout, root: Path) -> list[dict]:
+    """One series: a model built fresh for it (as a new trainer builds it), each sync's checkpoint loaded, exported
+    and sent to `ipc://ROOT/series-<n>-sync-<k>.sock`; rank 0's per-sync export and send times."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    exporter, bug = request["exporter"], request["bug"]
+    hf_config, bridge = _bridge(request["syncs"][0])
     model = bridge._model_provider([])(pre_process=mpu.is_pipeline_first_stage(),
                                        post_process=mpu.is_pipeline_last_stage())
-    export = _exporter(args.exporter, bridge, hf_config, model)
-    wrap, new_sync = _seed_bug(args.bug, bridge, layout, args.bucket_mb << 20, args.exporter)
+    export = _exporter(exporter, bridge, hf_config, model)
     times = []
-    for k, model_dir in enumerate(args.sync):
-        bridge.load_weights([model], model_dir)
-        new_sync()
-        dist.barrier()
-        stream = export()
-        if rank != 0:
-            for _ in stream:  # the collectives rank 0's export needs
-                pass
-        else:
-            times.append(_send(wrap(stream), f"ipc://{args.socket_dir}/sync-{k}.sock", args.bucket_mb,
-                               _sender_class(args.bug)))
-        dist.barrier()
-    if rank == 0:
-        from harness.io import write_json_atomic
-
-        write_json_atomic(args.out, {"syncs": times, "layout": args.layout, "exporter": args.exporter,
-                                     "bug": args.bug})
-    dist.destroy_process_group()
+    with _seeded(bug, bridge, layout, exporter) as (wrap, new_sync):
+        for k, model_dir in enumerate(request["syncs"]):
+            bridge.load_weights([model], model_dir)
+            new_sync()
+            dist.barrier()
+            stream = export()
+            if rank != 0:
+                for _ in stream:  # the collectives rank 0's export needs
+                    pass
+            else:
+                times.append(_send(wrap(stream), f"ipc://{root}/series-{n}-sync-{k}.sock", request["bucket_mb"],
+                                   _sender_class(bug)))
+            dist.barrier()
+    return times
 
 
 def _accelerator() -> bool:
@@ -453,30 +504,50 @@ def _send(stream: Iterator, handle: str, bucket_mb: int, sender_cls) -> dict:
     return {"export_s": export[0], "send_s": total - export[0], "tensors": export[1], "bytes": export[2]}
 
 
+def _preload() -> None:
+    """What every rank imports (megatron-core, mbridge, transformers, verl, the harness's verl CPU platform),
+    imported once here and inherited by the ranks as they fork: spawned ranks each imported it all again (~40 CPU-s
+    a rank, 26 of them verl's; 4 ranks on 2 cores were ~50 s of each sender start: issue 43). Fork is safe here as
+    torch states it (no device initialised in the parent: verl's import only counts devices, verl 0.9.1
+    verl/utils/device.py `is_torch_npu_available`), and the ranks use none (gloo ranks on verl's CPU platform:
+    `_rank_setup`). zmq and the process group come in each rank, after the fork."""
+    import megatron.core.parallel_state  # noqa: F401
+    import megatron.core.transformer.moe.experts  # noqa: F401
+    from megatron.core.models.gpt import gpt_layer_specs  # noqa: F401
+    from transformers import AutoConfig  # noqa: F401
+
+    _load_mbridge()
+    import verl.models.mcore.weight_converter  # noqa: F401
+    import verl.utils.megatron_utils  # noqa: F401
+
+    import harness.launch.verl_cpu  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
 
     parser = argparse.ArgumentParser(prog="python -m harness.launch.megatron_sender",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--sync", action="append", required=True, help="HF model directory of one sync (repeat)")
-    parser.add_argument("--socket-dir", required=True)
-    parser.add_argument("--out", required=True, help="JSON: per-sync export/send times, or the error")
-    parser.add_argument("--layout", choices=LAYOUTS, default="tp1-pp2-ep2")
-    parser.add_argument("--exporter", choices=EXPORTERS, default="verl")
-    parser.add_argument("--bug", choices=SENDER_BUGS, default=None)
-    parser.add_argument("--bucket-mb", type=int, default=1, help="verl's update_weights_bucket_megabytes")
+    parser.add_argument("--socket-dir", required=True, help="where the requests, replies and sockets are")
     args = parser.parse_args(argv)
+    owner = os.getppid()
     with tempfile.TemporaryDirectory(prefix="harness-sender-") as tmp:
         args.store = os.path.join(tmp, "store")
+        _preload()
+        ranks = mp.start_processes(_rank, args=(args,), nprocs=WORLD, join=False, start_method="fork")
         try:
-            mp.spawn(_rank, args=(args,), nprocs=WORLD, join=True)
+            while not ranks.join(timeout=1):
+                if os.getppid() != owner:  # the receiver is gone (a killed session): no ranks left polling
+                    for process in ranks.processes:
+                        process.kill()
+                    return 3
         except Exception as exc:  # one line back to the receiver: the failing rank's own error (its traceback's last
-            from harness.io import write_json_atomic  # line), not spawn's wrapper; the traceback goes to the log
+            from harness.io import write_json_atomic  # line), not the wrapper's; the traceback goes to the log
 
             print(exc, file=sys.stderr)
 
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()] or [type(exc).__name__]
-            write_json_atomic(args.out, {"error": lines[-1][:500]})
+            write_json_atomic(Path(args.socket_dir) / "error.json", {"error": lines[-1][:500]})
             return 3
     return 0
 
@@ -494,43 +565,128 @@ class Received:
     finalize_s: float
 
 
-class SenderRun:
-    """The sender subprocess for a series of syncs; `receive(engine)` takes the next one into `engine` through
-    verl's BucketedWeightReceiver, bucket by bucket into `engine.load_weights`, then `engine.finish_sync()`."""
+class SenderServer:
+    """One sender process (its four ranks) for many series: the ranks start, import the stack and join their
+    process group once, then send each `SenderRun`'s series as it asks (a model built fresh per series, the
+    process groups made again when the layout changes). Started on the first series; a series that fails kills it
+    (its ranks may be left mid-sync) and the next one starts a new process. Start-up was ~85 of the ~100 s each
+    sender case took on a 2-core EPYC (issue 43: the suites beside the verl run outlasted it)."""
 
-    def __init__(self, syncs: list[Path], *, exporter: str = "verl", layout: str = "tp1-pp2-ep2",
-                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0,
-                 env: dict[str, str] | None = None):
-        self.syncs, self.exporter, self.layout, self.bug = list(syncs), exporter, layout, bug
+    def __init__(self, *, env: dict[str, str] | None = None):
         self.env = dict(env or {})  # over this process's environment (the platform stub: --platform-stub npu)
-        self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
-        self._next = 0
         self._tmp = None
         self._proc = None
-        self.phases: list[dict] = []
+        self._log = None
+        self._series = 0
 
-    def __enter__(self) -> SenderRun:
+    @property
+    def root(self) -> Path:
+        return Path(self._tmp.name)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def request(self, request: dict) -> int:
+        """Ask for one series (starting the process if none runs); its number."""
+        from harness.io import write_json_atomic
+
+        if not self.alive():
+            self._start()
+        n, self._series = self._series, self._series + 1
+        write_json_atomic(self.root / f"request-{n}.json", request)
+        return n
+
+    def reply(self, n: int, timeout_s: float) -> dict:
+        """Series n's reply (rank 0 writes it after the series' last barrier)."""
+        from harness.errors import HarnessError
+
+        path = self.root / f"reply-{n}.json"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if not self.alive():
+                raise HarnessError(f"Megatron sender: {self.error()}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"Megatron sender: series {n + 1} not finished in {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return json.loads(path.read_text())
+
+    def _start(self) -> None:
+        self.close(kill=True)
         self._tmp = tempfile.TemporaryDirectory(prefix="harness-sync-")
-        root = Path(self._tmp.name)
-        self._out, self._log = root / "sender.json", (root / "sender.log").open("w")
-        cmd = [sys.executable, "-m", __name__, "--socket-dir", str(root), "--out", str(self._out),
-               "--layout", self.layout, "--exporter", self.exporter, "--bucket-mb", str(self.bucket_mb),
-               *(a for d in self.syncs for a in ("--sync", str(d))), *(("--bug", self.bug) if self.bug else ())]
+        self._series = 0
+        self._log = (self.root / "sender.log").open("w")
         # its own session: the four ranks it spawns go with it (os.killpg) whatever state they are in
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, "--socket-dir", str(self.root)],
+                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                       env={**os.environ, **self.env})
-        return self
 
-    def _sender_error(self) -> str:
+    def error(self) -> str:
         """The sender's one-line error, or its exit code and the last line of its log (the log goes with the
-        run's temporary directory)."""
+        server's temporary directory)."""
         with contextlib.suppress(OSError, ValueError):
-            error = json.loads(Path(self._out).read_text()).get("error")
+            error = json.loads((self.root / "error.json").read_text()).get("error")
             if error:
                 return error
         self._log.flush()
-        tail = [ln for ln in Path(self._log.name).read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        tail = [ln for ln in (self.root / "sender.log").read_text(errors="replace").splitlines() if ln.strip()][-1:]
         return f"exited {self._proc.returncode}" + (f"; its log ends: {tail[0][:300]}" if tail else "")
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the process (after its last reply: `stop`; `kill`: now, its ranks wherever they are)."""
+        from harness.errors import HarnessError
+
+        if self._proc is None:
+            return
+        try:
+            if not kill:
+                (self.root / "stop").touch()
+            try:
+                code = self._proc.wait(timeout=5 if kill else 60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                code = self._proc.wait()
+            if not kill and code != 0:
+                raise HarnessError(f"Megatron sender: {self.error()}")
+        finally:
+            self._log.close()
+            self._tmp.cleanup()
+            self._proc = None
+
+    def __enter__(self) -> SenderServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(kill=exc[0] is not None)
+
+
+class SenderRun:
+    """One series of syncs from a sender process (`server`, shared; without it one of its own, stopped at the
+    end); `receive(engine)` takes the next sync into `engine` through verl's BucketedWeightReceiver, bucket by
+    bucket into `engine.load_weights`, then `engine.finish_sync()`."""
+
+    def __init__(self, syncs: list[Path], *, exporter: str = "verl", layout: str = "tp1-pp2-ep2",
+                 bug: str | None = None, bucket_mb: int = 1, timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None, server: SenderServer | None = None):
+        from harness.errors import BadInput
+
+        for what, value, known in (("exporter", exporter, EXPORTERS), ("layout", layout, LAYOUTS),
+                                   ("bug", bug, (None, *SENDER_BUGS))):
+            if value not in known:  # here, not in the sender's ranks: a bad request would stop its process
+                raise BadInput(f"Megatron sender: {what} {value!r}: use one of {', '.join(map(str, known))}")
+        self.syncs, self.exporter, self.layout, self.bug = list(syncs), exporter, layout, bug
+        self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
+        self._own = server is None
+        self.server = SenderServer(env=env) if server is None else server
+        self._next = 0
+        self._series = None
+        self.phases: list[dict] = []
+
+    def __enter__(self) -> SenderRun:
+        self._series = self.server.request({"syncs": [str(d) for d in self.syncs], "layout": self.layout,
+                                            "exporter": self.exporter, "bug": self.bug,
+                                            "bucket_mb": self.bucket_mb})
+        return self
 
     def receive(self, engine) -> Received:
         from harness.errors import HarnessError
@@ -556,7 +712,7 @@ class SenderRun:
                     state["refused"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
                 state["load_s"] += time.perf_counter() - start
 
-        handle = f"ipc://{self._tmp.name}/sync-{self._next}.sock"
+        handle = f"ipc://{self.server.root}/series-{self._series}-sync-{self._next}.sock"
         failure: list[BaseException] = []
 
         def run():
@@ -573,9 +729,9 @@ class SenderRun:
             thread.join(0.2)
             if not thread.is_alive():
                 break
-            if self._proc.poll() is not None:  # gone while this sync is still owed: failed, or exited early
+            if not self.server.alive():  # gone while this sync is still owed: failed, or exited early
                 raise HarnessError(f"Megatron sender ({self.exporter}, {self.layout}) stopped at sync "
-                                   f"{self._next + 1}: {self._sender_error()}")
+                                   f"{self._next + 1}: {self.server.error()}")
             if time.monotonic() > deadline:
                 raise HarnessError(f"Megatron sender: sync {self._next + 1} not received in {self.timeout_s:.0f} s")
         if failure:
@@ -589,25 +745,16 @@ class SenderRun:
                         finalize_s=finalize_s)
 
     def __exit__(self, *exc) -> None:
-        from harness.errors import HarnessError
-
+        if exc[0] is not None:  # the ranks may be mid-sync, waiting for a receiver that is gone
+            self.server.close(kill=True)
+            return
         try:
-            code = self._proc.wait(timeout=60 if exc[0] is None else 5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            code = self._proc.wait()
-        try:
-            if exc[0] is None:
-                if code != 0:
-                    raise HarnessError(f"Megatron sender ({self.exporter}, {self.layout}): {self._sender_error()}")
-                try:
-                    self.phases = json.loads(Path(self._out).read_text())["syncs"]
-                except (OSError, ValueError, KeyError) as err:
-                    raise HarnessError(f"Megatron sender exited 0 without its timings ({err})") from None
-        finally:
-            self._log.close()
-            self._tmp.cleanup()
+            self.phases = self.server.reply(self._series, self.timeout_s)["syncs"]
+        except BaseException:
+            self.server.close(kill=True)
+            raise
+        if self._own:
+            self.server.close()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ greedy tokens and full log-probs equal an engine built fresh on them, W_UK_T / W
 kv_b_proj, and every exposed weight -- experts and router bias included -- is the trainer's. The phases of each
 sync (export, transfer, load, finalize) go to the report (`sync.phases`). Under `--platform-stub npu` the sender's
 ranks run under a stub of verl's Ascend platform (harness.engines.verl_npu_stub), as on an NPU host.
+
+The four ranks are one process for the session (fixtures.engines `megatron_sender`; issue 43: starting them was
+most of each case's time): each case still asks it for its own series, from a Megatron model built fresh for the
+case, into an engine of its own built dummy.
 """
 import pytest
 
@@ -25,11 +29,11 @@ SENDERS = [("verl", "tp1-pp2-ep2"), ("mbridge", "tp1-pp2-ep2"), ("verl", "tp2-pp
 @pytest.mark.parametrize("exporter, layout", SENDERS, ids=[f"{e}-{lay}" for e, lay in SENDERS])
 def test_megatron_sender_syncs_reach_the_engine(engine_kind, engine_dtype, exporter, layout, sender_weights,
                                                 sender_model_dirs, sender_goldens, detected_hardware,
-                                                platform_stub_env, record_property, expect):
+                                                megatron_sender, record_property, expect):
     from harness.launch.megatron_sender import SenderRun, run_series
 
     with engine_kind.make(SENDER_SPEC, weights=None, load_format="dummy", dtype=engine_dtype, seed=0) as engine, \
-            SenderRun(sender_model_dirs, exporter=exporter, layout=layout, env=platform_stub_env) as sender:
+            SenderRun(sender_model_dirs, exporter=exporter, layout=layout, server=megatron_sender) as sender:
         series = run_series(engine, sender, sender_weights, [g.rollout for g in sender_goldens], prompts=PROMPTS,
                             max_tokens=MAX_TOKENS)
     record_property("sync.phases", {"platform": detected_hardware.kind, "engine": engine.name,
