@@ -58,7 +58,7 @@ def test_lab_is_a_subcommand_with_its_defaults(capsys, monkeypatch):
                           ("--n", LabConfig.n)):
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(option + " "))
         assert f"(default {value}" in line, line
-    assert "rollout fault to inject (default none" in out
+    assert "rollout or trainer fault to inject (default none" in out
 
 
 @pytest.mark.parametrize("argv, option", [

@@ -133,8 +133,13 @@ def test_a_locked_report_directory_is_one_line_before_any_run(tmp_path, capsys):
 
 def _gate_process(cwd: Path, *argv: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    # A Ctrl-C reaches the gate as it does at a terminal even when this session was started in the background, whose
+    # shell hands every child SIGINT ignored (the gate then rightly ran on to the end, as `nohup` asks).
+    interactive = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) \
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else None
     return subprocess.Popen([sys.executable, "-m", "harness.cli", "gate", "--from", "installed", "--to", "installed",
-                             *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interactive)
 
 
 def test_a_stale_report_never_decides_and_a_relative_report_dir_is_one_directory(tmp_path):

@@ -55,9 +55,9 @@ def vllm_wakes_here(engine_kind, detected_hardware, level: int, config: pytest.C
         return
     if config.getoption("platform_stub") != "npu":
         skip_or_fail(config, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
-    elif level != platform_facts("npu").sleep_level:  # not a case of the stubbed platform, missing nothing
-        pytest.skip(f"level {level} under --platform-stub npu (verl 0.9.1 sleeps vllm-ascend at "
-                    f"{platform_facts('npu').sleep_level})")
+    elif level != platform_facts("npu").sleep_level:  # not a case of the stubbed platform: no real NPU to run it
+        skip_or_fail(config, f"an NPU for level {level} (--platform-stub npu stands in verl 0.9.1's vllm-ascend sleep, "
+                             f"level {platform_facts('npu').sleep_level} only)")
 
 
 def run_sleeping(engine_kind, detected_hardware, fn, *args):
