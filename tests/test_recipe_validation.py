@@ -89,6 +89,19 @@ def test_a_tiny_rehearsal_starts_nothing_for_a_job_verl_rejects(capsys, tmp_path
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
+def test_a_tiny_rehearsal_drops_the_forks_own_keys_as_the_forks(capsys):
+    """Seeded: seed 002's script carries cann-recipes-train's `megatron.swap_optimizer`, a key the harness reads (the
+    memory model's swap optimizer) but did not list among the fork's; its tiny rehearsal was refused as a typo, and
+    the KL-rehearsal test on verl's real trainer skipped, every night, as if a tool were missing."""
+    from harness.cli import main
+    from harness.config.job import FORK_KEYS
+
+    assert "actor_rollout_ref.actor.megatron.swap_optimizer" in FORK_KEYS
+    recipe = str(__import__("pathlib").Path(__file__).parent / "recipes" / "seed002_a3_grpo.sh")
+    code = main(["launch", "--scale", "tiny", "--recipe", recipe, "--k8s", "--image", "img:1"])
+    assert code == 0, capsys.readouterr().err
+
+
 def test_a_second_validation_comes_from_the_cache(tmp_path, monkeypatch):
     """`--validate` reported one error per 7-20 s run; an accepted recipe is remembered, a rejected one never is."""
     import time

@@ -41,12 +41,16 @@ _FORK_CKPT = "actor_rollout_ref.model.gradient_checkpointing_kwargs.activations_
 LEGACY_KEYS = {f"{_FORK_CKPT}granularity": RECOMPUTE["granularity"], f"{_FORK_CKPT}method": RECOMPUTE["method"],
                f"{_FORK_CKPT}num_layers": RECOMPUTE["num_layers"]}
 LEGACY_SOURCE = "cann-recipes-train llm_rl/deepseek/verl_patches/trainer/config/ppo_mindspeed_trainer.yaml"
+# The fork's MindSpeed swap optimizer (ppo_mindspeed_trainer.yaml `megatron.swap_optimizer: False`, read by its
+# train_engine/initialize_training.py): the memory model reads it (harness.memory.job_options SWAP_OPTIMIZER_KEYS)
+FORK_SWAP_OPTIMIZER = f"{_MG}.swap_optimizer"
 
 # The algorithm of a recipe: what a tiny rehearsal keeps (advantage estimator, KL loss or KL in reward, clip ratios,
 # loss aggregation, entropy, epochs, samples per prompt, sampling, rollout correction, reward manager and shaping).
-# The fork keys translate_legacy reads (cann-recipes-train's ppo_mindspeed_trainer.yaml): known to the harness, not
-# to verl's own config.
-FORK_KEYS = frozenset({*LEGACY_KEYS, FORK_STAGE_LIST})
+# The fork keys the harness reads (cann-recipes-train's ppo_mindspeed_trainer.yaml): known to the harness, not to
+# verl's own config, so a tiny rehearsal drops them as the fork's, never as a typo (seed 002's KL rehearsal was
+# refused on swap_optimizer, and its test skipped, for a night).
+FORK_KEYS = frozenset({*LEGACY_KEYS, FORK_STAGE_LIST, FORK_SWAP_OPTIMIZER})
 REHEARSED = tuple(re.compile(p) for p in (
     r"algorithm\..+",
     rf"{re.escape(_A)}\.(use_kl_loss|kl_loss_coef|kl_loss_type|clip_ratio|clip_ratio_low|clip_ratio_high|"

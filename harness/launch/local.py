@@ -65,6 +65,18 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
+def isolation_missing() -> str | None:
+    """What this host lacks for a loopback-only namespace (a tool, root), or None: a test of a local launch skips on
+    that alone, and fails on any other refusal (a refused recipe once read as a missing tool)."""
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        return (f"{' and '.join(missing)} not found: install util-linux / iproute2 (apt-get install iproute2) to run "
+                "the local Ray cluster in a loopback-only network namespace")
+    if os.geteuid() != 0:
+        return "the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass --ray-address"
+    return None
+
+
 def run_isolated(argv: list[str], *, timeout_s: float | None = None,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `argv` under PID 1 of fresh network and PID namespaces with only loopback up (needs root, util-linux
@@ -72,13 +84,9 @@ def run_isolated(argv: list[str], *, timeout_s: float | None = None,
     if os.environ.get(ISOLATED_ENV) == "1":  # never nest: each level would add a PID namespace (max depth 32)
         raise BadInput(f"already inside a harness namespace but it is not loopback-only (interfaces {interfaces()}, "
                        f"pid {os.getpid()}); unset {ISOLATED_ENV}")
-    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    missing = isolation_missing()
     if missing:
-        raise BadInput(f"{' and '.join(missing)} not found: install util-linux / iproute2 (apt-get install iproute2) "
-                       "to run the local Ray cluster in a loopback-only network namespace")
-    if os.geteuid() != 0:
-        raise BadInput("the loopback-only Ray cluster needs root for `unshare --net`; run as root or pass "
-                       "--ray-address")
+        raise BadInput(missing)
     # --kill-child: when unshare dies, however it dies (the launcher SIGKILLed with its process group), the
     # namespace's PID 1 gets SIGKILL, and with it every process of the namespace (Ray's included), instead of
     # living on reparented to the host's PID 1 (util-linux unshare(1), PR_SET_PDEATHSIG on the forked child)

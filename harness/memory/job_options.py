@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harness.config.job import Job, _value, derive_scale, engine_of
+from harness.config.job import FORK_SWAP_OPTIMIZER, Job, _value, derive_scale, engine_of
 from harness.config.recipe import verl_defaults
 from harness.errors import BadInput
 from harness.memory.phases import JOB_SETTINGS, MemoryOptions
@@ -37,7 +37,7 @@ OPTION_KEYS: dict[str, tuple[str, type]] = {
 # +actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True), cann-recipes-train's verl fork
 # as a megatron key (llm_rl/deepseek/verl_patches/trainer/config/ppo_mindspeed_trainer.yaml). The same mechanism:
 # issue 44 found the first spelling "not modelled" and old_log_prob OOM at 70 GiB where the second fit at 41.5 GiB.
-SWAP_OPTIMIZER_KEYS = (f"{_TC}.swap_optimizer", f"{_MG}.swap_optimizer")
+SWAP_OPTIMIZER_KEYS = (f"{_TC}.swap_optimizer", FORK_SWAP_OPTIMIZER)
 # The same offloads spelled by verl 0.9.1's FSDP engine (trainer/config/engine/dp.yaml: fsdp_config.param_offload,
 # optimizer_offload; FSDP's CPUOffload moves a parameter's gradient with it): read for a job whose engine is FSDP.
 FSDP_KEYS = {f"{_MG}.param_offload": f"{_A}.fsdp_config.param_offload",
