@@ -58,12 +58,20 @@ class LabConfig:
     clip_ratio_high: float = 0.28
     grad_clip: float = 1.0
     layers: int = 2
+    # Warm start (issue 43: clean seeds must agree): before RL, this many supervised steps on the task's format --
+    # one digit, then EOS -- whose digit is the right one with probability `warm_start_correct`, else uniform, so
+    # RL starts from a policy that answers in format and is right about 0.2 + 0.8 / 4 = 40 % of the time, the way
+    # real RL starts from a pretrained model. 0: RL from the random init.
+    warm_start: int = 0
+    warm_start_correct: float = 0.2
 
     def __post_init__(self):
         if self.fault not in FAULTS:
             raise BadInput(f"--fault {self.fault!r}: use one of {', '.join(FAULTS)}")
         if self.steps < 1 or self.gbs < 1 or self.n < 2:
             raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
+        if self.warm_start < 0 or not 0.0 <= self.warm_start_correct <= 1.0:
+            raise BadInput("--warm-start must be >= 0 steps, and its share of right answers in [0, 1]")
 
     def spec(self) -> ModelSpec:
         """The tiny task model (the one the tiny scale's verl run trains) with `layers` layers."""

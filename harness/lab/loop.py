@@ -96,6 +96,32 @@ def build_actor(spec: ModelSpec, seed: int, head_scale: float = 1.0):
     return model, checkpoint
 
 
+def warm_start(model, spec: ModelSpec, seed: int, steps: int, correct: float) -> dict[str, torch.Tensor]:
+    """`steps` supervised steps (AdamW, lr 3e-3, 64 prompts each) on the task's format: prompt "ab=", target one
+    digit then EOS, the digit `a` with probability `correct` and uniform otherwise. Returns the trained weights by
+    checkpoint name (what the rollout engine is built from). Measured on seeds 600-602: 150 steps take under a
+    second and leave every seed answering in format (EOS after the digit 0.97-1.0 on average) and right 28-37 % of
+    the time."""
+    from harness.config.task import DIGITS, EOS_ID, CharTokenizer
+
+    tok = CharTokenizer()
+    digit = torch.tensor([tok.encode(ch)[0] for ch in DIGITS])
+    equals = tok.encode("=")[0]
+    generator = torch.Generator().manual_seed(seed + 12345)  # its own stream: the RL run's draws are unchanged
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for _ in range(steps):
+        a, b, other = (torch.randint(0, len(DIGITS), (64,), generator=generator) for _ in range(3))
+        answer = torch.where(torch.rand(64, generator=generator) < correct, a, other)
+        ids = torch.stack([digit[a], digit[b], torch.full_like(a, equals), digit[answer],
+                           torch.full_like(a, EOS_ID)], 1)
+        logits = model(input_ids=ids).logits[:, 2:4]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 3:5].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return {name: t.detach().clone() for name, t in checkpoint_weights(model, spec)}
+
+
 @contextmanager
 def _file_logger(path: Path):
     """verl's FileLogger writing to `path` (it reads VERL_FILE_LOGGER_PATH when constructed)."""
@@ -203,6 +229,8 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
+    if config.warm_start:
+        checkpoint = warm_start(actor, spec, config.seed, config.warm_start, config.warm_start_correct)
     # `fault` only for an injected fault: other engines (--engine) take the plain factory signature.
     injected = {"fault": fault.engine_fault} if fault.engine_fault else {}
     engine = make_engine(spec, weights=checkpoint, load_format=fault.load_format, dtype=torch.float32,
