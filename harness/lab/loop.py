@@ -166,12 +166,13 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
     spec = config.spec()
     # The lab's tensors are tiny: intra-op threads only add spin/sync overhead, which on a shared 2-core CI
     # machine made steps 30x slower (measured 40-70 s/step with 2 threads under load vs ~1 s with one).
-    with torch_threads(1), _patched(fault.trainer_fault):
+    updates = -(-config.gbs // config.ppo_mini_batch_size)  # optimizer steps per lab step (_update's mini-batches)
+    with torch_threads(1), _patched(fault.trainer_fault, updates):
         return _run(config, out, fault, spec, make_engine, progress)
 
 
 @contextmanager
-def _patched(trainer_fault: str | None):
+def _patched(trainer_fault: str | None, updates_per_step: int = 2):
     """The trainer fault patched into the code the lab trains with -- verl's GRPO advantage and policy loss
     (verl.trainer.ppo.core_algos) and the optimizer's step -- from step FAULT_FROM_STEP on, the way a held-out fault
     is patched into verl's own code: the run's settings stay the same, so only its curves can tell."""
@@ -182,8 +183,8 @@ def _patched(trainer_fault: str | None):
 
     from harness.lab.config import FAULT_FROM_STEP
 
-    steps = {"n": 0}  # optimizer steps taken; 2 per lab step (ppo_mini_batch_size 4 of gbs 8)
-    live = lambda: steps["n"] >= 2 * FAULT_FROM_STEP  # noqa: E731
+    steps = {"n": 0}  # optimizer steps taken, `updates_per_step` per lab step
+    live = lambda: steps["n"] >= updates_per_step * FAULT_FROM_STEP  # noqa: E731
     saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step
 
     def advantage(*args, **kwargs):
