@@ -8,8 +8,16 @@
 # each tier's Markdown (then each trend's) is appended to the step summary. A trend that fails (a regression, a
 # night that lost tests, metrics or suites) fails the night too.
 #
+# Usage: ci/nightly.sh [--recipe FILE] [--recipe-env NAME=VALUE]... [--model-path DIR] [--golden FILE|DIR]
+#                      [-- PYTEST-ARGS...]
+# The flags are the variables RECIPE, RECIPE_ENV, MODEL_PATH and GOLDEN_DIR below (a flag wins). --golden takes
+# a directory of goldens (<scale>.json per tier), or one file for a night of one scale (SCALES=tiny). The words
+# after `--` go to every tier's pytest (e.g. `-- -k reward_alignment`).
+#
 # Environment:
-#   HARDWARE      a2 | a3 (default a3): picks the scales below and is passed as --hardware
+#   HARDWARE      a2 | a3 | cpu (default a3): picks the scales below and is passed as --hardware (cpu: the night
+#                 rehearsed on a CPU host, its tiny and layer tiers)
+#   REPORTS_DIR   where each night's reports/nightly-<night>/ goes (default reports/ of this checkout)
 #   SCALES        override the scale list (space separated, in tier order)
 #   RAY_ADDRESS   the cluster's Ray dashboard (http://HEAD:8265) for the multi-node tiers
 #   HARNESS_RUN_ROOT  required with RAY_ADDRESS: an absolute directory on storage every cluster node and this host
@@ -35,6 +43,31 @@
 #   HARNESS_ABORT_ON_FAIL=0  run a launched job to its end even after its failure is certain (default: the
 #                 launcher stops it at the first verdict it can no longer pass; harness/metrics/early_stop.py)
 set -euo pipefail
+
+die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
+recipe_env=()  # --recipe-env, one item each (a value may hold spaces, unlike RECIPE_ENV's words)
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --recipe|--recipe-env|--model-path|--golden)
+      [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"
+      case "$1" in
+        --recipe) RECIPE="$2" ;;
+        --recipe-env) recipe_env+=("$2") ;;
+        --model-path) MODEL_PATH="$2" ;;
+        --golden) GOLDEN="$2" ;;
+      esac
+      shift 2 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument $1 (flags: --recipe, --recipe-env, --model-path, --golden; pytest's after --)" ;;
+  esac
+done
+# paths as given, before the cd below (a recipe or golden named relative to where the night was started)
+for name in RECIPE GOLDEN; do
+  value="${!name:-}"
+  case "$value" in ""|/*) ;; *) printf -v "$name" '%s' "$PWD/$value" ;; esac
+done
 cd "$(dirname "$0")/.."
 
 HARDWARE="${HARDWARE:-a3}"
@@ -42,9 +75,24 @@ case "$HARDWARE" in
   # Only A2 has reduced and moonlight scales registered (harness/config/scales.py); A3 runs tiny, layer, full.
   a2) DEFAULT_SCALES="tiny layer reduced-a2 moonlight-a2 full-a2-gbs128" ;;
   a3) DEFAULT_SCALES="tiny layer full-a3" ;;
-  *) echo "ci/nightly.sh: error: HARDWARE=$HARDWARE: use a2 or a3" >&2; exit 2 ;;
+  # the night rehearsed on a CPU host (the tiers a CPU runs: doctor's RUN lines), e.g. a recipe's first night
+  cpu) DEFAULT_SCALES="tiny layer" ;;
+  *) echo "ci/nightly.sh: error: HARDWARE=$HARDWARE: use a2, a3 or cpu" >&2; exit 2 ;;
 esac
 SCALES="${SCALES:-$DEFAULT_SCALES}"
+GOLDEN_FILE=""
+if [ -n "${GOLDEN:-}" ]; then
+  if [ -d "$GOLDEN" ]; then
+    GOLDEN_DIR="$GOLDEN"
+  elif [ -f "$GOLDEN" ]; then
+    # one golden judges one job at one scale: the layer tier's curves are not the tiny tier's
+    [ "$(wc -w <<<"$SCALES")" -eq 1 ] || die "--golden $GOLDEN is one file for the scales $SCALES: give a directory" \
+      "with <scale>.json per tier, or set SCALES to one scale"
+    GOLDEN_FILE="$GOLDEN"
+  else
+    die "--golden $GOLDEN is neither a file nor a directory"
+  fi
+fi
 BASELINE_DIR="${BASELINE_DIR:-baselines}"
 if [ -n "${RECIPE:-}" ]; then
   # one recipe's nights are one trend: another job's nights beside them would read as a regression or a fix
@@ -55,7 +103,7 @@ TREND_KEY="${TREND_KEY:-}"
 TREND_STORE="${TREND_STORE:-/data/ascend-rl-harness/trend}"
 PUBLISH_DIR="${PUBLISH_DIR:-public}"
 NIGHT="$(date -u +%Y%m%dT%H%M%SZ)"
-REPORTS="reports/nightly-$NIGHT"
+REPORTS="${REPORTS_DIR:-reports}/nightly-$NIGHT"
 HARNESS="${HARNESS:-ascend-rl-harness}"
 PYTHON="${PYTHON:-python3}"
 # JUnit XML per tier (<scale>.xml): Jenkins `junit 'reports/nightly-*/junit/*.xml'`, GitLab `artifacts:reports:junit`,
@@ -87,14 +135,20 @@ for scale in $SCALES; do
   if [ -n "${RECIPE:-}" ]; then
     job+=(--recipe "$RECIPE")
     for item in ${RECIPE_ENV:-}; do job+=(--recipe-env "$item"); done
+    for item in ${recipe_env[@]+"${recipe_env[@]}"}; do job+=(--recipe-env "$item"); done
     [ -n "${MODEL_PATH:-}" ] && job+=(--model-path "$MODEL_PATH")
+  fi
+  if [ -n "$GOLDEN_FILE" ]; then
+    job+=(--golden "$GOLDEN_FILE")
+  elif [ -n "${GOLDEN:-}${RECIPE:-}" ]; then
     [ -f "${GOLDEN_DIR:-}/$scale.json" ] && job+=(--golden "$GOLDEN_DIR/$scale.json")
   elif [ -d "$BASELINE_DIR/$HARDWARE" ]; then
     job+=(--golden "$BASELINE_DIR/$HARDWARE")
   fi
   tier_status=0
   # ${job[@]+...}: an empty array is an unset variable to bash < 4.4 under set -u
-  run "$HARNESS" run --scale "$scale" --report-dir "$out" ${job[@]+"${job[@]}"} -- "${extra[@]}" || tier_status=$?
+  run "$HARNESS" run --scale "$scale" --report-dir "$out" ${job[@]+"${job[@]}"} -- "${extra[@]}" \
+    ${pytest_args[@]+"${pytest_args[@]}"} || tier_status=$?
   # Keep the report whatever happened: the trend store is how a regression is seen the next morning.
   if [ -f "$out/report.json" ] || [ "${NIGHTLY_DRY_RUN:-0}" = 1 ]; then
     run mkdir -p "$TREND_STORE/$scale$TREND_KEY"

@@ -3,10 +3,12 @@ labels; the script passes `bash -n`, runs the tiers in order with --strict-hardw
 in the trend store and publishes HTML; its failure lines name suite, metric and step."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,12 +99,12 @@ def test_unknown_hardware_is_bad_input(tmp_path):
     assert done.returncode == 2 and "HARDWARE=h100" in done.stderr
 
 
-def _report(tmp_path, tests, exit_status=1):
+def _report(tmp_path, tests, exit_status=1, job=None):
     from harness.report.schema import SCHEMA, SCHEMA_VERSION, RunReport, TestVerdict, machine_info, write_report
 
     report = RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, created="2026-11-29T00:00:00Z", name="nightly",
                        commit=None, dirty=None, scale="reduced-a2", plan=None, command=(), machine=machine_info(),
-                       tests=tuple(TestVerdict(*t) for t in tests), duration_s=1.0, exit_status=exit_status)
+                       tests=tuple(TestVerdict(*t) for t in tests), duration_s=1.0, exit_status=exit_status, job=job)
     return write_report(report, tmp_path / "report.json")
 
 
@@ -187,3 +189,109 @@ def test_the_night_runs_your_recipe_against_your_goldens_and_keys_the_trend_by_i
 def test_a_recipe_that_is_not_a_file_stops_the_night_up_front(tmp_path):
     done, _ = _dry_night(tmp_path, RECIPE=str(tmp_path / "missing.sh"))
     assert done.returncode == 2 and "RECIPE=" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_the_night_takes_your_recipe_and_golden_as_flags(tmp_path):
+    """Issue 45: `ci/nightly.sh --recipe R --golden G` (the variables' flags, a flag winning): a golden file judges a
+    night of one scale, a directory holds one per tier, a --recipe-env value may hold spaces, and the words after
+    `--` reach every tier's pytest. Relative paths are read from where the night was started."""
+    recipe = tmp_path / "ours.sh"
+    recipe.write_text("python3 -m verl.trainer.main_ppo trainer.total_training_steps=5\n")
+    golden = tmp_path / "tiny-golden.json"
+    golden.write_text("{}")
+
+    def night(*argv, **env):
+        base = {**os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "a2", "TREND_STORE": str(tmp_path / "trend"),
+                "PUBLISH_DIR": str(tmp_path / "public"), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), **env}
+        done = subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path, env=base)
+        runs = [shlex.split(line) for line in done.stdout.splitlines()]
+        return done, [c for c in runs if c[:2] == ["ascend-rl-harness", "run"]]
+
+    done, (run,) = night("--recipe", "ours.sh", "--golden", "tiny-golden.json", "--recipe-env", "MODEL=/a b",
+                         "--", "-k", "reward_alignment", SCALES="tiny", RECIPE="elsewhere.sh")
+    assert done.returncode == 0, done.stderr
+    own, pytest_args = run[:run.index("--")], run[run.index("--") + 1:]
+    assert own[own.index("--recipe") + 1] == str(recipe) and own[own.index("--golden") + 1] == str(golden)
+    assert own[own.index("--recipe-env") + 1] == "MODEL=/a b"
+    assert pytest_args[-2:] == ["-k", "reward_alignment"] and "--strict-hardware" in pytest_args
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    (goldens / "layer.json").write_text("{}")
+    done, runs = night("--recipe", str(recipe), "--golden", str(goldens))
+    by_scale = {c[c.index("--scale") + 1]: c[:c.index("--")] for c in runs}
+    assert done.returncode == 0 and by_scale["layer"][by_scale["layer"].index("--golden") + 1] == str(
+        goldens / "layer.json")
+    assert all("--golden" not in c for s, c in by_scale.items() if s != "layer")
+    # refused up front, one line each, no tier run: a file golden for several scales, a missing golden, a flag
+    # without its value, an unknown flag
+    for argv, says in ((["--golden", str(golden)], "one file for the scales"),
+                       (["--golden", str(tmp_path / "none.json")], "neither a file nor a directory"),
+                       (["--recipe"], "--recipe needs a value"), (["--goldn", "x"], "unknown argument --goldn")):
+        done, runs = night(*argv)
+        assert done.returncode == 2 and says in done.stderr and done.stderr.count("\n") == 1 and not runs, argv
+
+
+def test_a_night_on_your_recipe_names_it_and_its_golden(tmp_path, capsys):
+    """Issue 45: the verdict lines, the step summary and the page of a night on a team's recipe name the recipe and
+    the golden it was judged against (with their hashes, and --recipe-env's names without their values)."""
+    from harness.report.render import render_html
+    from harness.report.schema import load_report
+
+    job = {"recipe": "/ci/ours.sh", "recipe_sha256": "ab" * 32, "recipe_env": ["MODEL"], "model_path": None,
+           "golden": "/ci/goldens/reduced-a2.json", "golden_sha256": "cd" * 32}
+    path = _report(tmp_path, [("suites/precision/test_reward_alignment.py::test_reward_curve_aligns_with_baseline",
+                               "failed", 1.0, "reward curve outside the band")], job=job)
+    summary = tmp_path / "summary.md"
+    assert main(["--summary", str(summary), str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("JOB reduced-a2 recipe /ci/ours.sh (sha256 abababababab) \u00b7 with MODEL set \u00b7 "
+                        "golden /ci/goldens/reduced-a2.json (sha256 cdcdcdcdcdcd)"), lines
+    assert lines[1].startswith("FAIL reduced-a2 suites/precision/test_reward_alignment.py::")
+    assert "recipe /ci/ours.sh" in summary.read_text() and "golden /ci/goldens/reduced-a2.json" in summary.read_text()
+    report = load_report(path)
+    assert report.job == job
+    page = render_html(report)
+    assert 'id="job"' in page and "/ci/ours.sh" in page and "/ci/goldens/reduced-a2.json" in page
+    assert page.index('id="job"') < page.index('id="failures"')  # on the first screen, above the failures
+
+
+def test_a_real_night_on_your_recipe_fails_when_its_curves_leave_your_golden(tmp_path, tiny_lab_run):
+    """Issue 45, end to end on this CPU (HARDWARE=cpu, not a dry run): `ci/nightly.sh --recipe R --golden G` runs the
+    tiny tier's reward-alignment verdict for a recipe the harness did not write (seed 002's cann-recipes-train
+    script) on a finished run of the job (`-- --run-dir`), against the golden recorded from that job's runs (the
+    lab's, baselines/tiny/dapo_lab.json). The session's clean lab run passes the night; a run whose advantage is
+    zeroed from step 3 (it stops learning) fails it, and the verdict lines, the summary and the report name the
+    recipe and the golden; the trend is keyed by the recipe."""
+    from harness.lab import LabConfig, run_lab
+
+    recipe = ROOT / "tests/recipes/seed002_a3_grpo.sh"
+    golden = ROOT / "baselines/tiny/dapo_lab.json"
+    harness = Path(sys.executable).with_name("ascend-rl-harness")
+
+    def night(run_dir: Path, name: str):
+        env = {**os.environ, "HARDWARE": "cpu", "SCALES": "tiny", "REPORTS_DIR": str(tmp_path / name / "reports"),
+               "TREND_STORE": str(tmp_path / name / "trend"), "PUBLISH_DIR": str(tmp_path / name / "public"),
+               "GITHUB_STEP_SUMMARY": str(tmp_path / name / "summary.md"), "HARNESS": str(harness),
+               "PYTHON": sys.executable}
+        done = subprocess.run(["bash", str(SCRIPT), "--recipe", str(recipe), "--golden", str(golden), "--", "-k",
+                               "test_reward_curve_aligns_with_baseline", "--run-dir", str(run_dir)],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        (report,) = (tmp_path / name / "reports").glob("nightly-*/tiny/report.json")
+        return done, json.loads(report.read_text())
+
+    done, report = night(Path(tiny_lab_run.meta.sources[0]).parent, "clean")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert report["job"]["recipe"] == str(recipe) and report["job"]["golden"] == str(golden)
+    assert report["plan"]["scale"] == "tiny" and any("kl" in o for o in report["plan"]["overrides"])  # R's job
+    stopped = run_lab(LabConfig(steps=30, seed=1234, fault="zero-advantage"), tmp_path / "stopped")
+    done, report = night(stopped, "stopped")
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    (test,) = report["tests"]
+    assert test["outcome"] == "failed" and test["nodeid"].endswith("test_reward_curve_aligns_with_baseline[tiny]")
+    lines = done.stdout.splitlines()
+    assert any(line.startswith(f"JOB tiny recipe {recipe} (sha256 ") and f"golden {golden} (sha256 " in line
+               for line in lines), done.stdout[-2000:]
+    assert sum(line.startswith("FAIL tiny suites/precision/test_reward_alignment.py::") for line in lines) >= 2
+    summary = (tmp_path / "stopped" / "summary.md").read_text()
+    assert str(recipe) in summary and str(golden) in summary
+    assert (tmp_path / "stopped" / "trend" / f"tiny-{recipe.name}").is_dir()

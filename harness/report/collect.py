@@ -206,16 +206,51 @@ class ReportCollector:
         return RunReport(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, created=created,
             name=report_name(scale.name if scale else "tests", created),
-            commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale),
+            commit=commit, dirty=dirty, scale=scale.name if scale else None, plan=_plan_doc(scale, self.config),
             command=tuple(redact_argv(self.config.invocation_params.args)), machine=machine_info(), tests=tuple(tests),
             duration_s=round(time.monotonic() - self.started, 2), exit_status=exit_status,
-            paths=tuple(redact_argv([str(a) for a in self.config.args])))
+            paths=tuple(redact_argv([str(a) for a in self.config.args])), job=job_doc(self.config))
 
 
-def _plan_doc(scale) -> dict | None:
-    """The scale's plan as `ascend-rl-harness plan --json` prints it (one source: model, plan, DAPO overrides)."""
+def _plan_doc(scale, config) -> dict | None:
+    """The plan of the job the tier ran, as `ascend-rl-harness plan --json [--recipe FILE]` prints it (one source:
+    model, plan, overrides): with --recipe the team's job (harness.config.job.build_job: at tiny its rehearsal, at
+    reduced its reduction), never the scale's built-in job beside a night that ran another."""
     if scale is None:
         return None
     from harness.config.recipe import plan_document
 
-    return plan_document(scale)
+    if not config.getoption("recipe", None):
+        return plan_document(scale)
+    from harness.config.job import build_job
+    from harness.config.user_recipe import parse_recipe_env, read_recipe
+
+    try:
+        user = read_recipe(config.getoption("recipe"), (), parse_recipe_env(config.getoption("recipe_env", None) or ()))
+        job = build_job(scale, user, model_path=config.getoption("model_path", None))
+    except BadInput:
+        return None  # the plugin refused this recipe before any test ran (a usage error); no plan to show
+    return redact_doc(plan_document(job.scale, recipe=job.recipe))  # its exports can hold a token, as plan's do
+
+
+def _sha256(path: str | None) -> str | None:
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except (OSError, TypeError):  # None, a directory of goldens, or gone since the session started
+        return None
+
+
+def job_doc(config) -> dict | None:
+    """What a night ran and judged against (issue 45): --recipe (its path and content hash, and the names of
+    --recipe-env's variables, never their values: a recipe's environment can hold a token), --model-path, and the
+    golden (--baseline, which `run --golden` passes) with its hash. None for the scale's own job and golden."""
+    recipe, golden = config.getoption("recipe", None), config.getoption("baseline", None)
+    if not recipe and not golden:
+        return None
+    return redact_doc({"recipe": recipe and str(Path(recipe).resolve()), "recipe_sha256": _sha256(recipe),
+            "recipe_env": [item.partition("=")[0] for item in config.getoption("recipe_env", None) or ()],
+            "model_path": config.getoption("model_path", None), "golden": golden and str(Path(golden).resolve()),
+            "golden_sha256": _sha256(golden)})

@@ -3,7 +3,8 @@ and the place (step, layer, phase) its findings name (harness.findings, recorded
 the morning mail reads `FAIL reduced-a2 suites/precision/test_reward_alignment.py::test_reward_curve metric
 critic/rewards/mean step 12: ...`. A failing test with no finding (a crash, a plain assert) prints `-`.
 
-`python -m harness.report.nightly [--summary FILE] REPORT...` prints them, a `COST` line per cost ledger the run
+`python -m harness.report.nightly [--summary FILE] REPORT...` prints them (after a `JOB` line naming the recipe and
+the golden of a night on a team's recipe, issue 45), a `COST` line per cost ledger the run
 recorded (card-hours used, saved by an early abort, wasted by a false one: harness.perf.ledger), and a `SYNC` line
 per weight sync the Megatron sender suite timed, against the platform's per-phase budget (exit 1 when any test
 failed or a sync phase went over its budget); used by
@@ -77,7 +78,7 @@ USAGE = "usage: python -m harness.report.nightly [--summary FILE] REPORT_JSON|MA
 
 def main(argv: list[str] | None = None) -> int:
     from harness.io import open_input
-    from harness.report.render import render_markdown
+    from harness.report.render import job_text, render_markdown
     from harness.report.schema import load_report
     from harness.report.sync_phases import sync_verdicts
 
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         except (BadInput, FileNotFoundError) as exc:
             print(f"python -m harness.report.nightly: error: {exc}", file=sys.stderr)
             return 2
+        job = job_text(report)
+        if job:  # a night on your recipe names it and its golden above its verdicts (issue 45)
+            print(" ".join(f"JOB {report.scale or '-'} {job.removeprefix('job: ')}".split()))
         found = failures(report)
         for f in found:
             print(f.line())

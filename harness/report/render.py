@@ -455,6 +455,7 @@ BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ ver
 <b class="tile-number">{{ t.number }}</b>{% if spark %} {{ spark }}{% endif %}<br>
 <span class="muted">{{ t.detail }}</span></a>{% endfor %}</div>
 <p>{{ summary }}</p>
+{% if job %}<p class="job" id="job">{{ job }}</p>{% endif %}
 {% if failing %}<p class="rerun-all">rerun what failed: <code class="rerun">{{ rerun_all }}</code></p>{% endif %}
 <h2 id="failures">Failures ({{ failing|length }})</h2>
 {% for f in failing %}
@@ -588,7 +589,8 @@ def render_html(report: RunReport, previous: RunReport | None = None, links: dic
         sections.append(("Other measurements", [table(["test", "property", "value"], [
             [n, k, _value(v, k)] for n, k, v in other])]))
     summary = counts_text(report) + ("" if report.tests else "; no test ran: a run without tests is a failure")
-    body = render(BODY, r=report, verdict=verdict, summary=summary, links=list((links or {}).items()),
+    body = render(BODY, r=report, verdict=verdict, summary=summary, job=job_text(report),
+                  links=list((links or {}).items()),
                   versions=table(["package", "version", "\u0394 previous" if previous else ""], version_rows,
                                  "versions"),
                   machine=machine, failing=failing, findings=findings, run_dirs=run_dirs, bugs=bugs,
@@ -634,6 +636,25 @@ def counts_text(report: RunReport) -> str:
             f"{c['xfailed']} xfailed, {c['xpassed']} xpassed of {len(report.tests)} in {report.duration_s:.1f} s")
 
 
+def job_text(report: RunReport) -> str | None:
+    """One line naming the job a night ran and the golden it was judged against (issue 45), or None for the
+    scale's own job and golden."""
+    job = report.job
+    if not job:
+        return None
+
+    def named(path, digest) -> str:
+        return f"{path} (sha256 {digest[:12]})" if digest else str(path)
+
+    parts = [f"recipe {named(job['recipe'], job.get('recipe_sha256'))}" if job.get("recipe")
+             else f"the {report.scale or 'scale'}'s own job"]
+    parts += [f"with {', '.join(job['recipe_env'])} set"] if job.get("recipe_env") else []
+    parts += [f"model {job['model_path']}"] if job.get("model_path") else []
+    parts += [f"golden {named(job['golden'], job.get('golden_sha256'))}" if job.get("golden")
+              else "no golden given (the tier's built-in golden, where it has one)"]
+    return "job: " + " \u00b7 ".join(parts)
+
+
 def render_markdown(report: RunReport) -> str:
     """A short summary for a CI comment: verdict, then one block per failure (E line, where, known bug, rerun),
     throughput, benchmarks."""
@@ -641,6 +662,8 @@ def render_markdown(report: RunReport) -> str:
              f"{counts_text(report)} · scale {_code(report.scale)} · "
              f"commit {_code((report.commit or 'unknown')[:12])} · "
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
+    if report.job:
+        lines += [_md(job_text(report)), ""]
     failing = briefs(report)
     if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
         lines.append(f"rerun what failed: {_code(rerun_failed(report))}")

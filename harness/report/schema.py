@@ -24,7 +24,8 @@ and lists every other property as JSON.
 Schema version 2 (each failure with its traceback and captured log) adds `traceback` and `log` to
 every test; version 1 reports still load (both empty). Optional in both: `machine.host` (the CPU fingerprint a
 known-bug row's host condition is judged on) and `paths` (pytest's positional arguments, which the rerun lines
-replace with the failed node ids); reports without them load as before. Loading checks every field's type, so a
+replace with the failed node ids) and `job` (the recipe and golden a night on a team's recipe was judged with); reports
+without them load as before. Loading checks every field's type, so a
 hand-edited or foreign JSON ends in one line naming the field, never a traceback in a renderer.
 """
 from __future__ import annotations
@@ -124,6 +125,9 @@ class RunReport:
     # the positional arguments of `command` (pytest's config.args: files, directories, node ids): the rerun lines
     # replace them with the failed node ids (harness.report.failures.rerun_args)
     paths: tuple[str, ...] = ()
+    # the job judged and its golden (issue 45: a night on a team's recipe names the recipe and the golden it was
+    # judged against), harness.report.collect.job_doc; None for the scale's built-in job and golden
+    job: dict | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -253,11 +257,13 @@ _MACHINE = TypedDict("Machine", {
     "hostname": S, "platform": S, "python": S, "cpu_count": Count, "device_kind": S, "device_name": S,
     "device_count": Count, "hardware_profile": S, "driver": Opt[S], "cann": Opt[S], "packages": dict[S, Opt[S]],
     "host": NotRequired[Opt[dict]]})
+_JOB = TypedDict("Job", {"recipe": Opt[S], "recipe_sha256": Opt[S], "recipe_env": list[S], "model_path": Opt[S],
+                         "golden": Opt[S], "golden_sha256": Opt[S]})
 _REPORT = TypeAdapter(TypedDict("Report", {
     "created": S, "name": S, "commit": Opt[S], "dirty": NotRequired[Opt[StrictBool]], "scale": Opt[S],
     "plan": NotRequired[Opt[dict]], "command": NotRequired[list[S]], "machine": _MACHINE, "tests": list[_TEST],
     "duration_s": Seconds, "exit_status": Annotated[StrictInt, Field(ge=-numeric.MAX_COUNT, le=numeric.MAX_COUNT)],
-    "paths": NotRequired[list[S]]}))
+    "paths": NotRequired[list[S]], "job": NotRequired[Opt[_JOB]]}))
 
 
 def finite(value) -> bool:
@@ -282,8 +288,9 @@ def report_from_dict(doc, source: str = "<dict>") -> RunReport:
     machine = MachineInfo(**fields.pop("machine"))
     command, paths = tuple(fields.pop("command", ())), tuple(fields.pop("paths", ()))
     # held as the current version: a version 1 report is a version 2 one with empty tracebacks and logs
-    return RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION, **{"plan": None, "dirty": None, **fields},
-                     tests=tests, machine=machine, command=command, paths=paths)
+    return RunReport(schema=SCHEMA, schema_version=SCHEMA_VERSION,
+                     **{"plan": None, "dirty": None, "job": None, **fields}, tests=tests, machine=machine,
+                     command=command, paths=paths)
 
 
 def load_report(path: str | os.PathLike) -> RunReport:
