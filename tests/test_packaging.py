@@ -218,7 +218,8 @@ def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel,
     done = _run([foreign_stack.parent / "ascend-rl-harness", "run", "--scale", "tiny", "--report-dir",
                  away / "report"], cwd=away, timeout=3600)
     report = json.loads((away / "report" / "report.json").read_text())
-    failing = [t["nodeid"] for t in report["tests"] if t["outcome"] in ("failed", "error", "xpassed")]
+    failing = [f'{t["nodeid"]}: {t["reason"][:400]}' for t in report["tests"]
+               if t["outcome"] in ("failed", "error", "xpassed")]
     assert done.returncode == 0 and not failing, (failing, (done.stdout + done.stderr)[-3000:])
     packages = report["machine"]["packages"]
     assert (packages.get("transformers"), packages.get("ray")) == ("5.17.0", "2.58.0"), packages

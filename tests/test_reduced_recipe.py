@@ -137,3 +137,18 @@ def test_a_job_from_an_installed_wheel_uploads_no_site_packages(tmp_path):
     (site / "numpy").mkdir()
     assert checkout_dir(site) is None
     assert checkout_dir(REPO_ROOT) == str(REPO_ROOT)  # this checkout: uploaded as before
+
+
+def test_the_tiny_jobs_reward_file_is_found_from_an_installed_wheel(tmp_path):
+    """Found by the foreign-image rehearsal (tests/test_packaging.py): from an installed wheel no working dir is
+    uploaded, and the relative custom_reward_function.path left every reward worker of the tiny verl run dying with
+    "Custom module file not found". There it is the installed file's own path; from a checkout, relative to it."""
+    from harness.config.cpu_tier import REWARD_FILE, reward_file
+    from harness.io import PACKAGE_ROOT
+
+    site = tmp_path / "site-packages"
+    (site / "harness" / "launch").mkdir(parents=True)
+    (site / "harness" / "launch" / "tiny_task.py").write_text("")
+    assert Path(reward_file(site)).is_file()
+    assert REWARD_FILE == reward_file(PACKAGE_ROOT) == "harness/launch/tiny_task.py"  # this checkout
+    assert (PACKAGE_ROOT / REWARD_FILE).is_file()

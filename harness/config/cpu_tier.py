@@ -28,10 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.io import PACKAGE_ROOT, checkout_root
+
 # The platform module verl imports in every process, and the worker extension vLLM loads.
 PLATFORM_MODULE = "harness.launch.verl_cpu"
 ROLLOUT_EXTENSION = "harness.launch.verl_rollout.LayerwiseReloadExtension"
-REWARD_FILE = "harness/launch/tiny_task.py"  # relative to the job's working directory (the repository root)
+# verl's reward workers load the reward function by path (custom_reward_function.path). From a checkout, which Ray
+# uploads as the job's working dir, the path is relative to it; from an installed wheel no working dir is uploaded
+# and every node runs the image's harness, so it is the installed file's own path. Found by the foreign-image
+# rehearsal (tests/test_packaging.py): every reward worker died with "Custom module file not found".
+def reward_file(root=PACKAGE_ROOT) -> str:
+    return "harness/launch/tiny_task.py" if checkout_root(root) else str(root / "harness" / "launch" / "tiny_task.py")
+
+
+REWARD_FILE = reward_file()
 REWARD_FUNCTION = "compute_score"
 # Seeded rollout faults the worker extension injects (read in vLLM's worker process): harness.launch.verl_rollout.
 ROLLOUT_FAULT_ENV = "HARNESS_ROLLOUT_FAULT"
