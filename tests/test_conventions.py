@@ -99,6 +99,13 @@ def test_completion_check_fails_on_a_parser_without_the_commands(tmp_path):
     assert _completion("bash", tmp_path, bare) != ["registered", "report", "--scale", "tb csv"]
 
 
+def test_the_session_and_its_children_cache_bytecode():
+    """The root conftest drops PYTHONDONTWRITEBYTECODE for the session: with it, every Python child the suite starts
+    compiled the harness and re-rewrote the plugins' asserts (~2.5 CPU-s each on this host). Seeded: the two lines
+    removed fails here wherever the environment sets it (this host's image does)."""
+    assert not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in os.environ
+
+
 def test_the_readme_test_command_exits_with_pytests_code(tmp_path):
     """`make test` turned a failing test into 2 (GNU make's code for any failed recipe), the harness's code for bad
     input: the README's `scripts/test` hands pytest's own code on -- 1 for a failing test."""
