@@ -265,10 +265,13 @@ REVERTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def reverted_runs(tmp_path_factory) -> dict[str, list[str]]:
-    """Both suites' selections under --platform-stub npu in one pytest subprocess, each with its own fix reverted:
-    suite -> the failure texts of its selected tests (junit), one string per test, "" for a test that passed."""
+def test_the_stubbed_suites_fail_with_a_fix_reverted(tmp_path):
+    """Under `--platform-stub npu` the MoE sync and sleep suites' vLLM engines carry vllm-ascend's MoE layer
+    (transposed Parameters without loaders after load; wake_up transposes back): with B2's fix reverted the MoE sync
+    suite fails at the first expert shard, and with a sync that ignores the layout wake_up left the sleep suite's
+    MoE case fails. `make rehearse` runs both suites green under the option. Both suites' selections run in one
+    pytest subprocess, each with its own fix reverted (one test, not one per revert: xdist could give two
+    parametrized cases to two workers, each running the subprocess), and each suite is judged from its junit cases."""
     import subprocess
     import sys
     from xml.etree import ElementTree as ET
@@ -277,34 +280,23 @@ def reverted_runs(tmp_path_factory) -> dict[str, list[str]]:
 
     if not module_exists("vllm"):  # found, not imported: the suites import it in the child, this process never does
         pytest.skip("could not find vllm: the stubbed suites build vLLM engines")
-    here = tmp_path_factory.mktemp("reverted")
-    (here / "seed_revert.py").write_text(SEED_PLUGIN)
+    (tmp_path / "seed_revert.py").write_text(SEED_PLUGIN)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
     select = " or ".join(f"({k})" for _, k, _ in REVERTS.values())
     done = subprocess.run([sys.executable, "-m", "pytest", *(str(ROOT / s) for s, _, _ in REVERTS.values()),
                            "-p", "seed_revert", "--platform-stub", "npu", "-m", "tiny", "-k", select,
                            "-p", "no:cacheprovider", f"--rootdir={ROOT}", "-q", "-p", "no:logging",
-                           f"--junitxml={here / 'junit.xml'}"], cwd=here, env=env, capture_output=True, text=True,
-                          timeout=1200)
-    assert (here / "junit.xml").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    runs: dict[str, list[str]] = {"output": [done.stdout[-3000:]]}
-    for case in ET.parse(here / "junit.xml").iter("testcase"):  # a failed call is a <failure>, an error is not one
-        runs.setdefault(case.get("classname", "").replace(".", "/") + ".py", []).append(
+                           f"--junitxml={tmp_path / 'junit.xml'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert (tmp_path / "junit.xml").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    failures: dict[str, list[str]] = {}  # suite -> the failure text of each selected test ("" where it passed)
+    for case in ET.parse(tmp_path / "junit.xml").iter("testcase"):  # a failed call is a <failure>, an error not
+        failures.setdefault(case.get("classname", "").replace(".", "/") + ".py", []).append(
             "".join(f"{e.get('message', '')}\n{e.text or ''}" for e in case if e.tag == "failure"))
-    return runs
-
-
-@pytest.mark.parametrize("revert", sorted(REVERTS))
-def test_the_stubbed_suites_fail_with_a_fix_reverted(reverted_runs, revert):
-    """Under `--platform-stub npu` the MoE sync and sleep suites' vLLM engines carry vllm-ascend's MoE layer
-    (transposed Parameters without loaders after load; wake_up transposes back): with B2's fix reverted the MoE sync
-    suite fails at the first expert shard, and with a sync that ignores the layout wake_up left the sleep suite's
-    MoE case fails. `make rehearse` runs both suites green under the option."""
-    suite, _, words = REVERTS[revert]
-    outs = reverted_runs.get(suite, [])
-    assert len(outs) == 1 and outs[0], (f"{suite} with {revert}: {len(outs)} test(s) selected, "
-                                        f"{sum(map(bool, outs))} failed", reverted_runs["output"][0])
-    out = outs[0]
-    for word in words:
-        assert word in out, f"{word!r} not in the failure output:\n{out[-3000:]}"
+    for revert, (suite, _, words) in sorted(REVERTS.items()):
+        outs = failures.get(suite, [])
+        assert len(outs) == 1 and outs[0], (f"{suite} with {revert}: {len(outs)} test(s) selected, "
+                                            f"{sum(map(bool, outs))} failed", done.stdout[-3000:])
+        for word in words:
+            assert word in outs[0], f"{revert}: {word!r} not in the failure output:\n{outs[0][-3000:]}"
