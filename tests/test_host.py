@@ -50,8 +50,9 @@ def test_the_mask_is_refused_once_torch_picked_its_kernels(monkeypatch):
     import torch
 
     monkeypatch.setenv(host.HIDE_ENV, "avx2")
-    for key in host.KERNEL_ENV:
-        monkeypatch.delenv(key, raising=False)
+    for key in host.KERNEL_ENV:  # set, then deleted: recorded, so the caps apply_isa_mask exports are undone after
+        monkeypatch.setenv(key, "")  # the test (they leaked into the session, and the masked-session test below
+        monkeypatch.delenv(key)  # then ran on a host with nothing to hide, caps seemingly set)
     before = dict(os.environ)
     if host.mask_refusal("avx2", torch.backends.cpu.get_cpu_capability()) is None:
         assert host.apply_isa_mask() == "avx2" and os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
