@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from faults import (
@@ -31,19 +33,31 @@ from fixtures.report import make_report
 from harness.report.schema import write_report
 
 
-@pytest.fixture
-def inputs(tmp_path):
-    """Reference runs, a golden, a two-night store and a suites tree, outside any mount."""
-    runs = write_runs(tmp_path / "runs")
-    golden = tmp_path / "golden.json"
-    made = cli("baseline", "record", *runs, "--out", golden, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The inputs, made once per module (per xdist worker): a `baseline record` and a `run` (the earlier report set
+    the fault cases put on the broken file system) are CLI children of ~5-10 s each, the same for every case."""
+    root = tmp_path_factory.mktemp("inputs")
+    runs = write_runs(root / "runs")
+    made = cli("baseline", "record", *runs, "--out", root / "golden.json", cwd=root)
     assert made.returncode == 0, made.stderr
-    store = tmp_path / "store"
     for i in range(2):
         write_report(make_report(f"night-{i}", f"2026-11-0{i + 1}T02:00:00+00:00", tps=120.0 + i),
-                     store / f"night-{i}.json")
-    suites_tree(tmp_path)
-    return {"runs": runs, "golden": str(golden), "store": str(store), "root": tmp_path}
+                     root / "store" / f"night-{i}.json")
+    suites_tree(root)
+    first = cli("run", "--scale", "tiny", "--report-dir", root / "earlier-reports", cwd=root)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    return root
+
+
+@pytest.fixture
+def inputs(made, tmp_path):
+    """Reference runs, a golden, a two-night store, a suites tree and an earlier run's report set (out of its
+    relative links, copied as links), each case's own copy in its tmp_path, outside any mount."""
+    shutil.copytree(made, tmp_path, symlinks=True, dirs_exist_ok=True)
+    runs = [str(tmp_path / "runs" / Path(r).name) for r in sorted(os.listdir(made / "runs"))]
+    return {"runs": runs, "golden": str(tmp_path / "golden.json"), "store": str(tmp_path / "store"),
+            "root": tmp_path, "earlier": tmp_path / "earlier-reports"}
 
 
 def _commands(inputs, target):
@@ -74,7 +88,7 @@ def test_every_writer_says_one_line_and_keeps_the_old_files(inputs, tmp_path, fa
     q = lambda path: shlex.quote(str(path))  # noqa: E731
     script = [  # before the fault: an earlier run's report set and an earlier golden sit on the file system
         f"mkdir -p {q(target)} {q(before)}", mount(target) if fault == "ENOSPC" else "true",
-        shlex.join(cli_argv("run", "--scale", "tiny", "--report-dir", target / "reports")) + " > /dev/null",
+        f"cp -a {q(inputs['earlier'])} {q(target / 'reports')}",
         f"cp {q(inputs['golden'])} {q(target / 'golden.json')}", f"cp -rL {q(target / 'reports')}/. {q(before)}",
         fill(target) if fault == "ENOSPC" else mount(target),
         *(record(name, results, *argv) for name, argv in commands.items()),

@@ -114,8 +114,13 @@ def test_the_seeded_regression_is_one_line_of_verl():
 
 
 def _gate(capsys, *argv) -> tuple[int, dict]:
+    """The gate's --json document, held to tests/test_cli_json.py's contract (one JSON document on stdout, the
+    verdict first, exit 0 exactly when passed): that table runs `gate --dry-run` only, a real gate is run here."""
     code = main(["gate", *argv, "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc["passed"], bool) and isinstance(doc["state"], str) and list(doc)[:2] == ["passed", "state"]
+    assert code == (0 if doc["passed"] else 1), (code, doc["passed"], doc["state"])
+    return code, doc
 
 
 def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path):

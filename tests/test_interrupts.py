@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,11 +27,21 @@ SECOND = textwrap.dedent('''
 ''')
 
 
-def _old_set(tmp_path):
-    """A tree whose first run (one passing test) left a complete report set in out/."""
-    suites_tree(tmp_path)
-    first = cli("run", "--scale", "tiny", "--report-dir", "out", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """A tree whose first run (one passing test) left a complete report set in out/: one real `run` per module
+    (per xdist worker), copied into each case's tree (a `run`, ~10 s here, saved per case)."""
+    root = suites_tree(tmp_path_factory.mktemp("first-run"))
+    first = cli("run", "--scale", "tiny", "--report-dir", "out", cwd=root)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    return root
+
+
+@pytest.fixture
+def old_set(first_run, tmp_path):
+    """The first run's tree in this case's tmp_path, its report set as `run` left it (out/'s relative links copied
+    as links, its lock and pytest cache too): the previous set the case's run must keep or replace."""
+    shutil.copytree(first_run, tmp_path, symlinks=True, dirs_exist_ok=True)
     return report_set(tmp_path / "out")
 
 
@@ -72,9 +83,9 @@ SLOW_COLLECTION = textwrap.dedent('''
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_during_collection_keeps_the_previous_report(tmp_path, sig, code):
+def test_a_signal_during_collection_keeps_the_previous_report(tmp_path, old_set, sig, code):
     # seeded by the old runner: SIGINT during collection replaced the report with a 0-test one and exited 1
-    before = _old_set(tmp_path)
+    before = old_set
     (tmp_path / "suites" / "test_slow_collection.py").write_text(SLOW_COLLECTION)
     proc = _interrupt(tmp_path, tmp_path / "collecting", sig, "run", "--scale", "tiny", "--report-dir", "out")
     _signal_line(proc, code)
@@ -93,10 +104,9 @@ HOLD_AT_UNCONFIGURE = textwrap.dedent('''
 ''')
 
 
-def test_a_signal_after_the_report_is_written_leaves_one_whole_set(tmp_path):
+def test_a_signal_after_the_report_is_written_leaves_one_whole_set(tmp_path, old_set):
     # seeded by the old runner: a 40-line traceback, the new report beside the old pytest.log and a
     # .pytest.log.new left behind
-    _old_set(tmp_path)
     (tmp_path / "suites" / "test_second.py").write_text(SECOND)
     (tmp_path / "suites" / "conftest.py").write_text(HOLD_AT_UNCONFIGURE)
     proc = _interrupt(tmp_path, tmp_path / "written", signal.SIGINT, "run", "--scale", "tiny", "--report-dir", "out")
@@ -124,9 +134,9 @@ SLOW_FOURTH = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("runner", ["run", "pytest"])
-def test_an_interrupted_test_is_never_counted_passed(tmp_path, runner):
+def test_an_interrupted_test_is_never_counted_passed(tmp_path, old_set, runner):
     # seeded by the old collector: the test stopped mid-way was recorded passed (4 passed where pytest said 3)
-    before = _old_set(tmp_path)
+    before = old_set
     (tmp_path / "suites" / "test_tree.py").write_text(SLOW_FOURTH)
     marker = tmp_path / "running"
     if runner == "run":
@@ -169,8 +179,12 @@ KILL_DRIVER = textwrap.dedent('''
     import json, os, signal, sys
     from pathlib import Path
 
+    import torch  # noqa: F401
+    import harness.plugin  # noqa: F401
     from harness.cli import main
 
+    # torch (the plugin's hardware probe) and the plugin are imported once, here: each fork inherits them instead of
+    # importing them again (48.6 -> 25.4 s for the 7 forks on this host); the renames under test are the publisher's
     out = Path("out").resolve()
     seen = []
     for n in range(1, 40):
@@ -199,10 +213,10 @@ KILL_DRIVER = textwrap.dedent('''
 ''')
 
 
-def test_a_kill_at_any_rename_leaves_the_old_set_or_the_new_one(tmp_path):
+def test_a_kill_at_any_rename_leaves_the_old_set_or_the_new_one(tmp_path, old_set):
     # seeded by the old publisher: SIGKILL between the renames of report.html and report.json left a new page
     # beside the old JSON and Markdown
-    before = _old_set(tmp_path)
+    before = old_set
     (tmp_path / "suites" / "test_second.py").write_text(SECOND)
     proc = subprocess.run([sys.executable, "-c", KILL_DRIVER], cwd=tmp_path, env=env(), capture_output=True,
                           text=True, timeout=600)
