@@ -31,7 +31,6 @@ TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tin
 @pytest.mark.parametrize("tier", TIERS)
 def test_reward_curve_aligns_with_baseline(tier, dapo_run, request, pytestconfig, record_property, expect):
     from harness.metrics.ingest import is_summary_file, load_summary
-
     from harness.metrics.power import power_table
 
     path = pytestconfig.getoption("baseline")
