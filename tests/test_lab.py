@@ -143,3 +143,17 @@ def test_a_warm_start_answers_in_format_and_right_as_often_as_its_mix():
             assert eos.mean() > 0.95 and eos.min() > 0.8 and 0.25 < right < 0.55, (seed, eos, right)
             assert all(torch.equal(weights[name], t) for name, t in checkpoint_weights(actor, config.spec()))
             assert not torch.equal(weights["lm_head.weight"], random_init["lm_head.weight"])
+
+
+def test_a_trainer_fault_leaves_the_warm_start_alone(tmp_path):
+    """A trainer fault acts on the RL run only: with --warm-start, RL starts from the clean run's policy, so the
+    first step is the clean run's (the step the fault starts at: test_each_trainer_fault_is_live_from_its_step...).
+    Seeded (the bug): the warm start's AdamW steps counted as the run's under the fault's patch, so a frozen-optimizer
+    run froze the warm start after its 3rd step and RL began from another policy -- caught at step 1, for the wrong
+    reason, not as a run that learns and then stops. Cost: two 1-step runs of 4 x 4 samples with a 5-step warm
+    start, ~7 s on a loaded 2-core host."""
+    def first_step(fault: str) -> dict:
+        run = load_run(run_lab(LabConfig(steps=1, seed=7, fault=fault, gbs=4, n=4, warm_start=5), tmp_path / fault))
+        return {key: run[key].values for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm")}
+
+    assert first_step("frozen-optimizer") == first_step("none")

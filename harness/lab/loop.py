@@ -167,8 +167,16 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
     # The lab's tensors are tiny: intra-op threads only add spin/sync overhead, which on a shared 2-core CI
     # machine made steps 30x slower (measured 40-70 s/step with 2 threads under load vs ~1 s with one).
     updates = -(-config.gbs // config.ppo_mini_batch_size)  # optimizer steps per lab step (_update's mini-batches)
-    with torch_threads(1), _patched(fault.trainer_fault, updates):
-        return _run(config, out, fault, spec, make_engine, progress)
+    with torch_threads(1):
+        torch.manual_seed(config.seed)
+        actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
+        # The warm start is pre-training, not the run: it steps its own AdamW, so under the trainer fault's patch
+        # its steps were counted as the run's and a --warm-start 150 run was frozen from its 7th SFT step, RL
+        # starting from a half-trained policy (a fault caught for the wrong reason, not "learns, then stops").
+        if config.warm_start:
+            checkpoint = warm_start(actor, spec, config.seed, config.warm_start, config.warm_start_correct)
+        with _patched(fault.trainer_fault, updates):
+            return _run(config, out, fault, spec, actor, checkpoint, make_engine, progress)
 
 
 @contextmanager
@@ -213,7 +221,7 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step = saved
 
 
-def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_engine: Callable,
+def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, actor, checkpoint: dict, make_engine: Callable,
          progress: Callable[[int, dict], None] | None) -> Path:
     from verl import DataProto
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
@@ -227,11 +235,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, make_en
     from harness.config.host import fingerprint
     from harness.config.task import EOS_ID, CharTokenizer, compute_score, make_prompts
 
-    torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
-    if config.warm_start:
-        checkpoint = warm_start(actor, spec, config.seed, config.warm_start, config.warm_start_correct)
     # `fault` only for an injected fault: other engines (--engine) take the plain factory signature.
     injected = {"fault": fault.engine_fault} if fault.engine_fault else {}
     engine = make_engine(spec, weights=checkpoint, load_format=fault.load_format, dtype=torch.float32,
