@@ -99,9 +99,9 @@ def build_actor(spec: ModelSpec, seed: int, head_scale: float = 1.0):
 def warm_start(model, spec: ModelSpec, seed: int, steps: int, correct: float) -> dict[str, torch.Tensor]:
     """`steps` supervised steps (AdamW, lr 3e-3, 64 prompts each) on the task's format: prompt "ab=", target one
     digit then EOS, the digit `a` with probability `correct` and uniform otherwise. Returns the trained weights by
-    checkpoint name (what the rollout engine is built from). Measured on seeds 600-602: 150 steps take under a
-    second and leave every seed answering in format (EOS after the digit 0.97-1.0 on average) and right 28-37 % of
-    the time."""
+    checkpoint name (what the rollout engine is built from). Measured on seeds 600-602: 150 steps leave every seed
+    answering in format (EOS after the digit 0.97-1.0 on average) and right 28-37 % of the time; they cost 23.9 s of
+    CPU on one thread of a 2-core AVX2 EPYC (issue 43's lever round), once per run."""
     from harness.config.task import DIGITS, EOS_ID, CharTokenizer
 
     tok = CharTokenizer()

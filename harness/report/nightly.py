@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         job = job_text(report)
         if job:  # a night on your recipe names it and its golden above its verdicts (issue 45)
-            print(" ".join(f"JOB {report.scale or '-'} {job.removeprefix('job: ')}".split()))
+            print(" ".join(f"JOB {report.scale or '-'} {job}".split()))
         found = failures(report)
         for f in found:
             print(f.line())

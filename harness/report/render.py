@@ -455,7 +455,7 @@ BODY = """<h1>{{ r.name }} <span class="badge {{ verdict }}" id="verdict">{{ ver
 <b class="tile-number">{{ t.number }}</b>{% if spark %} {{ spark }}{% endif %}<br>
 <span class="muted">{{ t.detail }}</span></a>{% endfor %}</div>
 <p>{{ summary }}</p>
-{% if job %}<p class="job" id="job">{{ job }}</p>{% endif %}
+{% if job %}<p class="job" id="job">job: {{ job }}</p>{% endif %}
 {% if failing %}<p class="rerun-all">rerun what failed: <code class="rerun">{{ rerun_all }}</code></p>{% endif %}
 <h2 id="failures">Failures ({{ failing|length }})</h2>
 {% for f in failing %}
@@ -652,7 +652,7 @@ def job_text(report: RunReport) -> str | None:
     parts += [f"model {job['model_path']}"] if job.get("model_path") else []
     parts += [f"golden {named(job['golden'], job.get('golden_sha256'))}" if job.get("golden")
               else "no golden given (the tier's built-in golden, where it has one)"]
-    return "job: " + " \u00b7 ".join(parts)
+    return " \u00b7 ".join(parts)
 
 
 def render_markdown(report: RunReport) -> str:
@@ -663,7 +663,7 @@ def render_markdown(report: RunReport) -> str:
              f"commit {_code((report.commit or 'unknown')[:12])} · "
              f"{_md(report.machine.device_kind)} {_md(report.machine.device_name)}", ""]
     if report.job:
-        lines += [_md(job_text(report)), ""]
+        lines += [_md(f"job: {job_text(report)}"), ""]
     failing = briefs(report)
     if failing:  # the page's failure blocks lead the CI summary too: the E line, where, the known bug, the rerun
         lines.append(f"rerun what failed: {_code(rerun_failed(report))}")
