@@ -345,17 +345,6 @@ def exclusive(directory: str | os.PathLike, what: str):
         yield directory
 
 
-# The directory holding the `harness` package: this checkout's root, or site-packages for an installed wheel.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-
-
-def checkout_root(root: Path = PACKAGE_ROOT) -> Path | None:
-    """The harness's checkout (`root` holds pyproject.toml, harness/ and suites/); None when the harness runs from an
-    installed wheel (`root` is then site-packages): a Ray job uploads a checkout as its working dir, while a team's
-    image has the harness installed and the cluster's nodes run it from there (issue 45)."""
-    return root if all((root / p).exists() for p in ("pyproject.toml", "harness", "suites")) else None
-
-
 def cache_root() -> Path:
     """The harness's cache: $HARNESS_CACHE_DIR, else $XDG_CACHE_HOME/ascend-rl-harness (~/.cache by default)."""
     base = os.environ.get("HARNESS_CACHE_DIR") or os.path.join(

@@ -139,16 +139,17 @@ def test_a_job_from_an_installed_wheel_uploads_no_site_packages(tmp_path):
     assert checkout_dir(REPO_ROOT) == str(REPO_ROOT)  # this checkout: uploaded as before
 
 
-def test_the_tiny_jobs_reward_file_is_found_from_an_installed_wheel(tmp_path):
+def test_the_tiny_jobs_reward_function_loads_outside_a_checkout(tmp_path, monkeypatch):
     """Found by the foreign-image rehearsal (tests/test_packaging.py): from an installed wheel no working dir is
-    uploaded, and the relative custom_reward_function.path left every reward worker of the tiny verl run dying with
-    "Custom module file not found". There it is the installed file's own path; from a checkout, relative to it."""
-    from harness.config.cpu_tier import REWARD_FILE, reward_file
-    from harness.io import PACKAGE_ROOT
+    uploaded, and the checkout-relative custom_reward_function.path left every reward worker of the tiny verl run
+    dying with "Custom module file not found". verl's own loader must find it from a directory holding no checkout
+    (seeded: the old path, harness/launch/tiny_task.py, raises there)."""
+    from verl.utils.import_utils import load_extern_object
 
-    site = tmp_path / "site-packages"
-    (site / "harness" / "launch").mkdir(parents=True)
-    (site / "harness" / "launch" / "tiny_task.py").write_text("")
-    assert Path(reward_file(site)).is_file()
-    assert REWARD_FILE == reward_file(PACKAGE_ROOT) == "harness/launch/tiny_task.py"  # this checkout
-    assert (PACKAGE_ROOT / REWARD_FILE).is_file()
+    from harness.config.cpu_tier import REWARD_FILE, REWARD_FUNCTION
+    from harness.launch.tiny_task import compute_score
+
+    monkeypatch.chdir(tmp_path)
+    assert load_extern_object(module_path=REWARD_FILE, object_name=REWARD_FUNCTION) is compute_score
+    with pytest.raises(FileNotFoundError, match="Custom module file not found"):
+        load_extern_object(module_path="harness/launch/tiny_task.py", object_name=REWARD_FUNCTION)

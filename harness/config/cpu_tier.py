@@ -20,7 +20,7 @@ run (harness.launch.tiny_verl) launches exactly that. Measured on verl 0.9.1 / v
   deadlock on few CPUs; the local Ray cluster also declares more logical CPUs than cores), one agent-loop and
   one reward worker, no dataloader workers, no validation.
 - The tiny task (harness.config.task, the lab's): copy the prompt's first digit, scored by verl's own math_dapo
-  through verl's custom_reward_function (harness/launch/tiny_task.py), over a 6-token vocabulary the tokenizer
+  through verl's custom_reward_function (harness.launch.tiny_task), over a 6-token vocabulary the tokenizer
   covers whole (verl masks rollout logits at or above len(tokenizer)), instead of math_dapo on DAPO-Math-17k (an
   untrained model gets every sample -1 there: zero advantages); the lab's learning rate.
 """
@@ -28,20 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.io import PACKAGE_ROOT, checkout_root
-
 # The platform module verl imports in every process, and the worker extension vLLM loads.
 PLATFORM_MODULE = "harness.launch.verl_cpu"
 ROLLOUT_EXTENSION = "harness.launch.verl_rollout.LayerwiseReloadExtension"
-# verl's reward workers load the reward function by path (custom_reward_function.path). From a checkout, which Ray
-# uploads as the job's working dir, the path is relative to it; from an installed wheel no working dir is uploaded
-# and every node runs the image's harness, so it is the installed file's own path. Found by the foreign-image
-# rehearsal (tests/test_packaging.py): every reward worker died with "Custom module file not found".
-def reward_file(root=PACKAGE_ROOT) -> str:
-    return "harness/launch/tiny_task.py" if checkout_root(root) else str(root / "harness" / "launch" / "tiny_task.py")
-
-
-REWARD_FILE = reward_file()
+# verl's reward workers load the reward function by custom_reward_function.path: a file path, or `pkg://MODULE`,
+# imported by name (verl 0.9.1, verl/utils/import_utils.py load_module, PKG_PATH_PREFIX). By name, it is found
+# wherever `harness` imports -- the checkout Ray uploads as the working dir, or the image's installed wheel -- as the
+# platform module above is. A file path relative to the checkout was not: from an installed wheel no working dir is
+# uploaded, and every reward worker died with "Custom module file not found" (found by the foreign-image rehearsal,
+# tests/test_packaging.py).
+REWARD_FILE = "pkg://harness.launch.tiny_task"
 REWARD_FUNCTION = "compute_score"
 # Seeded rollout faults the worker extension injects (read in vLLM's worker process): harness.launch.verl_rollout.
 ROLLOUT_FAULT_ENV = "HARNESS_ROLLOUT_FAULT"

@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import BadInput
-from harness.io import PACKAGE_ROOT, checkout_root, read_versioned, versioned, write_atomic, write_json_atomic
+from harness.io import read_versioned, versioned, write_atomic, write_json_atomic
 from harness.launch.address import call_timeout, check_dashboard, dashboard_url, get_bounded, stalled, within
 from harness.metrics.keys import JOB_LOG_FILE, LAUNCH_FILE, METRICS_FILE, REWARD, THROUGHPUT
 from harness.redact import for_terminal, redact, redact_doc
 
-REPO_ROOT = PACKAGE_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def checkout_dir(root: Path = REPO_ROOT) -> str | None:
     """The harness's checkout, which a job uploads as its Ray working dir; None when the harness runs from an
-    installed wheel (harness.io.checkout_root: site-packages would have been uploaded whole)."""
-    found = checkout_root(root)
-    return str(found) if found else None
+    installed wheel (`root` is then site-packages, which a job would have uploaded whole): the team's image has
+    the harness installed, and the cluster's nodes run it from there."""
+    return str(root) if all((root / p).exists() for p in ("pyproject.toml", "harness", "suites")) else None
 # Never upload these with the working dir (Ray also honours .gitignore): environments, VCS, outputs.
 WORKING_DIR_EXCLUDES = (".venv", ".tox", ".git", "reports", "runs", "models", "data", "**/__pycache__",
                         ".benchmarks", ".hypothesis", "*.egg-info")

@@ -1,5 +1,5 @@
-"""The tiny verl run's reward, loaded by verl through `reward.custom_reward_function` (verl imports this file by its
-location; harness.config.cpu_tier.REWARD_FILE names it): the tiny task's math_dapo score (harness.config.task).
+"""The tiny verl run's reward, loaded by verl through `reward.custom_reward_function` (verl imports this module by
+name; harness.config.cpu_tier.REWARD_FILE names it): the tiny task's math_dapo score (harness.config.task).
 The harness is importable in every process of the job (its working directory is the repository, and verl imports
 harness.launch.verl_cpu there first), but imported lazily so that loading the file costs nothing."""
 
