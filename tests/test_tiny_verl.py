@@ -148,13 +148,11 @@ def test_tokenizer_covers_the_whole_vocab():
 def test_the_verl_reward_file_is_the_tasks_math_dapo_score():
     """The file verl loads (reward.custom_reward_function) scores like the lab: math_dapo of "Answer: <response>"
     against the prompt's first digit, so a random group of answers has reward variance (1 in 4 digits right)."""
-    import importlib.util
+    from verl.utils.import_utils import load_extern_object
 
-    spec = importlib.util.spec_from_file_location("tiny_reward", cpu_tier.REWARD_FILE)
-    reward = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward)
-    assert reward.compute_score(task.DATA_SOURCE, "3", "3")["score"] == 1.0
-    assert reward.compute_score(task.DATA_SOURCE, "1", "3")["score"] == -1.0
+    score = load_extern_object(module_path=cpu_tier.REWARD_FILE, object_name=cpu_tier.REWARD_FUNCTION)
+    assert score(task.DATA_SOURCE, "3", "3")["score"] == 1.0
+    assert score(task.DATA_SOURCE, "1", "3")["score"] == -1.0
     rows = task.make_rows(__import__("numpy").random.default_rng(0), 16, "train")
     assert all(r["prompt"][0]["content"][0] == r["reward_model"]["ground_truth"] for r in rows)
 
