@@ -273,7 +273,8 @@ def test_a_real_night_on_your_recipe_fails_when_its_curves_leave_your_golden(tmp
                "TREND_STORE": str(tmp_path / name / "trend"), "PUBLISH_DIR": str(tmp_path / name / "public"),
                "GITHUB_STEP_SUMMARY": str(tmp_path / name / "summary.md"), "HARNESS": str(harness),
                "PYTHON": sys.executable}
-        done = subprocess.run(["bash", str(SCRIPT), "--recipe", str(recipe), "--golden", str(golden), "--", "-k",
+        done = subprocess.run(["bash", str(SCRIPT), "--recipe", str(recipe), "--golden", str(golden), "--",
+                               str(ROOT / "suites/precision/test_reward_alignment.py"), "-k",
                                "test_reward_curve_aligns_with_baseline", "--run-dir", str(run_dir)],
                               capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
         (report,) = (tmp_path / name / "reports").glob("nightly-*/tiny/report.json")
