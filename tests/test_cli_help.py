@@ -63,8 +63,8 @@ def test_lab_is_a_subcommand_with_its_defaults(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, option", [
     (["lab", "--steps", "0", "--out", "x"], "--steps"), (["lab", "--n", "1", "--out", "x"], "--n"),
-    (["lab", "--gbs", "-2", "--out", "x"], "--gbs"), (["lab", "--mini-batch", "0", "--out", "x"], "--mini-batch"), (["launch", "--scale", "tiny", "--k8s", "--timeout", "nan"],
-                                                      "--timeout"),
+    (["lab", "--gbs", "-2", "--out", "x"], "--gbs"), (["lab", "--mini-batch", "0", "--out", "x"], "--mini-batch"),
+    (["launch", "--scale", "tiny", "--k8s", "--timeout", "nan"], "--timeout"),
     (["launch", "--scale", "tiny", "--k8s", "--timeout", "-1"], "--timeout"),
     (["throughput", "run.jsonl", "--devices", "x"], "--devices"), (["plan"], "--scale"), (["nope"], "nope"),
     (["launch", "--scale", "full-a3", "--k8s", "--pvc", "Shared_PVC"], "--pvc")])
