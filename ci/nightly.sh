@@ -39,6 +39,10 @@
 #   TREND_STORE   where report JSON accumulates night after night (default /data/ascend-rl-harness/trend)
 #   PUBLISH_DIR   where the HTML goes (default ./public)
 #   GITHUB_STEP_SUMMARY  the Markdown summary file (set by GitHub Actions; default reports/nightly-<night>/summary.md)
+#   FABRIC        1 | 0 (default 1 on HARDWARE=cpu with RECIPE): after the tiers, RECIPE's tiny rehearsal through the
+#                 multi-node rehearsal too (harness.launch.cluster: a head, a worker and an unprivileged runner in
+#                 namespaces of this host; needs root, unshare and iproute2), judged against GOLDEN's tiny golden;
+#                 a misaligned or failed run fails the night. ~10 min on 2 cores
 #   NIGHTLY_DRY_RUN=1  print the commands instead of running them
 #   HARNESS_ABORT_ON_FAIL=0  run a launched job to its end even after its failure is certain (default: the
 #                 launcher stops it at the first verdict it can no longer pass; harness/metrics/early_stop.py)
@@ -188,6 +192,30 @@ for scale in $SCALES; do
     fi
   fi
 done
+# The recipe through the multi-node rehearsal (a CPU night): the runner launches it onto the fabric's worker as this
+# script launches a tier onto a cluster, and judges it against the tiny tier's golden.
+tiny_golden="${GOLDEN_FILE:-${GOLDEN_DIR:-}/tiny.json}"
+if [ "$HARDWARE" = cpu ] && [ -n "${RECIPE:-}" ] && [ "${FABRIC:-1}" != 0 ] && [ "$status" -eq 0 ] \
+   && [[ " $SCALES " == *" tiny "* ]]; then
+  if [ ! -f "$tiny_golden" ] && [ "${NIGHTLY_DRY_RUN:-0}" != 1 ]; then
+    echo "ci/nightly.sh: the multi-node rehearsal needs the tiny golden of $RECIPE ($tiny_golden); FABRIC=0 skips it" >&2
+    status=1
+  else
+    fabric=(--recipe "$RECIPE" --golden "$tiny_golden")
+    for item in ${RECIPE_ENV:-}; do fabric+=(--recipe-env "$item"); done
+    for item in ${recipe_env[@]+"${recipe_env[@]}"}; do fabric+=(--recipe-env "$item"); done
+    fabric_status=0
+    run "$PYTHON" -m harness.launch.cluster --out "$REPORTS/fabric" "${fabric[@]}" || fabric_status=$?
+    if [ "${NIGHTLY_DRY_RUN:-0}" != 1 ]; then
+      printf '\n**multi-node rehearsal** of %s against %s: %s (%s/fabric/cluster.json)\n' "$RECIPE" "$tiny_golden" \
+        "$([ "$fabric_status" -eq 0 ] && echo PASS || echo "FAIL, exit $fabric_status")" "$REPORTS" >> "$SUMMARY"
+    fi
+    if [ "$fabric_status" -ne 0 ]; then
+      echo "ci/nightly.sh: the multi-node rehearsal of $RECIPE failed (exit $fabric_status; $REPORTS/fabric)" >&2
+      status=$fabric_status
+    fi
+  fi
+fi
 echo "ci/nightly.sh: night $NIGHT on $HARDWARE: exit $status; HTML in $PUBLISH_DIR, JUnit in $JUNIT_DIR, summary in" \
      "$SUMMARY" >&2
 exit "$status"

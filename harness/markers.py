@@ -31,6 +31,8 @@ OTHER_MARKERS = {  # name (with its signature, as `pytest --markers` lists it) -
     "nightly": "part of the nightly NPU cluster run",
     "regression": "a seeded algorithmic regression on verl's real trainer (one tiny verl run each, minutes): the "
                   "alignment must fail it",
+    "fabric": "the team's recipe through the multi-node rehearsal (harness.launch.cluster; two tiny verl runs, "
+              "~15 min on 2 cores): opt in with -m fabric",
     "registry": "needs the package registry (resolves the NPU constraint sets); deselect offline: -m 'not registry'",
     "scales(*names)": "applies only to these scales (e.g. the A3 TPS target): deselected, not skipped, when the "
                       "session's scale (--scale, or the tier's default for the hardware) is another one",

@@ -55,7 +55,7 @@ def test_lab_is_a_subcommand_with_its_defaults(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     out = _help(capsys, "lab")
     for option, value in (("--steps", LabConfig.steps), ("--seed", LabConfig.seed), ("--gbs", LabConfig.gbs),
-                          ("--n", LabConfig.n)):
+                          ("--n", LabConfig.n), ("--mini-batch", LabConfig.ppo_mini_batch_size)):
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(option + " "))
         assert f"(default {value}" in line, line
     assert "rollout or trainer fault to inject (default none" in out
@@ -63,8 +63,8 @@ def test_lab_is_a_subcommand_with_its_defaults(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, option", [
     (["lab", "--steps", "0", "--out", "x"], "--steps"), (["lab", "--n", "1", "--out", "x"], "--n"),
-    (["lab", "--gbs", "-2", "--out", "x"], "--gbs"), (["launch", "--scale", "tiny", "--k8s", "--timeout", "nan"],
-                                                      "--timeout"),
+    (["lab", "--gbs", "-2", "--out", "x"], "--gbs"), (["lab", "--mini-batch", "0", "--out", "x"], "--mini-batch"),
+    (["launch", "--scale", "tiny", "--k8s", "--timeout", "nan"], "--timeout"),
     (["launch", "--scale", "tiny", "--k8s", "--timeout", "-1"], "--timeout"),
     (["throughput", "run.jsonl", "--devices", "x"], "--devices"), (["plan"], "--scale"), (["nope"], "nope"),
     (["launch", "--scale", "full-a3", "--k8s", "--pvc", "Shared_PVC"], "--pvc")])

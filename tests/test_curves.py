@@ -411,6 +411,20 @@ def test_rollout_probs_diff_floors_and_limits_follow_the_precision():
     assert any("precision bf16 differs from the baseline's fp32" in n for n in mixed.notes)
 
 
+def test_a_sanity_limit_every_golden_run_breaks_is_left_to_the_band():
+    """A recipe whose clean runs sit outside a sanity limit (seed 002's rollout top_p 0.9: rollout_probs_diff ~0.05 in
+    fp32) is judged by its golden's band there, not failed on every night; a golden inside the limit keeps it
+    (seeded: a stale candidate against a clean golden still fails on sanity)."""
+    truncated = Baseline.from_runs([_probs_run(f"top_p{i}", 0.05, i, "fp32") for i in range(3)],
+                                   (ROLLOUT_PROBS_DIFF,))
+    same = curves.compare(_probs_run("night", 0.05, 7, "fp32"), truncated)
+    (limit,) = [v for v in same.verdicts if v.statistic == "sanity"]
+    assert limit.passed is None and "every golden run breaks it too" in limit.detail and same.passed, same.summary()
+    clean = Baseline.from_runs([_probs_run(f"lab{i}", 1e-7, i, "fp32") for i in range(3)], (ROLLOUT_PROBS_DIFF,))
+    stale = curves.compare(_probs_run("stale", 0.05, 7, "fp32"), clean)
+    assert any(v.statistic == "sanity" and v.passed is False for v in stale.verdicts), stale.summary()
+
+
 def test_sanity_limits_need_no_baseline():
     healthy = _probs_run("bf16", 4.4e-3, 1, "bf16")
     assert all(v.passed for v in curves.check_sanity(healthy))

@@ -20,6 +20,7 @@ from harness.report.schema import MachineInfo, RunReport, TestVerdict
 
 INSTALLED = {"verl": "0.9.1", "transformers": "5.19.0", "ray": "2.60.0"}
 ORACLE = "suites/precision/test_advantage_definition.py::test_verl_grpo_advantage_is_the_group_normalised_reward"
+SELECT = "suites/precision/test_advantage_definition.py -k advantage"  # that file alone: no other suite collected
 
 
 def test_stacks_are_pins_over_the_installed_one(tmp_path):
@@ -130,7 +131,7 @@ def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path)
 
     seeded = seeded_verl_wheel(tmp_path / "wheels")
     code, doc = _gate(capsys, "--from", "installed", "--to", f"{seeded},transformers==5.18.0",
-                      "--select", "-k advantage", "--report-dir", str(tmp_path / "g"))
+                      "--select", SELECT, "--report-dir", str(tmp_path / "g"))
     assert code == 1 and doc["state"] == BROKEN and not doc["passed"]
     assert doc["versions"]["B"]["verl"].endswith("+seeded.advstd") and doc["versions"]["B"]["transformers"] == "5.18.0"
     assert [r["test"] for r in doc["comparison"]["broken"]] == [ORACLE]
@@ -141,7 +142,7 @@ def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path)
     # the reference: the same move with verl rebuilt unchanged is not BROKEN
     rebuilt = seeded_verl_wheel(tmp_path / "wheels", seeded=False)
     code, doc = _gate(capsys, "--from", "installed", "--to", f"{rebuilt},transformers==5.18.0",
-                      "--select", "-k advantage", "--report-dir", str(tmp_path / "ref"))
+                      "--select", SELECT, "--report-dir", str(tmp_path / "ref"))
     assert code == 0 and doc["state"] in (SAFE, CHANGED) and doc["comparison"]["broken"] == [], doc["comparison"]
 
 

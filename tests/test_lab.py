@@ -75,6 +75,31 @@ def test_clean_run_learns_and_writes_verl_filelogger(tiny_lab_run, golden):
     assert tiny_lab_run.meta.scale == "tiny" and "verl" in tiny_lab_run.meta.versions
 
 
+def test_the_mini_batch_sets_the_updates_per_step(tmp_path):
+    """`--mini-batch` (issue 43's lever: a larger batch that lowers the noise without more optimizer updates per
+    step) reaches the trainer: with --gbs 4 and --mini-batch 2 each step takes two optimizer updates, with 4 one.
+    Seeded: the flag parsed and dropped (LabConfig's default 4 for both) counts one update for each."""
+    import torch
+
+    updates = {}
+    for mini in (2, 4):
+        real = torch.optim.AdamW.step
+        calls = []
+
+        def counted(self, *a, _real=real, _calls=calls, **k):
+            _calls.append(1)
+            return _real(self, *a, **k)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.optim.AdamW, "step", counted)
+            assert main(["lab", "--steps", "1", "--seed", "7", "--gbs", "4", "--n", "4", "--mini-batch", str(mini),
+                         "--out", str(tmp_path / f"m{mini}")]) == 0
+        meta = json.loads((tmp_path / f"m{mini}" / "meta.json").read_text())
+        assert meta["lab"]["ppo_mini_batch_size"] == mini
+        updates[mini] = len(calls)
+    assert updates[2] == 2 * updates[4] > 0, updates
+
+
 def test_lab_cli_rejects_bad_input(capsys):
     assert main(["lab", "--steps", "0", "--out", "/nonexistent/never-written"]) == 2
     assert "--steps" in capsys.readouterr().err

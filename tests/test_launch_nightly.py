@@ -231,6 +231,31 @@ def test_the_night_takes_your_recipe_and_golden_as_flags(tmp_path):
         assert done.returncode == 2 and says in done.stderr and done.stderr.count("\n") == 1 and not runs, argv
 
 
+def test_a_cpu_night_on_your_recipe_runs_it_through_the_multi_node_rehearsal(tmp_path):
+    """Issue 45: on a CPU night with a recipe, after the tiers, the recipe's tiny rehearsal goes through the
+    multi-node rehearsal (harness.launch.cluster), judged against the tiny golden, with --recipe-env's values;
+    FABRIC=0 leaves it out, and a night whose tiers failed books no fabric. (The fabric itself: the opt-in
+    tests/test_rehearsal.py::test_your_recipe_on_the_multi_node_rehearsal.)"""
+    recipe = tmp_path / "ours.sh"
+    recipe.write_text("python3 -m verl.trainer.main_ppo trainer.total_training_steps=5\n")
+    golden = tmp_path / "tiny.json"
+    golden.write_text("{}")
+    argv = ["--recipe", str(recipe), "--golden", str(golden), "--recipe-env", "MODEL=/a b"]
+
+    def fabric(**env):
+        done = subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path, env={
+            **os.environ, "NIGHTLY_DRY_RUN": "1", "HARDWARE": "cpu", "SCALES": "tiny",
+            "TREND_STORE": str(tmp_path / "trend"), "PUBLISH_DIR": str(tmp_path / "public"), **env})
+        assert done.returncode == 0, done.stderr
+        return [c for c in map(shlex.split, done.stdout.splitlines()) if c[1:3] == ["-m", "harness.launch.cluster"]]
+
+    (command,) = fabric()
+    assert command[command.index("--recipe") + 1] == str(recipe) and command[command.index("--golden") + 1] == str(
+        golden) and command[command.index("--recipe-env") + 1] == "MODEL=/a b"
+    assert command[command.index("--out") + 1].endswith("/fabric")
+    assert fabric(FABRIC="0") == [] and fabric(HARDWARE="a2") == []
+
+
 def test_a_night_on_your_recipe_names_it_and_its_golden(tmp_path, capsys):
     """Issue 45: the verdict lines, the step summary and the page of a night on a team's recipe name the recipe and
     the golden it was judged against (with their hashes, and --recipe-env's names without their values)."""
@@ -269,11 +294,14 @@ def test_a_real_night_on_your_recipe_fails_when_its_curves_leave_your_golden(tmp
     harness = Path(sys.executable).with_name("ascend-rl-harness")
 
     def night(run_dir: Path, name: str):
-        env = {**os.environ, "HARDWARE": "cpu", "SCALES": "tiny", "REPORTS_DIR": str(tmp_path / name / "reports"),
+        # FABRIC=0: the recipe's tiny verl run on the multi-node rehearsal is ~10 min (the opt-in test runs it)
+        env = {**os.environ, "HARDWARE": "cpu", "SCALES": "tiny", "FABRIC": "0",
+               "REPORTS_DIR": str(tmp_path / name / "reports"),
                "TREND_STORE": str(tmp_path / name / "trend"), "PUBLISH_DIR": str(tmp_path / name / "public"),
                "GITHUB_STEP_SUMMARY": str(tmp_path / name / "summary.md"), "HARNESS": str(harness),
                "PYTHON": sys.executable}
-        done = subprocess.run(["bash", str(SCRIPT), "--recipe", str(recipe), "--golden", str(golden), "--", "-k",
+        done = subprocess.run(["bash", str(SCRIPT), "--recipe", str(recipe), "--golden", str(golden), "--",
+                               str(ROOT / "suites/precision/test_reward_alignment.py"), "-k",
                                "test_reward_curve_aligns_with_baseline", "--run-dir", str(run_dir)],
                               capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
         (report,) = (tmp_path / name / "reports").glob("nightly-*/tiny/report.json")

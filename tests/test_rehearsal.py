@@ -172,3 +172,43 @@ def test_verl_ray_init_on_the_worker_with_a_recipe_that_exports_determinism_vari
     assert "verl ray.init: merged" in (Path(fixed["run_dir"]) / JOB_LOG_FILE).read_text()
     assert merged["verdict"] == "failed" and not merged["message"].startswith("the job exited 0"), merged["message"]
     assert "Failed to merge the Job's runtime env" in (Path(merged["run_dir"]) / JOB_LOG_FILE).read_text()
+
+
+@pytest.mark.fabric
+def test_your_recipe_on_the_multi_node_rehearsal(tmp_path):
+    """Issue 45: a team's recipe the harness did not write (seed 002's cann-recipes-train script) through the
+    multi-node rehearsal, as `ci/nightly.sh --recipe R --golden G` runs it on a CPU night. Its golden is recorded
+    from its own tiny rehearsal on a local cluster (`launch --local`, `baseline record`); then the fabric's
+    unprivileged runner launches R with the CLI onto the cluster, its GPU-placed workers on the worker, the run
+    directory on the shared storage, and judges the run against that golden: PASS, exit 0. Opt in (-m fabric): two tiny
+    verl runs, ~15 min on 2 cores."""
+    import json
+    import sys
+
+    from harness.metrics.ingest import load_run
+
+    recipe = ROOT / "tests/recipes/seed002_a3_grpo.sh"
+    missing = local.isolation_missing()
+    if missing:
+        pytest.skip(missing)
+    cli = [sys.executable, "-m", "harness.cli"]
+    reference = tmp_path / "reference"
+    done = subprocess.run([*cli, "launch", "--scale", "tiny", "--local", "--recipe", str(recipe), "--run-dir",
+                           str(reference)], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    golden = tmp_path / "tiny.json"
+    done = subprocess.run([*cli, "baseline", "record", str(reference), "--out", str(golden), "--keep-flagged"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    fabric = tmp_path / "fabric"
+    done = subprocess.run([sys.executable, "-m", "harness.launch.cluster", "--out", str(fabric), "--recipe",
+                           str(recipe), "--golden", str(golden)], capture_output=True, text=True, timeout=3000,
+                          cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.startswith("PASS multi-node rehearsal"), (done.stdout + done.stderr
+                                                                                         )[-3000:]
+    proof = json.loads((fabric / "cluster.json").read_text())
+    seen = proof["runner"]["recipe"]
+    assert seen["launch"]["exit"] == 0 and seen["compare"]["passed"] is True, seen
+    run_dir = Path(seen["run_dir"])
+    assert run_dir.is_relative_to(proof["shared"]) and load_run(run_dir).steps, run_dir
+    assert proof["runner"]["cap_eff"] == 0 and proof["runner"]["ip"] is None  # the NPU container's view

@@ -67,6 +67,21 @@ def test_run_exit_1_names_the_failure(tmp_path, monkeypatch, capsys):
     assert "report.html" in out
 
 
+def test_a_suite_path_runs_only_that_suite(tmp_path, monkeypatch):
+    """`run -- suites/<file>` collects that file alone (seeded: the default suites/ passed beside it collected every
+    suite, and the failing one failed the run); a path outside the suites (a run directory) is no selection."""
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_named_ok.py").write_text(PASSING)
+    (tmp_path / "suites" / "test_named_failing.py").write_text(FAILING)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scale", "tiny", "--report-dir", "out", "--", "suites/test_named_ok.py"]) == 0
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [t["nodeid"] for t in doc["tests"]] == ["suites/test_named_ok.py::test_ok"]
+    (tmp_path / "elsewhere").mkdir()
+    from harness.cli.run_cmd import pytest_args
+    assert pytest_args("tiny", "tiny", tmp_path / "o", 1, ["-k", "elsewhere"])[0] == "suites"
+
+
 def test_run_bad_scale_is_exit_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--scale", "nope", "--report-dir", "out"]) == 2

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"prompts per step (default %(default)s, at most {MAX_GBS})")
     p.add_argument("--n", type=whole(2, MAX_N), default=LabConfig.n,
                    help=f"samples per prompt, a GRPO group (default %(default)s, at most {MAX_N})")
+    p.add_argument("--mini-batch", type=whole(1, MAX_GBS), default=LabConfig.ppo_mini_batch_size, metavar="PROMPTS",
+                   help="prompts per optimizer update (default %(default)s; verl's ppo_mini_batch_size): --gbs / "
+                        "this many updates per step")
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the lab as the options say; bad input raises BadInput (the caller prints it as one line, exit 2)."""
     check_out(args.out)
     config = LabConfig(steps=args.steps, seed=args.seed, fault=args.fault, gbs=args.gbs, n=args.n,
-                       warm_start=args.warm_start)
+                       ppo_mini_batch_size=args.mini_batch, warm_start=args.warm_start)
     make_engine = None
     if args.engine:
         from harness.engines import load_factory

@@ -46,7 +46,8 @@ class LabConfig:
     fault: str = "none"
     gbs: int = 8  # prompts per step (data.train_batch_size)
     n: int = 8  # samples per prompt (rollout.n)
-    ppo_mini_batch_size: int = 4  # prompts per optimizer step: 2 updates per step, so clipping is live
+    ppo_mini_batch_size: int = 4  # prompts per optimizer update: 2 updates per step, so clipping is live (at most
+    # one update per step when it is --gbs or more)
     max_response_length: int = 4
     overlong_buffer_len: int = 2  # DAPO overlong buffer: responses longer than 4 - 2 tokens are penalised
     overlong_penalty_factor: float = 1.0

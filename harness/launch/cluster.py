@@ -24,6 +24,15 @@ The runner (`run_runner`, its jobs from `runner_jobs`) launches each job twice: 
                "Failed to merge the Job's runtime env").
 It writes what it saw to DIR/shared/runner.json. The fabric adds what each node's disk holds, and writes
 DIR/cluster.json.
+
+With --recipe R --golden G (issue 45: the team's job through the multi-node rehearsal; ci/nightly.sh runs it on a
+CPU night with a recipe), the runner launches R's tiny rehearsal instead, as the nightly launches a tier onto a
+cluster: `ascend-rl-harness launch --scale tiny --recipe R --ray-address HEAD` with the run directory on the shared
+storage, verl's GPU-placed workers on the worker (the node with the logical GPU, LOCAL_GPUS), and judges the run with
+`ascend-rl-harness compare RUN G`. Exit 0 when the run succeeded and its curves align with G, 1 when not, 2 when
+the fabric cannot be built or the input is bad. From the host, run as root:
+
+    python -m harness.launch.cluster --out DIR --recipe R [--recipe-env NAME=VALUE]... --golden G
 """
 from __future__ import annotations
 
@@ -54,6 +63,7 @@ OBJECT_STORE_BYTES = 200 * 2**20
 STEPS = 2
 JOB_TIMEOUT_S = 240.0
 RUNNER_FILE, PROOF_FILE = "runner.json", "cluster.json"
+RECIPE_TIMEOUT_S = 1800.0  # a recipe's tiny verl run on the fabric (its own stall and step limits stop it sooner)
 NODE_ENV = "HARNESS_NODE_ENV"  # the environment a node's command runs with (JSON), set by start_node
 
 
@@ -190,13 +200,51 @@ def runner_jobs(shared_root: Path, local_root: Path) -> dict:
     return {name: dataclasses.replace(spec, entrypoint_resources={WORKER_RESOURCE: 1}) for name, spec in jobs.items()}
 
 
-def run_runner(address: str, out: Path) -> dict:
-    """What the runner sees and what its launches end as (written to `out`)."""
+def run_recipe(address: str, recipe: dict, shared_root: Path) -> dict:
+    """The team's recipe launched from the runner as the nightly launches a tier onto its cluster (the CLI, the run
+    directory on the shared storage), then judged against its golden: each command's exit and JSON verdict."""
+    run_dir = shared_root / "recipe-run"
+    argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", "tiny", "--recipe", recipe["recipe"],
+            "--ray-address", address, "--run-dir", str(run_dir), "--json",
+            *(f"--recipe-env={item}" for item in recipe.get("recipe_env", ()))]
+    seen: dict = {"recipe": recipe["recipe"], "golden": recipe["golden"], "run_dir": str(run_dir)}
+    for step, command in (("launch", argv), ("compare", [sys.executable, "-m", "harness.cli", "compare",
+                                                         str(run_dir), recipe["golden"], "--json"])):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S, check=False)
+        try:
+            doc = json.loads(done.stdout)
+        except ValueError:
+            doc = {}
+        seen[step] = {"exit": done.returncode, "passed": doc.get("passed"), "state": doc.get("state"),
+                      "stderr": done.stderr.strip()[-1500:]}
+        if step == "launch":
+            seen[step].update(message=doc.get("message"), driver_ip=_driver_ip(address, doc.get("job_id")))
+        else:
+            seen[step]["failed"] = [f"{v.get('metric')} {v.get('statistic')}" for v in doc.get("verdicts", ())
+                                    if v.get("passed") is False][:12]
+        if done.returncode != 0:
+            break
+    return seen
+
+
+def _driver_ip(address: str, job_id: str | None) -> str | None:
+    """The address of the node a job's driver ran on (None when it never got one)."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_nodes
+
+    if not job_id:
+        return None
+    driver = JobSubmissionClient(address).get_job_info(job_id).driver_node_id
+    ips = {n.node_id: n.node_ip for n in list_nodes(address=address, timeout=30, raise_on_missing_output=False)}
+    return ips.get(driver)
+
+
+def run_runner(address: str, out: Path, recipe: dict | None = None) -> dict:
+    """What the runner sees and what its launches end as (written to `out`): its own jobs, or with `recipe`
+    (run_recipe) the team's recipe alone."""
     import io
     from concurrent.futures import ThreadPoolExecutor
 
-    from ray.job_submission import JobSubmissionClient
-    from ray.util.state import list_nodes
     from rich.console import Console
 
     from harness.io import write_json_atomic
@@ -214,6 +262,10 @@ def run_runner(address: str, out: Path) -> dict:
     refused = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "--scale", "tiny", "--ray-address",
                               address], env=env, capture_output=True, text=True, timeout=120, check=False)
     seen["cli_without_run_root"] = {"exit": refused.returncode, "stderr": refused.stderr.strip()[-600:]}
+    if recipe:
+        seen["recipe"] = run_recipe(address, recipe, shared_run_root())
+        write_json_atomic(out, seen)
+        return seen
     jobs = runner_jobs(shared_run_root(), Path("runs").resolve())
 
     def run(name: str) -> dict:
@@ -223,17 +275,15 @@ def run_runner(address: str, out: Path) -> dict:
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(run, jobs), strict=True))
-    client = JobSubmissionClient(address)
-    ips = {n.node_id: n.node_ip for n in list_nodes(address=address, timeout=30, raise_on_missing_output=False)}
     for result in results.values():
-        result["driver_ip"] = ips.get(client.get_job_info(result["job_id"]).driver_node_id)
+        result["driver_ip"] = _driver_ip(address, result["job_id"])
     seen["jobs"] = results
     write_json_atomic(out, seen)
     return seen
 
 
 def _runner_main(args: argparse.Namespace) -> None:
-    run_runner(args.address, Path(args.out))
+    run_runner(args.address, Path(args.out), json.loads(args.recipe) if args.recipe else None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -275,9 +325,25 @@ def _files(root: Path) -> list[str]:
                   != "ray")
 
 
-def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
-    """Inside run_isolated: bring up the fabric and its nodes, let the runner launch its jobs, stop the cluster,
-    and write `cluster.json` in `out_dir` (also when the fabric cannot be built: {"unsupported": why})."""
+def _on_shared(recipe: dict, shared: Path) -> dict:
+    """The recipe's files as the runner reads them: a file on a node's own disk (PRIVATE_DIRS: a CI job's /tmp)
+    is copied to the shared directory, as a night keeps its inputs on the cluster's storage (the golden under the
+    fabric's /tmp was "no such file" to the runner's compare)."""
+    inputs, seen = shared / "inputs", {}
+    for key in ("recipe", "golden"):
+        path = Path(recipe[key])
+        private = any(path.is_relative_to(d) for d in PRIVATE_DIRS)
+        if private and not any(path.is_relative_to(v) for v in _visible(shared)):
+            inputs.mkdir(parents=True, exist_ok=True)
+            path = Path(shutil.copy2(path, inputs / f"{key}-{path.name}"))
+        seen[key] = str(path)
+    return {**recipe, **seen}
+
+
+def prove(out_dir: str | Path, *, timeout_s: float = 420.0, recipe: dict | None = None) -> dict:
+    """Inside run_isolated: bring up the fabric and its nodes, let the runner launch its jobs (or `recipe`:
+    run_recipe), stop the cluster, and write `cluster.json` in `out_dir` (also when the fabric cannot be built:
+    {"unsupported": why})."""
     from harness.io import write_json_atomic
 
     out = Path(out_dir)
@@ -297,9 +363,10 @@ def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
         proof = {"unsupported": str(exc)}
         write_json_atomic(out / PROOF_FILE, proof)
         return proof
+    if recipe:
+        recipe = _on_shared(recipe, shared)
     env, ray = _ray_env(), str(Path(sys.executable).with_name("ray"))
-    common = ["--block", "--disable-usage-stats", "--num-cpus", "4", "--object-store-memory",
-              str(OBJECT_STORE_BYTES)]
+    common = ["--block", "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE_BYTES)]
     t0 = time.monotonic()
     times: dict[str, float] = {}
     nodes: list[subprocess.Popen] = []
@@ -307,26 +374,33 @@ def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
         nodes.append(start_node("head", [ray, "start", "--head", "--node-ip-address", NODES["head"],
                                          "--dashboard-host", NODES["head"], "--dashboard-port",
                                          str(local.DASHBOARD_PORT), "--include-dashboard", "true", "--num-gpus", "0",
-                                         *common], disk=disks / "head", shared=shared, env=env,
+                                         "--num-cpus", "4", *common], disk=disks / "head", shared=shared, env=env,
                                 log=logs / "head.log"))
         local._wait_for_job_server(DASHBOARD, timeout_s=120.0)
         times["head_s"] = time.monotonic() - t0
+        # a recipe's tiny verl run: verl places its workers by GPU count (harness.launch.local.LOCAL_GPUS), so the
+        # worker holds the logical GPU and the local cluster's CPUs, and verl's trainer lands there
+        worker = (["--num-gpus", str(local.LOCAL_GPUS), "--num-cpus", str(local.LOCAL_CPUS)] if recipe
+                  else ["--num-cpus", "4"])
         nodes.append(start_node("worker", [ray, "start", "--address", f"{NODES['head']}:6379", "--node-ip-address",
                                            NODES["worker"], "--resources", json.dumps({WORKER_RESOURCE: 1}),
-                                           *common], disk=disks / "worker", shared=shared, env=env,
+                                           *worker, *common], disk=disks / "worker", shared=shared, env=env,
                                 log=logs / "worker.log"))
         _wait_for_nodes(2)
         times["worker_s"] = time.monotonic() - t0 - times["head_s"]
         runner_env = {"PATH": str(Path(sys.executable).parent), "HARNESS_RUN_ROOT": str(shared),
-                      "RAY_USAGE_STATS_ENABLED": "0", "LANG": "C.UTF-8"}
+                      "RAY_USAGE_STATS_ENABLED": "0", "LANG": "C.UTF-8",
+                      # the image's harness is the fabric's own (a checkout on PYTHONPATH, not the one installed)
+                      **{k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)}}
         # no capabilities: as an unprivileged container's root (cannot unshare, mount or add links)
         runner = start_node("runner", [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
                                        "--no-new-privs", "--", sys.executable, "-m", "harness.launch.cluster",
-                                       "runner", "--address", DASHBOARD, "--out", str(shared / RUNNER_FILE)],
+                                       "runner", "--address", DASHBOARD, "--out", str(shared / RUNNER_FILE),
+                                       *(["--recipe", json.dumps(recipe)] if recipe else [])],
                             disk=disks / "runner", shared=shared, env=runner_env, log=logs / "runner.log")
         nodes.append(runner)
         t = time.monotonic()
-        runner_exit = runner.wait(timeout=timeout_s)
+        runner_exit = runner.wait(timeout=timeout_s + (RECIPE_TIMEOUT_S if recipe else 0.0))
         times["runner_s"] = time.monotonic() - t
     finally:
         for node in reversed(nodes):
@@ -346,6 +420,10 @@ def prove(out_dir: str | Path, *, timeout_s: float = 420.0) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.launch.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="the fabric: write cluster.json (and the nodes' disks and logs) here")
+    parser.add_argument("--recipe", help="launch this recipe's tiny rehearsal from the runner instead of its own jobs")
+    parser.add_argument("--recipe-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="the environment the recipe's launch script is read with (repeatable)")
+    parser.add_argument("--golden", help="with --recipe: the golden its run is judged against (baseline record)")
     sub = parser.add_subparsers(dest="role")
     node = sub.add_parser("node")
     node.add_argument("--name", choices=tuple(NODES), required=True)
@@ -355,20 +433,75 @@ def main(argv: list[str] | None = None) -> int:
     runner = sub.add_parser("runner")
     runner.add_argument("--address", required=True)
     runner.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    runner.add_argument("--recipe", help="run_recipe's input (JSON)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.role == "node":
             args.argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             _node_main(args)
         elif args.role == "runner":
             _runner_main(args)
-        elif args.out:
-            prove(args.out)
-        else:
+        elif not args.out:
             parser.error("--out is required")
+        else:
+            recipe = _recipe_input(args)
+            if not local.isolated():  # the fabric is built inside run_isolated's namespaces (root, unshare, ip)
+                return local.run_isolated([sys.executable, "-m", "harness.launch.cluster", "--out",
+                                           str(Path(args.out).resolve()), *_recipe_argv(recipe)]).returncode
+            proof = prove(args.out, recipe=recipe)
+            return _verdict(proof) if recipe else 0
     except BadInput as exc:
         print(f"python -m harness.launch.cluster: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _recipe_input(args: argparse.Namespace) -> dict | None:
+    """--recipe/--golden as absolute paths (the runner works in a directory of its own disk), checked up front."""
+    if not args.recipe:
+        if args.golden or args.recipe_env:
+            raise BadInput("--golden and --recipe-env go with --recipe")
+        return None
+    if not args.golden:
+        raise BadInput(f"--recipe {args.recipe}: give --golden, the golden recorded from its own tiny runs")
+    for option, path in (("--recipe", args.recipe), ("--golden", args.golden)):
+        if not Path(path).is_file():
+            raise BadInput(f"{option} {path}: no such file")
+    for item in args.recipe_env:
+        if "=" not in item:
+            raise BadInput(f"--recipe-env {item}: give NAME=VALUE")
+    return {"recipe": str(Path(args.recipe).resolve()), "golden": str(Path(args.golden).resolve()),
+            "recipe_env": list(args.recipe_env)}
+
+
+def _recipe_argv(recipe: dict | None) -> list[str]:
+    if not recipe:
+        return []
+    return ["--recipe", recipe["recipe"], "--golden", recipe["golden"],
+            *(f"--recipe-env={item}" for item in recipe["recipe_env"])]
+
+
+def _verdict(proof: dict) -> int:
+    """One line: the recipe's run on the cluster, and its curves against the golden. 0 when both pass."""
+    if "unsupported" in proof:
+        print(f"python -m harness.launch.cluster: error: the fabric cannot be built here: {proof['unsupported']}",
+              file=sys.stderr)
+        return 2
+    seen = proof["runner"]["recipe"]
+    launch, compare = seen.get("launch", {}), seen.get("compare")
+    if launch.get("exit") != 0 or compare is None:
+        print(f"FAIL multi-node rehearsal: {Path(seen['recipe']).name} did not run on the cluster (launch exit "
+              f"{launch.get('exit')}: {launch.get('message') or launch.get('stderr', '')[-300:]})")
+        return 1
+    if compare.get("exit") not in (0, 1):
+        print(f"FAIL multi-node rehearsal: {Path(seen['recipe']).name} ran on the cluster but was not judged "
+              f"(compare exit {compare.get('exit')}: {compare.get('stderr', '')[-300:]})")
+        return 1
+    if compare.get("exit") != 0:
+        print(f"FAIL multi-node rehearsal: {Path(seen['recipe']).name} on the cluster does not align with "
+              f"{seen['golden']}: {', '.join(compare.get('failed') or [compare.get('stderr', '')[-300:]])}")
+        return 1
+    print(f"PASS multi-node rehearsal: {Path(seen['recipe']).name} ran on the cluster and aligns with {seen['golden']}")
     return 0
 
 
