@@ -368,9 +368,10 @@ def _sanity_against(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]
     for verdict in check_sanity(candidate, precision, metrics):
         golden = [sanity(limits[verdict.metric], run[verdict.metric]) for run in runs if verdict.metric in run]
         if golden and not any(g.passed for g in golden):
+            limit = limits[verdict.metric]
             verdict = CurveVerdict(metric=verdict.metric, statistic="sanity", passed=None, where=verdict.where,
-                                   detail=f"not judged: every golden run breaks it too ({golden[0].detail}); "
-                                          "the golden's band judges it", tolerance=verdict.tolerance)
+                                   detail=f"not judged: every golden run breaks [{limit.low:g}, {limit.high:g}] "
+                                          "too; the golden's band judges it", tolerance=verdict.tolerance)
         out.append(verdict)
     return out
 
