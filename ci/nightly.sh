@@ -128,6 +128,10 @@ if [ -n "${RAY_ADDRESS:-}" ]; then
   esac
 fi
 
+env_flags=()  # RECIPE_ENV's words, then each --recipe-env (a value may hold spaces), for every command reading RECIPE
+for item in ${RECIPE_ENV:-}; do env_flags+=(--recipe-env "$item"); done
+for item in ${recipe_env[@]+"${recipe_env[@]}"}; do env_flags+=(--recipe-env "$item"); done
+
 status=0
 for scale in $SCALES; do
   out="$REPORTS/$scale"
@@ -137,9 +141,7 @@ for scale in $SCALES; do
   [ -n "${TINY_VERL:-}" ] && extra+=(--tiny-verl "$TINY_VERL")
   job=()  # the job and its golden: `run`'s own flags, checked by `run` before the tier starts (exit 2, one line)
   if [ -n "${RECIPE:-}" ]; then
-    job+=(--recipe "$RECIPE")
-    for item in ${RECIPE_ENV:-}; do job+=(--recipe-env "$item"); done
-    for item in ${recipe_env[@]+"${recipe_env[@]}"}; do job+=(--recipe-env "$item"); done
+    job+=(--recipe "$RECIPE" ${env_flags[@]+"${env_flags[@]}"})
     [ -n "${MODEL_PATH:-}" ] && job+=(--model-path "$MODEL_PATH")
   fi
   if [ -n "$GOLDEN_FILE" ]; then
@@ -201,11 +203,9 @@ if [ "$HARDWARE" = cpu ] && [ -n "${RECIPE:-}" ] && [ "${FABRIC:-1}" != 0 ] && [
     echo "ci/nightly.sh: the multi-node rehearsal needs the tiny golden of $RECIPE ($tiny_golden); FABRIC=0 skips it" >&2
     status=1
   else
-    fabric=(--recipe "$RECIPE" --golden "$tiny_golden")
-    for item in ${RECIPE_ENV:-}; do fabric+=(--recipe-env "$item"); done
-    for item in ${recipe_env[@]+"${recipe_env[@]}"}; do fabric+=(--recipe-env "$item"); done
     fabric_status=0
-    run "$PYTHON" -m harness.launch.cluster --out "$REPORTS/fabric" "${fabric[@]}" || fabric_status=$?
+    run "$PYTHON" -m harness.launch.cluster --out "$REPORTS/fabric" --recipe "$RECIPE" --golden "$tiny_golden" \
+      ${env_flags[@]+"${env_flags[@]}"} || fabric_status=$?
     if [ "${NIGHTLY_DRY_RUN:-0}" != 1 ]; then
       printf '\n**multi-node rehearsal** of %s against %s: %s (%s/fabric/cluster.json)\n' "$RECIPE" "$tiny_golden" \
         "$([ "$fabric_status" -eq 0 ] && echo PASS || echo "FAIL, exit $fabric_status")" "$REPORTS" >> "$SUMMARY"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -172,6 +173,38 @@ def test_verl_ray_init_on_the_worker_with_a_recipe_that_exports_determinism_vari
     assert "verl ray.init: merged" in (Path(fixed["run_dir"]) / JOB_LOG_FILE).read_text()
     assert merged["verdict"] == "failed" and not merged["message"].startswith("the job exited 0"), merged["message"]
     assert "Failed to merge the Job's runtime env" in (Path(merged["run_dir"]) / JOB_LOG_FILE).read_text()
+
+
+def test_the_recipe_rehearsals_verdict_and_inputs(tmp_path, capsys):
+    """The fabric's recipe verdict without the fabric: one line whose word and exit agree -- a misaligned run, one
+    that never ran and one that could not be judged FAIL (exit 1), an aligned one PASSes. A golden on a node's own
+    /tmp goes to the shared directory (the runner's compare once said "no such file"); the checkout's recipe stays."""
+    from harness.launch.cluster import _on_shared, _verdict
+
+    def proof(launch: int, compare: dict | None) -> dict:
+        return {"runner": {"recipe": {"recipe": "/r/ours.sh", "golden": "/g/tiny.json", "launch": {"exit": launch},
+                                      **({"compare": compare} if compare else {})}}}
+
+    for case, code, says in ((proof(0, {"exit": 0}), 0, "PASS"),
+                             (proof(0, {"exit": 1, "failed": ["critic/rewards/mean window-mean"]}), 1, "window-mean"),
+                             (proof(1, None), 1, "did not run"), (proof(0, {"exit": 2, "stderr": "no such file"}), 1,
+                                                                  "was not judged")):
+        assert _verdict(case) == code
+        line = capsys.readouterr().out
+        assert line.count("\n") == 1 and line.startswith("PASS" if code == 0 else "FAIL") and says in line, line
+    import tempfile
+
+    private = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp: each node's own disk (PRIVATE_DIRS)
+    try:
+        golden = private / "tiny.json"
+        golden.write_text("{}")
+        shared = tmp_path / "shared"
+        moved = _on_shared({"recipe": str(ROOT / "tests/recipes/seed002_a3_grpo.sh"), "golden": str(golden),
+                            "recipe_env": []}, shared)
+    finally:
+        shutil.rmtree(private)
+    assert moved["recipe"] == str(ROOT / "tests/recipes/seed002_a3_grpo.sh")
+    assert Path(moved["golden"]).parent == shared / "inputs" and Path(moved["golden"]).read_text() == "{}"
 
 
 @pytest.mark.fabric

@@ -204,39 +204,40 @@ def run_recipe(address: str, recipe: dict, shared_root: Path) -> dict:
     """The team's recipe launched from the runner as the nightly launches a tier onto its cluster (the CLI, the run
     directory on the shared storage), then judged against its golden: each command's exit and JSON verdict."""
     run_dir = shared_root / "recipe-run"
-    argv = [sys.executable, "-m", "harness.cli", "launch", "--scale", "tiny", "--recipe", recipe["recipe"],
-            "--ray-address", address, "--run-dir", str(run_dir), "--json",
-            *(f"--recipe-env={item}" for item in recipe.get("recipe_env", ()))]
     seen: dict = {"recipe": recipe["recipe"], "golden": recipe["golden"], "run_dir": str(run_dir)}
-    for step, command in (("launch", argv), ("compare", [sys.executable, "-m", "harness.cli", "compare",
-                                                         str(run_dir), recipe["golden"], "--json"])):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S, check=False)
-        try:
-            doc = json.loads(done.stdout)
-        except ValueError:
-            doc = {}
-        seen[step] = {"exit": done.returncode, "passed": doc.get("passed"), "state": doc.get("state"),
-                      "stderr": done.stderr.strip()[-1500:]}
-        if step == "launch":
-            seen[step].update(message=doc.get("message"), driver_ip=_driver_ip(address, doc.get("job_id")))
-        else:
-            seen[step]["failed"] = [f"{v.get('metric')} {v.get('statistic')}" for v in doc.get("verdicts", ())
-                                    if v.get("passed") is False][:12]
-        if done.returncode != 0:
-            break
+    seen["launch"], doc = _cli("launch", "--scale", "tiny", "--recipe", recipe["recipe"], "--ray-address", address,
+                               "--run-dir", str(run_dir), *(f"--recipe-env={item}" for item in recipe["recipe_env"]))
+    (seen["launch"]["driver_ip"],) = _driver_ips(address, [doc.get("job_id")])
+    seen["launch"]["message"] = doc.get("message")
+    if seen["launch"]["exit"] == 0:
+        seen["compare"], doc = _cli("compare", str(run_dir), recipe["golden"])
+        seen["compare"]["failed"] = [f"{v.get('metric')} {v.get('statistic')}" for v in doc.get("verdicts", ())
+                                     if v.get("passed") is False][:12]
     return seen
 
 
-def _driver_ip(address: str, job_id: str | None) -> str | None:
-    """The address of the node a job's driver ran on (None when it never got one)."""
+def _cli(*argv: str) -> tuple[dict, dict]:
+    """`ascend-rl-harness ARGV --json` as the runner runs it: (its exit, verdict and stderr's tail; its JSON)."""
+    done = subprocess.run([sys.executable, "-m", "harness.cli", *argv, "--json"], capture_output=True, text=True,
+                          timeout=RECIPE_TIMEOUT_S, check=False)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        doc = {}
+    return ({"exit": done.returncode, "passed": doc.get("passed"), "state": doc.get("state"),
+             "stderr": done.stderr.strip()[-1500:]}, doc)
+
+
+def _driver_ips(address: str, job_ids: list[str | None]) -> list[str | None]:
+    """The address of the node each job's driver ran on (None for a job that never got one)."""
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_nodes
 
-    if not job_id:
-        return None
-    driver = JobSubmissionClient(address).get_job_info(job_id).driver_node_id
+    if not any(job_ids):
+        return [None] * len(job_ids)
+    client = JobSubmissionClient(address)
     ips = {n.node_id: n.node_ip for n in list_nodes(address=address, timeout=30, raise_on_missing_output=False)}
-    return ips.get(driver)
+    return [ips.get(client.get_job_info(job_id).driver_node_id) if job_id else None for job_id in job_ids]
 
 
 def run_runner(address: str, out: Path, recipe: dict | None = None) -> dict:
@@ -275,8 +276,9 @@ def run_runner(address: str, out: Path, recipe: dict | None = None) -> dict:
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(run, jobs), strict=True))
-    for result in results.values():
-        result["driver_ip"] = _driver_ip(address, result["job_id"])
+    for result, ip in zip(results.values(), _driver_ips(address, [r["job_id"] for r in results.values()]),
+                          strict=True):
+        result["driver_ip"] = ip
     seen["jobs"] = results
     write_json_atomic(out, seen)
     return seen
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--address", required=True)
     runner.add_argument("--out", required=True)
     runner.add_argument("--recipe", help="run_recipe's input (JSON)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         if args.role == "node":
             args.argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -458,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _recipe_input(args: argparse.Namespace) -> dict | None:
     """--recipe/--golden as absolute paths (the runner works in a directory of its own disk), checked up front."""
+    from harness.config.user_recipe import parse_recipe_env
+
     if not args.recipe:
         if args.golden or args.recipe_env:
             raise BadInput("--golden and --recipe-env go with --recipe")
@@ -467,9 +471,7 @@ def _recipe_input(args: argparse.Namespace) -> dict | None:
     for option, path in (("--recipe", args.recipe), ("--golden", args.golden)):
         if not Path(path).is_file():
             raise BadInput(f"{option} {path}: no such file")
-    for item in args.recipe_env:
-        if "=" not in item:
-            raise BadInput(f"--recipe-env {item}: give NAME=VALUE")
+    parse_recipe_env(args.recipe_env)  # `launch --recipe-env`'s own check, before the fabric is built
     return {"recipe": str(Path(args.recipe).resolve()), "golden": str(Path(args.golden).resolve()),
             "recipe_env": list(args.recipe_env)}
 
