@@ -362,3 +362,16 @@ def test_calibrate_curves_names_a_corrupt_cached_run(tmp_path):
     proc = _calibrate("--runs", str(tmp_path / "runs"), "--steps", "3", "--calibration", "0-9", "--held-out", "10-15")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"the cached run {run} is unreadable" in proc.stderr and "remove it" in proc.stderr
+
+
+def test_calibrate_curves_never_calibrates_one_recipe_on_another_recipes_runs(tmp_path):
+    """Issue 43: the calibration takes the lab's recipe options; a cached run of another recipe (the default one,
+    here) is named and refused, not measured as if it were the recipe asked for."""
+    from harness.lab import LabConfig, run_lab
+
+    run = tmp_path / "runs" / "lab-s0"
+    run_lab(LabConfig(steps=3, seed=0), run)
+    proc = _calibrate("--runs", str(tmp_path / "runs"), "--steps", "3", "--calibration", "0-9", "--held-out", "10-15",
+                      "--gbs", "16", "--mini-batch", "8")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"the cached run {run} is of another lab recipe" in proc.stderr, proc.stderr

@@ -25,6 +25,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the policy init, the prompts and the rollout sampling (default %(default)s)")
     p.add_argument("--fault", default="none", choices=sorted(FAULTS),
                    help="rollout or trainer fault to inject (default %(default)s; see harness/lab/config.py)")
+    add_recipe_arguments(p)
+    p.add_argument("--engine", metavar="MODULE:FACTORY",
+                   help="rollout engine factory (default: the reference engine); imports and runs MODULE, so "
+                        "name only code you trust")
+    p.add_argument("--out", required=True, help="run directory (metrics.jsonl + meta.json)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: `passed`, `state` FINISHED, the run directory and the last step's metrics")
+
+
+def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """The lab recipe's knobs (batch, group, updates per step, warm start). `lab` and scripts/calibrate-curves take
+    the same ones, so a recipe is calibrated as it is run (issue 43: the calibration ran the default recipe only)."""
     p.add_argument("--gbs", type=whole(1, MAX_GBS), default=LabConfig.gbs,
                    help=f"prompts per step (default %(default)s, at most {MAX_GBS})")
     p.add_argument("--n", type=whole(2, MAX_N), default=LabConfig.n,
@@ -35,12 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")
-    p.add_argument("--engine", metavar="MODULE:FACTORY",
-                   help="rollout engine factory (default: the reference engine); imports and runs MODULE, so "
-                        "name only code you trust")
-    p.add_argument("--out", required=True, help="run directory (metrics.jsonl + meta.json)")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON: `passed`, `state` FINISHED, the run directory and the last step's metrics")
+
+
+def recipe(args: argparse.Namespace) -> dict:
+    """LabConfig's fields for add_recipe_arguments' options."""
+    return {"gbs": args.gbs, "n": args.n, "ppo_mini_batch_size": args.mini_batch, "warm_start": args.warm_start}
 
 
 def check_out(out: str) -> Path:
@@ -60,8 +71,7 @@ def check_out(out: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Run the lab as the options say; bad input raises BadInput (the caller prints it as one line, exit 2)."""
     check_out(args.out)
-    config = LabConfig(steps=args.steps, seed=args.seed, fault=args.fault, gbs=args.gbs, n=args.n,
-                       ppo_mini_batch_size=args.mini_batch, warm_start=args.warm_start)
+    config = LabConfig(steps=args.steps, seed=args.seed, fault=args.fault, **recipe(args))
     make_engine = None
     if args.engine:
         from harness.engines import load_factory
