@@ -139,7 +139,13 @@ def test_the_seeded_upgrade_is_broken_and_bisection_names_verl(capsys, tmp_path)
     assert [s["outcome"] for s in doc["bisection"]["steps"]] == ["passes", "reproduces"]  # transformers, then verl
     for name in ("gate.json", "junit.xml", "gate.md", "gate.html", "A/report.json", "B/report.html", "B/junit.xml"):
         assert (tmp_path / "g" / name).is_file(), name
-    # the reference: the same move with verl rebuilt unchanged is not BROKEN
+
+
+def test_the_same_upgrade_with_verl_rebuilt_unchanged_is_not_broken(capsys, tmp_path):
+    """The reference of the seeded upgrade (its own test, so the two gates run on two workers): the same move with
+    verl rebuilt unchanged is not BROKEN, so BROKEN above comes from the one-line regression, not the rebuild."""
+    from harness.gate.seeded import seeded_verl_wheel
+
     rebuilt = seeded_verl_wheel(tmp_path / "wheels", seeded=False)
     code, doc = _gate(capsys, "--from", "installed", "--to", f"{rebuilt},transformers==5.18.0",
                       "--select", SELECT, "--report-dir", str(tmp_path / "ref"))

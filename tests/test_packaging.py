@@ -93,17 +93,40 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("ascend_rl_harness-*.whl"))
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory) -> Path:
-    env = tmp_path_factory.mktemp("image") / "venv"
-    _run([sys.executable, "-m", "venv", env], check=True, timeout=120)
-    python = env / "bin" / "python"
-    # the image's torch and transformers, which every image of the stack has: the suites' fixtures import torch, a
-    # suite module transformers (harness.memory.prefill). torch is this tier's build (from the index or the wheel cache
-    # the tier was installed from), transformers another version than the tier's (requirements/cpu.txt 5.19.0)
-    torch = f"torch=={importlib.metadata.version('torch')}"
-    _skip_if_offline(_pip(python, "install", "-q", *IMAGE, torch, "transformers==5.17.0"), "building the foreign image")
+@pytest.fixture(scope="session")
+def built_image(pytestconfig) -> Path:
+    """The image's python, built once per session and shared by the xdist workers: as a module fixture it was built
+    on each worker that ran one of its tests (twice in CI, ~150 s each on a 2-core host)."""
+    from fixtures.dapo import _session_home
+    from harness.io import held
+
+    root = _session_home(pytestconfig, "foreign-image")
+    root.mkdir(parents=True, exist_ok=True)
+    python = root / "venv" / "bin" / "python"
+    with held(root / "lock"):
+        if not (root / "built").is_file():
+            shutil.rmtree(root / "venv", ignore_errors=True)
+            _run([sys.executable, "-m", "venv", root / "venv"], check=True, timeout=120)
+            # the image's torch and transformers, which every image of the stack has: the suites' fixtures import
+            # torch, a suite module transformers (harness.memory.prefill). torch is this tier's build (from the index
+            # or the wheel cache the tier was installed from), transformers another version than the tier's
+            # (requirements/cpu.txt 5.19.0). --no-compile as scripts/bootstrap installs.
+            torch = f"torch=={importlib.metadata.version('torch')}"
+            _skip_if_offline(_pip(python, "install", "-q", "--no-compile", *IMAGE, torch, "transformers==5.17.0"),
+                             "building the foreign image")
+            (root / "built").touch()
     return python
+
+
+@pytest.fixture
+def image(built_image: Path):
+    """The image for one test, held alone (each installs the harness into it), as it was built: the harness an
+    earlier test installed is taken out first."""
+    from harness.io import held
+
+    with held(built_image.parents[2] / "lock"):
+        assert _pip(built_image, "uninstall", "-y", "-q", "ascend-rl-harness").returncode == 0
+        yield built_image
 
 
 def test_the_package_declares_only_its_own_libraries_as_ranges():
