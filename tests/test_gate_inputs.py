@@ -331,6 +331,7 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
     (["--steps", "0"], "--steps 0: must be a whole number"),
     (["--golden", "/nonexistent/golden.json"], "/nonexistent/golden.json: no such baseline"),
     (["--spike-metric", "nope"], "--spike-metric nope: not a curve metric"),
+    (["--prior", "--golden", "baselines/tiny/dapo_lab.json"], "--prior measures the default inflation"),
 ])
 def test_calibrate_curves_refuses_bad_input_before_any_lab_run(tmp_path, argv, says):
     """Issue 48: each was a traceback, an endless loop, or found only after the whole calibration."""
