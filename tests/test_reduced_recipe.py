@@ -153,3 +153,31 @@ def test_the_tiny_jobs_reward_function_loads_outside_a_checkout(tmp_path, monkey
     assert load_extern_object(module_path=REWARD_FILE, object_name=REWARD_FUNCTION) is compute_score
     with pytest.raises(FileNotFoundError, match="Custom module file not found"):
         load_extern_object(module_path="harness/launch/tiny_task.py", object_name=REWARD_FUNCTION)
+
+
+def test_upstream_recipes_brings_each_launch_script_up_at_the_reduced_tier(tmp_path):
+    """scripts/upstream-recipes --reduced, on a git tree of launch scripts as it reads the upstream mirrors (verl,
+    verl-recipe, cann-recipes-train): each script is brought up on the reduced node as `pytest -m reduced --recipe`
+    brings it up: the same changes, every phase fitting. Seeded: the script planned the job as written (64 cards on
+    a one-node tier: no changes, INVALID)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    tree = tmp_path / "repo"
+    tree.mkdir()
+    shutil.copy(DSV3_64, tree / "dsv3_64card_dapo.sh")
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for argv in (["init", "-q"], ["add", "."], ["commit", "-qm", "scripts"]):
+        subprocess.run(git + argv, check=True)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "scripts" / "upstream-recipes"), f"{tree}/.git@HEAD",
+                           "--reduced", "--json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(done.stdout)
+    want = build_job(get_scale("reduced-a2"), read_recipe(str(DSV3_64))).reduction
+    assert row["reduced"] == f"fits, {len(want)} changes" and row["reduced_why"] is None, row
+    assert row["reduction"] == [[c.key, c.before, c.after] for c in want]
