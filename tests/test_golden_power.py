@@ -26,13 +26,14 @@ LR = "actor/lr"
 WARMUP = "actor/lr_warmup"  # a schedule: the same in every run, not one value
 CLIP = "actor/pg_clipfrac"  # noise: never a constant
 MAX = "critic/rewards/max"  # at its bound in every golden step, not in every clean run's: never a constant
+PEARSON = "training/rollout_actor_probs_pearson_corr"  # float noise at its bound 1.0: never a constant
 
 
 def rising(step):
     return -0.9 + 0.08 * min(step, 12)
 
 
-def lab_like(name, seed, fn=rising, noise=0.03, steps=30, lr=1e-3, lr_from=None, first=1) -> Run:
+def lab_like(name, seed, fn=rising, noise=0.03, steps=30, lr=1e-3, lr_from=None, first=1, dip=4) -> Run:
     rng = random.Random(seed)
     s = tuple(range(first, first + steps))
     lrs = tuple(lr if lr_from is None or t < lr_from else lr * 10 for t in s)
@@ -40,7 +41,8 @@ def lab_like(name, seed, fn=rising, noise=0.03, steps=30, lr=1e-3, lr_from=None,
                       LR: Series(s, lrs),
                       WARMUP: Series(s, tuple(1e-3 * min(t, 5) / 5 for t in s)),
                       CLIP: Series(s, tuple(0.2 + rng.gauss(0, 0.02) for _ in s)),
-                      MAX: Series(s, (1.0,) * len(s))},
+                      MAX: Series(s, (1.0,) * len(s)),
+                      PEARSON: Series(s, tuple(1.0 - 5.96e-8 * rng.randrange(dip) for _ in s))},
                RunMeta(scale="tiny", hardware="cpu", sources=(f"{name}.jsonl",), extra={"seed": seed}))
 
 
@@ -53,6 +55,10 @@ def test_the_golden_keeps_what_every_run_logs_alike(golden):
     assert set(golden.constants) == {LR, WARMUP}  # the noisy metric is not kept; the judged reward is judged
     # one run cannot tell a schedule from noise: only one value at every step is a constant there
     assert set(find_constants([lab_like("r0", 0)], (REWARD,))) == {LR}
+    # the correlation jitters by ulps below 1.0, within the constants' tolerance: noise, in one run or three. Kept as
+    # a constant (as the tolerance alone kept it), a clean run that dips a little deeper failed on it.
+    deeper = curves.compare(lab_like("clean", 60, dip=20), golden)
+    assert deeper.passed, deeper.message()
     # the actor logs its lr only at steps that updated (DAPO skips a step whose groups all agree): still one value
     skipped = lab_like("r1", 1)
     lr = skipped[LR]
@@ -202,3 +208,13 @@ def _tol():
     from harness.metrics.baseline import CurveTolerance
 
     return CurveTolerance(band_atol=0.0, window_atol=0.0, trend_atol=0.0)
+
+
+def test_a_stored_constant_that_jitters_is_dropped_on_load(golden, tmp_path):
+    """A golden recorded before the jitter rule stored the lab's probability correlation as a constant
+    (baselines/tiny/dapo_lab.json did): loaded, it is not judged, so it cannot flag a clean run."""
+    path = golden.save(tmp_path / "g.json")
+    doc = json.loads(path.read_text())
+    doc["constants"][PEARSON] = {"steps": [1, 2, 3], "values": [1.0, 0.9999999403953552, 1.0]}
+    path.write_text(json.dumps(doc))
+    assert set(load_baseline(path).constants) == {LR, WARMUP}

@@ -316,9 +316,17 @@ def same_value(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=CONSTANT_RTOL, abs_tol=CONSTANT_ATOL)
 
 
+def jitters(values) -> bool:
+    """Whether a series moves by float noise: two steps in a row that differ, but within the constants' tolerance. A
+    setting or a schedule repeats its float exactly or moves by more; a measurement pinned at a bound jitters by
+    ulps (the lab's rollout/actor probability correlation: 1.0, 0.99999994, ..., 0.99999887 on clean seeds of the
+    gbs-32 recipe; kept as a constant, one-run goldens flagged 6 of 57 clean candidates on it)."""
+    return any(a != b and same_value(a, b) for a, b in itertools.pairwise(values))
+
+
 def find_constants(runs: list[Run], judged) -> dict[str, Series]:
     """metric -> its per-step values, for every metric outside `judged` that all runs log at the same steps with the
-    same finite values (with one run: one value at every step)."""
+    same finite values (with one run: one value at every step), and that no run logs with float jitter."""
     out = {}
     for metric in sorted(runs[0].series):
         if metric in judged or metric in NOT_CONSTANT or metric.endswith(NOT_CONSTANT_SUFFIXES) or metric.startswith(
@@ -327,7 +335,8 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
         curves = [r[metric] for r in runs]
         ref = curves[0]
         values = [v for c in curves for v in c.values]
-        if min(map(len, curves)) < MIN_CONSTANT_STEPS or not all(map(_finite, values)):
+        if min(map(len, curves)) < MIN_CONSTANT_STEPS or not all(map(_finite, values)) or any(
+                jitters(c.values) for c in curves):
             continue
         # one value everywhere (the actor's lr, logged only at steps that updated: the runs' steps may differ), or
         # a schedule: the same values at the same steps in every run (two runs at least)
@@ -349,7 +358,8 @@ def _constants_from_json(doc, where: str) -> dict[str, Series]:
                 or any(type(v) not in (int, float) or not _finite(v) for v in values)):
             raise BadInput(f"{where}: constants: {metric}: needs \"steps\" (increasing whole numbers) and as many "
                            "finite \"values\"; re-record it")
-        out[metric] = Series(tuple(steps), tuple(float(v) for v in values))
+        if not jitters(values):  # recorded before the jitter rule (find_constants): never a constant
+            out[metric] = Series(tuple(steps), tuple(float(v) for v in values))
     return out
 
 
