@@ -44,6 +44,9 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mini-batch", type=whole(1, MAX_GBS), default=LabConfig.ppo_mini_batch_size, metavar="PROMPTS",
                    help="prompts per optimizer update (default %(default)s; verl's ppo_mini_batch_size): --gbs / "
                         "this many updates per step")
+    p.add_argument("--init-seed", type=SEED, default=None, metavar="SEED",
+                   help="seed of the initial policy and its warm start (default: --seed); one for every run is one "
+                        "pretrained checkpoint, as real RL starts from")
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")
@@ -51,7 +54,8 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
 
 def recipe(args: argparse.Namespace) -> dict:
     """LabConfig's fields for add_recipe_arguments' options."""
-    return {"gbs": args.gbs, "n": args.n, "ppo_mini_batch_size": args.mini_batch, "warm_start": args.warm_start}
+    return {"gbs": args.gbs, "n": args.n, "ppo_mini_batch_size": args.mini_batch, "warm_start": args.warm_start,
+            "init_seed": args.init_seed}
 
 
 def check_out(out: str) -> Path:

@@ -43,6 +43,10 @@ class LabConfig:
 
     steps: int = 30
     seed: int = 0
+    # The policy's initial weights and its warm start (None: `seed`). Real RL starts every run from one pretrained
+    # checkpoint, so a golden's runs and a candidate differ in data order and sampling only; a seed that also drew
+    # the initial policy added the spread of many models to the spread of one (issue 43).
+    init_seed: int | None = None
     fault: str = "none"
     gbs: int = 8  # prompts per step (data.train_batch_size)
     n: int = 8  # samples per prompt (rollout.n)

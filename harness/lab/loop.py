@@ -169,12 +169,13 @@ def run_lab(config: LabConfig, out_dir: str | Path, *, make_engine: Callable | N
     updates = -(-config.gbs // config.ppo_mini_batch_size)  # optimizer steps per lab step (_update's mini-batches)
     with torch_threads(1):
         torch.manual_seed(config.seed)
-        actor, checkpoint = build_actor(spec, config.seed, config.head_scale)
+        init = config.seed if config.init_seed is None else config.init_seed
+        actor, checkpoint = build_actor(spec, init, config.head_scale)
         # The warm start is pre-training, not the run: it steps its own AdamW, so under the trainer fault's patch
         # its steps were counted as the run's and a --warm-start 150 run was frozen from its 7th SFT step, RL
         # starting from a half-trained policy (a fault caught for the wrong reason, not "learns, then stops").
         if config.warm_start:
-            checkpoint = warm_start(actor, spec, config.seed, config.warm_start, config.warm_start_correct)
+            checkpoint = warm_start(actor, spec, init, config.warm_start, config.warm_start_correct)
         with _patched(fault.trainer_fault, updates):
             return _run(config, out, fault, spec, actor, checkpoint, make_engine, progress)
 
