@@ -182,3 +182,26 @@ def test_a_trainer_fault_leaves_the_warm_start_alone(tmp_path):
         return {key: run[key].values for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm")}
 
     assert first_step("frozen-optimizer") == first_step("none")
+
+
+def test_the_init_seed_is_one_checkpoint_for_every_run_seed(tmp_path):
+    """`--init-seed` (issue 43: real RL starts every run from one pretrained checkpoint): two run seeds with one
+    init seed build their rollout engines from the same weights, warm start included; without it each seed draws
+    its own model. Seeded: the field dropped (the policy drawn from --seed) gives two checkpoints."""
+    import torch
+
+    from harness.engines.reference import make_reference_engine
+    from harness.lab import LabConfig, run_lab
+
+    built = {}
+
+    def recording(spec, *, weights, **kwargs):  # the reference engine, its starting weights kept
+        built.setdefault(kwargs["seed"], {k: v.clone() for k, v in weights.items()})
+        return make_reference_engine(spec, weights=weights, **kwargs)
+
+    for seed, init in ((1, 0), (2, 0), (3, None)):
+        run_lab(LabConfig(steps=1, seed=seed, init_seed=init, warm_start=5), tmp_path / f"s{seed}",
+                make_engine=recording)
+    assert built[1].keys() == built[2].keys() == built[3].keys()
+    assert all(torch.equal(built[1][k], built[2][k]) for k in built[1])
+    assert not all(torch.equal(built[1][k], built[3][k]) for k in built[1])
