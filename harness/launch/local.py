@@ -342,9 +342,10 @@ def _job_id(run_dir: Path, timeout_s: float = 60.0) -> str:
     raise BadInput(f"{run_dir / LAUNCH_FILE}: the launcher wrote no job id in {timeout_s:.0f} s")
 
 
-def inspect_job(url: str, job_id: str, into: dict, timeout_s: float = 60.0) -> None:
+def inspect_job(url: str, job_id: str, into: dict, timeout_s: float = 240.0) -> None:
     """What `launch --status / --logs / --stop JOB_ID` answer for a job another launcher watches: its status once
-    it runs, its log once it printed, then stop it and read its status again (into `into`)."""
+    it runs, its log once it printed, then stop it and read its status again (into `into`). The wait is long: on a
+    2-core host at load 12 the job was still PENDING after 60 s (it returns as soon as the job runs)."""
     from harness.launch.ray_job import job_logs, job_status, stop_job
 
     deadline = time.monotonic() + timeout_s
