@@ -66,6 +66,21 @@ def test_the_golden_keeps_what_every_run_logs_alike(golden):
     assert LR in find_constants([lab_like("r0", 0), skipped], (REWARD,))
 
 
+def test_a_clip_ratio_at_zero_is_a_measurement_not_a_setting():
+    """No response of a clean seed may reach the length cap in 30 steps (5 of 20 warm-started lab seeds), while
+    another seed's clip a few: kept as a one-run golden's constant, the clip ratio at 0 failed those clean runs
+    (16 of 90 comparisons). A clip ratio is a share of the batch, never a constant; a setting still is."""
+    trunc = "response_length_non_aborted/clip_ratio"
+    zero, once = lab_like("r0", 0), lab_like("clean", 50)
+    steps = zero[REWARD].steps
+    zero.series[trunc] = Series(steps, (0.0,) * len(steps))
+    once.series[trunc] = Series(steps, tuple(0.125 if t == 9 else 0.0 for t in steps))
+    one_run = Baseline.from_runs([zero], (REWARD,))
+    assert set(one_run.constants) == {LR}
+    alignment = curves.compare(once, one_run)
+    assert alignment.passed, alignment.message()
+
+
 def test_a_changed_setting_fails_and_names_its_first_step(golden):
     clean = curves.compare(lab_like("clean", 50), golden)
     assert clean.passed, clean.message()
