@@ -376,3 +376,25 @@ def test_calibrate_curves_never_calibrates_one_recipe_on_another_recipes_runs(tm
                       "--gbs", "16", "--mini-batch", "8")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"the cached run {run} is of another lab recipe" in proc.stderr, proc.stderr
+
+
+def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp_path):
+    """Issue 43: false alarms must hold for goldens a user records for a recipe nobody calibrated. --prior measures
+    exactly those: no calibration seed is run, and each judged metric's inflation is the one `baseline record`
+    writes into a golden of the same runs (the seeded bug: a measurement of another inflation than users get)."""
+    runs = tmp_path / "runs"
+    out = tmp_path / "prior.json"
+    proc = _calibrate("--runs", str(runs), "--steps", "3", "--held-out", "10-15", "--prior", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["prior"] is True and doc["calibration_seeds"] == [] and doc["golden_wise_scale"] is None
+    assert sorted(p.name for p in runs.glob("lab-s*")) == [f"lab-s{s}" for s in range(10, 16)]
+    golden = tmp_path / "golden.json"
+    record = subprocess.run([sys.executable, "-m", "harness.cli", "baseline", "record", str(runs / "lab-s10"),
+                             "--out", str(golden), *[a for m in doc["judged_metrics"] for a in ("--metric", m)]],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert record.returncode == 0, record.stderr
+    recorded = json.loads(golden.read_text())["metrics"]
+    assert set(recorded) == set(doc["judged_metrics"]) and len(recorded) >= 5
+    for metric, tol in ((m, recorded[m]["tolerance"]) for m in recorded):
+        assert doc["inflation"][metric] == [tol["band_inflation"], tol["window_inflation"], tol["trend_inflation"]]
