@@ -267,7 +267,8 @@ SPIKE_SIZE_LIMIT = 20.0
 # Except the gradient norm, which verl logs before clipping (actor.grad_clip bounds the update it feeds): clean
 # warm-started lab runs spiked to 51x (--init-seed 0, warm start 150; one of 20 seeds) and 239x (gbs 32, warm start
 # 150; one of 40), and a 20x limit flagged 9 of 90 clean one-run comparisons on one such seed. Its limit sits at the
-# geometric middle of the largest clean spike seen and the smallest broken update (239x, 1e6x).
+# geometric middle of the largest clean spike seen (239x) and the smallest of those NeMo-RL reports from MoE runs
+# without routing replay (1e6x).
 SPIKE_SIZE_LIMITS = {GRAD_NORM: 1e4}
 # Spike counts follow a Poisson rate per step; the golden's k spikes in T run-steps give it a Gamma(k + 1/2, T)
 # posterior (Jeffreys prior), and a candidate of t steps a negative-binomial predictive count.
