@@ -396,5 +396,6 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
     assert record.returncode == 0, record.stderr
     recorded = json.loads(golden.read_text())["metrics"]
     assert set(recorded) == set(doc["judged_metrics"]) and len(recorded) >= 5
-    for metric, tol in ((m, recorded[m]["tolerance"]) for m in recorded):
+    for metric, entry in recorded.items():
+        tol = entry["tolerance"]
         assert doc["inflation"][metric] == [tol["band_inflation"], tol["window_inflation"], tol["trend_inflation"]]
