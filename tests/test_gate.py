@@ -177,19 +177,3 @@ def test_dry_run_lists_moves_and_known_bug_changes_between_npu_rows(capsys):
     code, doc = _gate(capsys, "--dry-run", "--from", "seed-001", "--to", "vllm-ascend-0.23.0")
     assert {"id": "mindspeed-mla-softmax-scale", "a": "HIT", "b": "clear"} in doc["known_bugs_changed"]
     assert main(["gate", "--dry-run", "--from", "nope", "--to", "vllm-ascend-0.23.0"]) == 2
-
-
-def test_the_recipes_accept_a_local_build_and_the_gated_stacks_verl(monkeypatch):
-    """The harness's recipes target verl 0.9.1: a local build of it (0.9.1+ascend) is that release, and `gate` names
-    the verl of the stack it runs (HARNESS_GATE_VERL) so a gate from 0.9.0 runs the same suites there."""
-    from harness.config import recipe
-
-    monkeypatch.delenv(recipe.GATE_VERL_ENV, raising=False)
-    monkeypatch.setattr(recipe.importlib.metadata, "version", lambda name: "0.9.1+seeded.advstd")
-    assert recipe.check_verl_version() == "0.9.1+seeded.advstd"
-    monkeypatch.setattr(recipe.importlib.metadata, "version", lambda name: "0.9.0")
-    with pytest.raises(BadInput, match="verl 0.9.0 is installed but the DAPO recipe targets verl 0.9.1"):
-        recipe.check_verl_version()
-    monkeypatch.setenv(recipe.GATE_VERL_ENV, "0.9.0")
-    assert recipe.check_verl_version() == "0.9.0"
-    assert st.environment(None, "0.9.0")[recipe.GATE_VERL_ENV] == "0.9.0"

@@ -3,6 +3,7 @@ scale's plan, and the validator fails naming the key on seeded bad overrides."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -15,9 +16,10 @@ from harness.config.recipe import (
     RecipeError,
     _split_override,
     _verl_config_dir,
-    check_verl_version,
+    check_keys,
     compose,
     dapo_recipe,
+    installed_verl,
     recompute_overrides,
     stage_overrides,
     validate_recipe,
@@ -212,11 +214,25 @@ def test_seeded_bad_override_fails_naming_the_key(case):
     assert isinstance(err.value, BadInput)  # the CLI turns it into exit 2
 
 
-def test_other_verl_version_is_one_clear_line(monkeypatch):
-    monkeypatch.setattr(recipe_module.importlib.metadata, "version", lambda name: "0.7.0")
-    with pytest.raises(BadInput, match=r"^verl 0\.7\.0 is installed but the DAPO recipe targets verl 0\.9\.1") as err:
-        check_verl_version()
-    assert "\n" not in str(err.value)
+def test_any_verl_release_is_judged_by_its_own_config(monkeypatch):
+    """A team's image holds its own verl (issue 45): the recipe is judged by composing it in that verl's config, and
+    every refusal names that release and the key it lacks. Seeded bug: the version pin this replaced refused verl
+    0.9.0 outright, whatever its config takes."""
+    for version in ("0.9.0", "0.9.1+ascend", "0.10.0rc1"):
+        monkeypatch.setattr(recipe_module.importlib.metadata, "version", lambda name, v=version: v)
+        assert installed_verl() == version
+        bad = dataclasses.replace(dapo_recipe(get_scale("tiny")), overrides=("actor_rollout_ref.actor.no_such_key=1",))
+        with pytest.raises(RecipeError, match=rf"^recipe tiny: 1 key\(s\) not in verl {re.escape(version)}'s "
+                                              r"config: actor_rollout_ref\.actor\.no_such_key"):
+            check_keys(bad)
+
+    def missing(name):
+        raise recipe_module.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(recipe_module.importlib.metadata, "version", missing)
+    with pytest.raises(BadInput, match=r"^verl is not installed; .*pip install --no-deps verl==0\.9\.1") as err:
+        installed_verl()
+    assert "\n" not in str(err.value) and installed_verl(missing_ok=True) is None
 
 
 def test_missing_entrypoint_module_is_rejected():

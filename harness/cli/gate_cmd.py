@@ -77,7 +77,7 @@ def _gate(args, st, a, b, installed: dict, selection: list[str], out: Path, star
     def ready(stack):
         """(the stack's environment, its overlay, whether it was cached); StackSkip when it cannot be built."""
         overlay, cached = st.build(stack)
-        return st.environment(overlay, stack.versions(installed).get("verl")), overlay, cached
+        return st.environment(overlay), overlay, cached
 
     # Both stacks are built before either selection runs (issue 48: an unbuildable B was said after A's whole run).
     envs, reports, configs = {}, {}, {}

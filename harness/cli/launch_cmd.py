@@ -88,13 +88,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     # got a 64-node manifest, exit 0 (issue 30). A tiny rehearsal submits the tiny scale's job with the user's
     # algorithm: that job is validated, and so are the keys it drops (a typo there was dropped and the run went on).
     from harness.cli.output import console as output_console
-    from harness.config.recipe import VERL_VERSION, check_recipe, check_rehearsal_keys
+    from harness.config.recipe import check_recipe, check_rehearsal_keys, installed_verl
     from harness.errors import PlanError
 
     if job.plan_error and scale.tier != "tiny":
         raise PlanError(f"{job.user.source if job.user else scale.name}: {job.plan_error}")
     if scale.tier != "tiny" or job.user is not None:
-        with output_console(stderr=True).status(f"validating the job in verl {VERL_VERSION}'s config"):
+        with output_console(stderr=True).status(f"validating the job in verl {installed_verl()}'s config"):
             check_recipe(job.recipe)
             if job.user is not None and scale.tier == "tiny":
                 from harness.config.job import FORK_KEYS

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         scale = replace(scale, batch=replace(scale.batch, gbs=args.gbs))
     if args.micro_batch is not None and args.micro_batch < 1:
         raise BadInput(f"--micro-batch {args.micro_batch}: must be >= 1")
-    from harness.config.recipe import VERL_VERSION, dropped_keys
+    from harness.config.recipe import dropped_keys, installed_verl
 
     memory = memory_options(job, MemoryOptions(chunked_prefill=args.chunked_prefill, micro_batch=args.micro_batch))
     phases = (args.phase,) if args.phase else PHASES
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                             {"scale": scale.name, "phases": [p.to_json() for p in results],
                              "recipe": job.user.source if job.user else None, "plan_error": job.plan_error,
                              "modelled": list(memory.modelled), "not_modelled": list(memory.unmodelled),
-                             "not_in_verl": dropped, "verl": VERL_VERSION}))
+                             "not_in_verl": dropped, "verl": installed_verl()}))
     else:
         _print(scale.name, results, ok, memory, job, dropped)
     return 0 if ok else 1
@@ -75,10 +75,10 @@ def _print(scale: str, results: list[PhaseMemory], ok: bool, memory=None, job=No
             console.print(f"  the plan breaks {escape(job.plan_error)} (modelled as written)", soft_wrap=True)
     for item in (memory.unmodelled if memory else ()):
         console.print(f"  not modelled: {escape(item)}", soft_wrap=True)
-    from harness.config.recipe import VERL_VERSION
+    from harness.config.recipe import installed_verl
 
     for item in dropped:
-        console.print(f"  dropped, not in verl {VERL_VERSION}'s config (launch refuses it): {escape(item)}",
+        console.print(f"  dropped, not in verl {installed_verl()}'s config (launch refuses it): {escape(item)}",
                       soft_wrap=True)
     bad = [p for p in results if not p.fits]
     if ok:

@@ -54,7 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.cli.args import job_from_args
     from harness.cli.output import console as output_console
     from harness.config import recipe as recipes
-    from harness.config.recipe import VERL_VERSION, check_recipe
+    from harness.config.recipe import VERL_VERSION, check_recipe, installed_verl
     from harness.errors import PlanError
     from harness.redact import redact, redact_doc
 
@@ -63,7 +63,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.strict and job.ignored:
         from harness.errors import BadInput
 
-        raise BadInput(f"--strict: {job.user.source}: verl {VERL_VERSION}'s main_ppo ignores "
+        verl = installed_verl(missing_ok=True) or VERL_VERSION
+        raise BadInput(f"--strict: {job.user.source}: verl {verl}'s main_ppo ignores "
                        f"{len(job.ignored)} key(s): {'; '.join(job.ignored)}")
     if job.plan_error and args.format == "verl-cli":
         # no runnable command line exists for a plan megatron-core cannot run
@@ -72,11 +73,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # Only a command line someone will run depends on verl accepting it; composing in verl's schema imports verl
     # (~20 s on this CPU), so the plan itself answers at once unless asked (plan used to take ~20 s).
     validate = (args.format == "verl-cli" or args.verl is not None) if args.validate is None else args.validate
-    verl = args.verl or VERL_VERSION  # the verl the verdict names: the installed one unless --verl
+    installed = installed_verl(missing_ok=True)
+    verl = args.verl or installed or VERL_VERSION  # the verl the verdict names: the installed one unless --verl
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.
         with output_console(stderr=True).status(f"validating the {scale.name} overrides in verl {verl}'s config"):
-            if args.verl and args.verl != VERL_VERSION:
+            if args.verl and args.verl != installed:
                 recipes.validate_against(recipe, args.verl)  # that verl's shipped schema, fetched once and cached
             else:
                 check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached)
@@ -181,7 +183,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
     from rich.markup import escape
 
     from harness.cli.output import console as output_console
-    from harness.config.recipe import VERL_VERSION
+    from harness.config.recipe import VERL_VERSION, installed_verl
     from harness.redact import one_line
 
     scale = job.scale
@@ -237,7 +239,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
         for item in memory["not_modelled"]:
             console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
     _print_prediction(console, doc["prediction"], explain)
-    verl = verl or VERL_VERSION
+    verl = verl or installed_verl(missing_ok=True) or VERL_VERSION
     checked = (f"verl {verl} accepts the overrides" if validate else
                f"overrides not checked against verl {verl}'s schema (--validate does, ~20 s)")
     if job.plan_error:

@@ -31,7 +31,7 @@ from harness.config.plans import TrainParallel
 from harness.config.scales import Scale
 from harness.errors import BadInput, RecipeError
 
-VERL_VERSION = "0.9.1"  # the pinned verl (requirements/cpu.txt); config keys move between verl releases
+VERL_VERSION = "0.9.1"  # the CPU tier's verl (requirements/cpu.txt), which the built-in recipes were written for
 ENTRYPOINT = "verl.trainer.main_ppo"
 CONFIG_NAME = "ppo_trainer"
 
@@ -351,7 +351,7 @@ def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str 
         "plan": dataclasses.asdict(scale.plan),
         "batch": scale.batch.resolved(),
         "targets": dataclasses.asdict(scale.targets),
-        "verl_version": VERL_VERSION,
+        "verl_version": installed_verl(missing_ok=True) or VERL_VERSION,  # the verl that runs it, where installed
         "entrypoint": recipe.entrypoint,
         "overrides": list(recipe.overrides),
         "env": dict(recipe.env),
@@ -373,27 +373,18 @@ def r3_blocked_stacks() -> dict[str, list[str]]:
 # validation against the installed verl
 
 
-GATE_VERL_ENV = "HARNESS_GATE_VERL"  # the verl version `gate` accepts on the stack it runs (harness.gate.overlays)
-
-
-def check_verl_version() -> str:
-    """The installed verl version; a one-line BadInput when verl is missing or not the pinned one."""
+def installed_verl(missing_ok: bool = False) -> str | None:
+    """The installed verl's version; a one-line BadInput when verl is missing (None with `missing_ok`). Any release
+    is taken: a recipe is judged by composing it in the installed verl's own config (`compose`, `check_keys`, verl's
+    `validate_config`), which names each key that release lacks. The version pin this replaced refused a team's
+    image of verl 0.9.0 whose config takes the recipe (issue 45), and named no key where a release really differs."""
     try:
-        installed = importlib.metadata.version("verl")
+        return importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError:
-        raise BadInput(f"verl is not installed; the harness targets verl {VERL_VERSION}: "
+        if missing_ok:
+            return None
+        raise BadInput(f"verl is not installed; the harness's tier runs verl {VERL_VERSION}: "
                        f"pip install --no-deps verl=={VERL_VERSION} (see requirements/cpu.txt)") from None
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        public = Version(installed).public  # a local build of the release (0.9.1+ascend) is that release
-    except InvalidVersion:
-        public = installed
-    # the upgrade gate runs the same recipes on the stack it is gating (harness.gate): it names that stack's verl
-    if public != VERL_VERSION and installed != os.environ.get(GATE_VERL_ENV):
-        raise BadInput(f"verl {installed} is installed but the DAPO recipe targets verl {VERL_VERSION} "
-                       f"(its config keys differ between releases): pip install --no-deps verl=={VERL_VERSION}")
-    return installed
 
 
 def _verl_config_dir() -> str:
@@ -428,7 +419,7 @@ def verl_defaults(engine: str = "megatron") -> dict[str, object]:
 
     from harness.io import cache_root, write_atomic
 
-    check_verl_version()
+    installed_verl()
     mark = cache_root() / "verl-defaults" / f"{_schema_stamp()}-{engine}-2.json"  # -2: empty sections kept
     try:
         return json.loads(mark.read_text())
@@ -498,7 +489,7 @@ def compose(recipe: Recipe):
         message = _first_line(exc)
         key = _override_for(recipe, str(exc))
         where = f"override {key!r}" if key else f"recipe {recipe.scale}"
-        raise RecipeError(f"{where} rejected by verl {VERL_VERSION}'s {CONFIG_NAME} config: {message}",
+        raise RecipeError(f"{where} rejected by verl {installed_verl()}'s {CONFIG_NAME} config: {message}",
                           key=key) from None
 
 
@@ -532,7 +523,7 @@ def check_recipe(recipe: Recipe) -> bool:
 
     from harness.io import write_atomic
 
-    check_verl_version()
+    installed_verl()
     key = hashlib.sha256(json.dumps([_schema_stamp(), recipe.entrypoint, list(recipe.overrides)]).encode()).hexdigest()
     mark = _validation_cache() / key
     if mark.is_file():
@@ -540,7 +531,7 @@ def check_recipe(recipe: Recipe) -> bool:
     validate_recipe(recipe)
     try:
         mark.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(mark, f"accepted by verl {VERL_VERSION}\n")
+        write_atomic(mark, f"accepted by verl {installed_verl()}\n")
     except (OSError, BadInput):  # an unwritable cache only costs the next run the composition
         pass
     return False
@@ -584,8 +575,8 @@ def _check_types(recipe: Recipe, config) -> None:
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok:
-            raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} rejected: verl {VERL_VERSION} "
-                              f"expects {type(default).__name__} (default {default!r})", key=key)
+            raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} rejected: verl "
+                              f"{installed_verl()} expects {type(default).__name__} (default {default!r})", key=key)
 
 
 def _declared_float(config, key: str) -> bool:
@@ -628,7 +619,7 @@ def _check_choices(recipe: Recipe, config) -> None:
     for key, value, known in checks:
         if value not in known:
             raise RecipeError(f"recipe {recipe.scale}: override {key!r} = {value!r} is not known to verl "
-                              f"{VERL_VERSION}; known: {', '.join(map(str, known))}", key=key)
+                              f"{installed_verl()}; known: {', '.join(map(str, known))}", key=key)
 
 
 _PLACEHOLDER = re.compile(r"<[^<>]*>")
@@ -666,7 +657,7 @@ def check_keys(recipe: Recipe) -> None:
     each with the closest key verl has. `+key` adds a key and `~key` removes one: not checked here."""
     unknown = dropped_keys(recipe)  # another engine group: Hydra's composition names its keys
     if unknown:
-        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config: "
+        raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {installed_verl()}'s config: "
                           + "; ".join(unknown), key=unknown[0].split(" ")[0])
 
 
@@ -675,10 +666,10 @@ def check_rehearsal_keys(source: str, keys: list[str], also_known: frozenset[str
     no engine of verl's config has (nor `also_known`, the fork keys the harness translates) would fail the job
     itself, so the rehearsal refuses it too (`launch --scale tiny --local -- ...tensor_model_paralel_size=4` dropped
     the typo and ran)."""
-    check_verl_version()
+    installed_verl()
     unknown = _unknown_keys(keys, _known_keys("dp") | _known_keys("megatron") | also_known)
     if unknown:
-        raise RecipeError(f"recipe {source}: {len(unknown)} key(s) not in verl {VERL_VERSION}'s config (the tiny "
+        raise RecipeError(f"recipe {source}: {len(unknown)} key(s) not in verl {installed_verl()}'s config (the tiny "
                           "rehearsal would drop them; the job itself fails on them): " + "; ".join(unknown),
                           key=unknown[0].split(" ")[0])
 
@@ -716,14 +707,14 @@ def _resolve(recipe: Recipe, config) -> None:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or _override_for(recipe, str(exc))
         raise RecipeError(f"recipe {recipe.scale}: {key or 'an interpolation'} does not resolve in verl "
-                          f"{VERL_VERSION}'s config: {_first_line(exc)}", key=key) from None
+                          f"{installed_verl()}'s config: {_first_line(exc)}", key=key) from None
 
 
 def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
     """What `doctor --recipe` checks of a user's own overrides (no scale, so no whole job to run verl's validate_config
     on): the placeholders, the keys verl's config has, composition and interpolations -- `launch`'s checks."""
     recipe = Recipe(scale=source, entrypoint=ENTRYPOINT, overrides=tuple(overrides))
-    check_verl_version()
+    installed_verl()
     check_placeholders(recipe)
     recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
     check_keys(recipe)
@@ -733,7 +724,7 @@ def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
 @functools.lru_cache(maxsize=32)
 def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
-    check_verl_version()
+    installed_verl()
     check_placeholders(recipe)
     if not module_exists(entrypoint):
         raise BadInput(f"recipe {scale}: entrypoint module {entrypoint} is not in the installed verl")
@@ -771,7 +762,7 @@ def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
             where_section = full_key.group(1) if full_key else section
             key = _override_for(recipe, str(exc), where_section)
             where = f"override {key!r}" if key else f"section {where_section or 'verl validate_config'}"
-            raise RecipeError(f"recipe {scale}: {where} rejected by verl {VERL_VERSION}: {_first_line(exc)}",
+            raise RecipeError(f"recipe {scale}: {where} rejected by verl {installed_verl()}: {_first_line(exc)}",
                               key=key) from None
     _check_types(recipe, config)
     _check_choices(recipe, config)

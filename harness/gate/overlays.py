@@ -280,15 +280,11 @@ def _top_level(pin: Pin, overlay: Path) -> str | None:
     return None
 
 
-def environment(overlay: Path | None, verl: str | None = None) -> dict[str, str]:
-    """This process's environment with the overlay first on the import path, and the stack's verl version named as
-    the one the harness's recipes accept there (harness.config.recipe.check_verl_version: they target one release,
-    and a gate from or to another must still run them)."""
-    from harness.config.recipe import GATE_VERL_ENV
-
+def environment(overlay: Path | None) -> dict[str, str]:
+    """This process's environment with the overlay first on the import path (its verl is the one installed there:
+    harness.config.recipe.installed_verl reads the distribution first on the path, and the recipes are judged by
+    that verl's config)."""
     env = dict(os.environ)
     if overlay is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(overlay), *filter(None, [env.get("PYTHONPATH")])])
-    if verl:
-        env[GATE_VERL_ENV] = verl
     return env

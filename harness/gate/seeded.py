@@ -3,8 +3,8 @@
 `seeded_verl_wheel(out)` rebuilds the installed verl distribution as a wheel (its RECORD's files, read from
 site-packages; no network) with `compute_grpo_outcome_advantage`'s `norm_adv_by_std_in_grpo` default flipped to
 False -- the Dr. GRPO form, one keyword away in verl 0.9.1 core_algos.py -- under the local version
-`<version>+seeded.advstd`, so it installs as the same release (harness.config.recipe.check_verl_version reads the
-public version). `python -m harness.gate.seeded DIR` writes it and prints its path.
+`<version>+seeded.advstd`, so it installs as the same release. `python -m harness.gate.seeded DIR` writes it and
+prints its path.
 """
 from __future__ import annotations
 
