@@ -231,8 +231,8 @@ def test_one_spike_is_an_event_and_moves_no_window_mean(grad_norm_golden, monkey
 
 def test_spikes_fail_on_their_rate_and_on_their_size(grad_norm_golden):
     """Bounded against the golden's runs: five clean 30-step runs allow 2 spikes in 30 steps (their rate, 0 in
-    150, bounds it), not 5; one spike SPIKE_SIZE_LIMIT x the level or more (a broken update, NeMo-RL's 1e6) fails
-    alone. A NaN is no spike: it fails the band as itself."""
+    150, bounds it), not 5; one spike the tolerance's spike_limit x the level or more (a broken update, NeMo-RL's
+    1e6) fails alone. A NaN is no spike: it fails the band as itself."""
     clean = make_run("cand", grad_norm_like, noise=0.3, seed=41, metric=GRAD_NORM)
     many = clean
     for step in (5, 10, 15, 20, 25):
@@ -257,7 +257,7 @@ def test_a_share_that_bursts_is_judged_by_its_level_not_as_spikes():
     clipfrac = "actor/pg_clipfrac"
     golden = Baseline.from_runs([make_run(f"g{i}", lambda t: 0.03, noise=0.005, seed=i, metric=clipfrac)
                                  for i in range(2)], (clipfrac,))
-    assert golden.metrics[clipfrac].tolerance.spikes is False
+    assert golden.metrics[clipfrac].tolerance.spike_limit is None
     bursty = make_run("cand", lambda t: 0.03, noise=0.005, seed=9, metric=clipfrac)
     for step in (8, 10, 14, 16, 18):
         bursty = _spiked(bursty, clipfrac, step, 0.15)
@@ -267,7 +267,28 @@ def test_a_share_that_bursts_is_judged_by_its_level_not_as_spikes():
     assert {"band", "window-mean"} <= {v.statistic for v in shifted.failures}, shifted.message()
     with pytest.raises(BadInput, match="tolerance spikes 'no'"):
         CurveTolerance.from_json({"band_atol": 0.02, "spikes": "no"}, "g.json")
-    assert CurveTolerance.from_json({"band_atol": 0.02}, "g.json").spikes is True  # a golden before the field
+
+
+def test_a_stored_tolerance_keeps_its_metrics_spike_policy(tmp_path):
+    """A golden recorded before `spike_limit` takes its metric's (the gradient norm's 1e4x: the seeded bug, the
+    generic 20x, flagged 9 of 90 clean one-run comparisons of the warm-started lab); one of the release that stored
+    `"spikes": true|false` reads as the metric's limit or as none; a limit below 1x is refused."""
+    clipfrac = "actor/pg_clipfrac"
+    assert CurveTolerance.from_json({"band_atol": 0.5}, "g.json", GRAD_NORM).spike_limit == 1e4
+    assert CurveTolerance.from_json({"band_atol": 0.5}, "g.json", REWARD).spike_limit == 20
+    assert CurveTolerance.from_json({"band_atol": 0.5}, "g.json", "user/metric").spike_limit == 20
+    assert CurveTolerance.from_json({"band_atol": 0.02}, "g.json", clipfrac).spike_limit is None
+    assert CurveTolerance.from_json({"band_atol": 0.5, "spikes": True}, "g.json", GRAD_NORM).spike_limit == 1e4
+    assert CurveTolerance.from_json({"band_atol": 0.5, "spikes": False}, "g.json", GRAD_NORM).spike_limit is None
+    assert CurveTolerance.from_json({"band_atol": 0.5, "spike_limit": None}, "g.json", REWARD).spike_limit is None
+    with pytest.raises(BadInput, match="spike_limit"):
+        CurveTolerance.from_json({"band_atol": 0.5, "spike_limit": 0.5}, "g.json", REWARD)
+    path = Baseline.from_runs([make_run(f"g{i}", grad_norm_like, noise=0.3, seed=i, metric=GRAD_NORM)
+                               for i in range(2)], (GRAD_NORM,)).save(tmp_path / "g.json")
+    doc = json.loads(path.read_text())
+    del doc["metrics"][GRAD_NORM]["tolerance"]["spike_limit"]
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path).metrics[GRAD_NORM].tolerance.spike_limit == 1e4
 
 
 def test_a_golden_whose_runs_spike_allows_their_rate():

@@ -306,16 +306,15 @@ def trend(metric: str, cand: Series, ref: MetricBaseline) -> CurveVerdict:
 def spikes(metric: str, cand: Series, found: tuple[stats.Spike, ...], ref: MetricBaseline) -> CurveVerdict:
     """The candidate's spikes (harness.metrics.stats.find_spikes) as events: their number within what the golden's
     runs' spike rate predicts for a run this long (harness.metrics.stats.spike_allowance), and the largest within
-    SPIKE_SIZE_LIMIT x the metric's level (SPIKE_SIZE_LIMITS for the gradient norm), or twice the golden's own
-    largest. Every spike is named, pass or fail: the band, window and trend saw each replaced by its neighbours'
-    median."""
+    the tolerance's spike_limit x the metric's level, or twice the golden's own largest. Every spike is named, pass
+    or fail: the band, window and trend saw each replaced by its neighbours' median."""
     tol = ref.tolerance
     if len(cand) < 2 * stats.SPIKE_NEIGHBOURS + 1:  # no step has its neighbours on both sides: a zig-zag of 4 steps
         return _unfilled(metric, "spikes", _span(cand), f"{len(cand)} steps; a spike is a step against "
                          f"{stats.SPIKE_NEIGHBOURS} neighbours on each side")  # read as 2 spikes (a clean seed failed)
     golden, golden_steps = ref.spikes
     allowed = stats.spike_allowance(golden, golden_steps, len(cand), tol.confidence)
-    limit = max(stats.SPIKE_SIZE_LIMITS.get(metric, stats.SPIKE_SIZE_LIMIT), 2 * ref.largest_spike)
+    limit = max(tol.spike_limit, 2 * ref.largest_spike)
     sizes = [s.excess / ref.level for s in found]
     largest = max(range(len(found)), key=lambda i: sizes[i], default=None)
     passed = len(found) <= allowed and (largest is None or sizes[largest] <= limit)
@@ -408,7 +407,7 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
         raw = candidate[metric]
         cand, found = despiked(raw, ref.tolerance)  # spikes are judged as events, the rest without them
         verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref)]
-        verdicts += [spikes(metric, raw, found, ref)] if ref.tolerance.spikes else []
+        verdicts += [spikes(metric, raw, found, ref)] if ref.tolerance.spike_limit is not None else []
     frozen = liveness(candidate, baseline, metrics)
     verdicts += [frozen] if frozen else []
     verdicts += _sanity_against(candidate, baseline, metrics)

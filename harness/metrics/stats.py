@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from harness.errors import BadInput
-from harness.metrics.keys import GRAD_NORM
 
 # Fewer runs than this give no spread across runs (the median centre needs 3): below it the noise model carries
 # the verdict alone (1 run) or mostly (2 runs).
@@ -262,14 +261,8 @@ TRIM = 0.2
 # A spike larger than this many times the metric's level (the golden's median |centre|, or its noise SD or band
 # floor where that is larger) fails even when the golden's runs spiked less: clean RL runs spike 3-10x their
 # median (issue 31), a broken update by orders of magnitude (NeMo-RL: 1e6-3e9). A golden whose own runs spiked
-# larger allows twice its largest.
+# larger allows twice its largest. The default of CurveTolerance.spike_limit, which each metric may set.
 SPIKE_SIZE_LIMIT = 20.0
-# Except the gradient norm, which verl logs before clipping (actor.grad_clip bounds the update it feeds): clean
-# warm-started lab runs spiked to 51x (--init-seed 0, warm start 150; one of 20 seeds) and 239x (gbs 32, warm start
-# 150; one of 40), and a 20x limit flagged 9 of 90 clean one-run comparisons on one such seed. Its limit sits at the
-# geometric middle of the largest clean spike seen (239x) and the smallest of those NeMo-RL reports from MoE runs
-# without routing replay (1e6x).
-SPIKE_SIZE_LIMITS = {GRAD_NORM: 1e4}
 # Spike counts follow a Poisson rate per step; the golden's k spikes in T run-steps give it a Gamma(k + 1/2, T)
 # posterior (Jeffreys prior), and a candidate of t steps a negative-binomial predictive count.
 SPIKE_PRIOR = 0.5
