@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.config import recipe as recipe_module
 from harness.config.hardware import module_exists
 from harness.config.models import DEEPSEEK_V3
-from harness.config.recipe import HCCL_BUFFSIZE_MB, VERL_VERSION, Recipe, dapo_recipe, validate_recipe
+from harness.config.recipe import HCCL_BUFFSIZE_MB, Recipe, dapo_recipe, installed_verl, validate_recipe
 from harness.config.scales import SCALES, get_scale
 
 
@@ -34,7 +34,7 @@ def test_plan_full_a3_json(capsys):
     assert (doc["devices"], doc["cards"], doc["nodes"]) == (256, 128, 16)
     assert doc["plan"]["train"]["stage_layers"] == [6, 8, 8, 8, 8, 8, 8, 7]
     assert doc["validated_against_verl"] is None, "plan answers at once; the schema check is opt-in"
-    assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == VERL_VERSION
+    assert doc["entrypoint"] == "verl.trainer.main_ppo" and doc["verl_version"] == installed_verl()
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in doc["overrides"]
     assert doc["env"]["HCCL_BUFFSIZE"] == str(HCCL_BUFFSIZE_MB)
     # R3 stays off: both supported stacks block it (megatron-core 0.12.1; v0.20.2rc1's vLLM < 0.22 too)
@@ -79,14 +79,14 @@ def test_plan_text_ends_with_a_verdict(capsys):
     code, out, _ = _run(capsys, "plan", "--scale", "full-a2-gbs128", "--validate")
     assert code == 0
     assert "TP8 PP16 EP16 ETP1" in out and "rollout TP8 DP8 EP64" in out
-    assert out.strip().splitlines()[-1] == f"plan valid; verl {VERL_VERSION} accepts the overrides"
+    assert out.strip().splitlines()[-1] == f"plan valid; verl {installed_verl()} accepts the overrides"
 
 
 def test_plan_says_when_it_did_not_validate(capsys):
     code, out, _ = _run(capsys, "plan", "--scale", "full-a2-gbs128")
     assert code == 0
     assert out.strip().splitlines()[-1] == \
-        f"plan valid; overrides not checked against verl {VERL_VERSION}'s schema (--validate does, ~20 s)"
+        f"plan valid; overrides not checked against verl {installed_verl()}'s schema (--validate does, ~20 s)"
 
 
 def test_plan_imports_no_verl_unless_validating():

@@ -280,6 +280,7 @@ def test_a_stored_tolerance_keeps_its_metrics_spike_policy(tmp_path):
     assert CurveTolerance.from_json({"band_atol": 0.02}, "g.json", clipfrac).spike_limit is None
     assert CurveTolerance.from_json({"band_atol": 0.5, "spikes": True}, "g.json", GRAD_NORM).spike_limit == 1e4
     assert CurveTolerance.from_json({"band_atol": 0.5, "spikes": False}, "g.json", GRAD_NORM).spike_limit is None
+    assert CurveTolerance.from_json({"band_atol": 0.02, "spikes": True}, "g.json", clipfrac).spike_limit == 20
     assert CurveTolerance.from_json({"band_atol": 0.5, "spike_limit": None}, "g.json", REWARD).spike_limit is None
     with pytest.raises(BadInput, match="spike_limit"):
         CurveTolerance.from_json({"band_atol": 0.5, "spike_limit": 0.5}, "g.json", REWARD)

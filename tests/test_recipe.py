@@ -233,6 +233,12 @@ def test_any_verl_release_is_judged_by_its_own_config(monkeypatch):
     with pytest.raises(BadInput, match=r"^verl is not installed; .*pip install --no-deps verl==0\.9\.1") as err:
         installed_verl()
     assert "\n" not in str(err.value) and installed_verl(missing_ok=True) is None
+    # `plan --verl 0.9.0` judges that release's shipped schema with no verl installed: its refusal names that release
+    from omegaconf import OmegaConf
+
+    with pytest.raises(RecipeError, match=r"a\.b does not resolve in verl 0\.9\.0's config"):
+        recipe_module._resolve(Recipe(scale="tiny", entrypoint="e", overrides=()),
+                               OmegaConf.create({"a": {"b": "${x}"}}), "0.9.0")
 
 
 def test_missing_entrypoint_module_is_rejected():

@@ -78,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if validate:
         # Progress on stderr: stdout carries the JSON / command line.
         with output_console(stderr=True).status(f"validating the {scale.name} overrides in verl {verl}'s config"):
-            if args.verl and args.verl != installed:
+            if args.verl and args.verl not in (installed, (installed or "").split("+")[0]):  # 0.9.1+ascend is 0.9.1
                 recipes.validate_against(recipe, args.verl)  # that verl's shipped schema, fetched once and cached
             else:
                 check_recipe(recipe)  # RecipeError is a BadInput: one line naming the key, exit 2 (cached)

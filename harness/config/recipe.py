@@ -394,8 +394,8 @@ def _verl_config_dir() -> str:
         return str(with_metadata)
     spec = importlib.util.find_spec("verl.trainer.config")
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput("verl.trainer.config not found in the installed verl; reinstall verl "
-                       f"{VERL_VERSION} (pip install --no-deps verl=={VERL_VERSION})")
+        raise BadInput(f"verl.trainer.config not found in the installed verl {installed_verl()}; reinstall it "
+                       f"(the CPU tier's: pip install --no-deps verl=={VERL_VERSION})")
     return list(spec.submodule_search_locations)[0]
 
 
@@ -697,7 +697,7 @@ def _hydra_overrides(recipe: Recipe) -> tuple[str, ...]:
                  for o in recipe.overrides)
 
 
-def _resolve(recipe: Recipe, config) -> None:
+def _resolve(recipe: Recipe, config, version: str) -> None:
     """Resolve every interpolation as verl does when it converts the config: a dangling `${...}` fails here."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -707,7 +707,7 @@ def _resolve(recipe: Recipe, config) -> None:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or _override_for(recipe, str(exc))
         raise RecipeError(f"recipe {recipe.scale}: {key or 'an interpolation'} does not resolve in verl "
-                          f"{installed_verl()}'s config: {_first_line(exc)}", key=key) from None
+                          f"{version}'s config: {_first_line(exc)}", key=key) from None
 
 
 def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
@@ -718,7 +718,7 @@ def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
     check_placeholders(recipe)
     recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
     check_keys(recipe)
-    _resolve(recipe, compose(recipe))
+    _resolve(recipe, compose(recipe), installed_verl())
 
 
 @functools.lru_cache(maxsize=32)
@@ -731,7 +731,7 @@ def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
     check_keys(recipe)
     config = compose(recipe)
-    _resolve(recipe, config)
+    _resolve(recipe, config, installed_verl())
 
     import contextlib
     import io
@@ -867,4 +867,4 @@ def validate_against(recipe: Recipe, version: str) -> None:
     if unknown:
         raise RecipeError(f"recipe {recipe.scale}: {len(unknown)} key(s) not in verl {version}'s config: "
                           + "; ".join(unknown), key=unknown[0].split(" ")[0])
-    _resolve(dataclasses.replace(recipe, overrides=tuple(overrides)), composed(overrides))
+    _resolve(dataclasses.replace(recipe, overrides=tuple(overrides)), composed(overrides), version)

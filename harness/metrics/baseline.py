@@ -149,7 +149,7 @@ class CurveTolerance:
             judged = doc.pop("spikes")
             if type(judged) is not bool:
                 raise BadInput(f"{where}: tolerance spikes {judged!r}: use true or false")
-            doc["spike_limit"] = known_metric.spike_limit if judged else None
+            doc["spike_limit"] = (known_metric.spike_limit or stats.SPIKE_SIZE_LIMIT) if judged else None
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(doc) - known)
         if unknown or "band_atol" not in doc:
