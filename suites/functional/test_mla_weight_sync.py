@@ -128,7 +128,7 @@ def test_amx_mla_weight_sync(vllm_cpu, pytestconfig, mla_spec, mla_weights, mla_
 
     case = amx_weight_sync_case(has_amx())
     if isinstance(case, str):
-        skip_or_fail(pytestconfig, case)
+        skip_or_fail(pytestconfig, case, strict=False)  # no --hardware choice promises AMX
     choice = chosen_backend("default")  # AMX_MLA in bf16: it rejects fp32 weights at build, before any sync
     with VLLMEngine(mla_spec, mla_model_dirs[0], backend=choice.backend, dtype=getattr(torch, choice.dtype)) as engine:
         engine.load_weights(mla_weights[1].items())

@@ -54,10 +54,10 @@ def vllm_wakes_here(engine_kind, detected_hardware, level: int, config: pytest.C
     if not vllm_on_cpu(engine_kind, detected_hardware):
         return
     if config.getoption("platform_stub") != "npu":
-        skip_or_fail(config, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+        skip_or_fail(config, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)", strict=False)
     elif level != platform_facts("npu").sleep_level:  # not a case of the stubbed platform: no real NPU to run it
         skip_or_fail(config, f"an NPU for level {level} (--platform-stub npu stands in verl 0.9.1's vllm-ascend sleep, "
-                             f"level {platform_facts('npu').sleep_level} only)")
+                             f"level {platform_facts('npu').sleep_level} only)", strict=False)
 
 
 def run_sleeping(engine_kind, detected_hardware, fn, *args):
@@ -128,7 +128,7 @@ def needs_sleep(config: pytest.Config, run: dict) -> None:
 def test_sleep_returns_memory_to_preload_level(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
                                                record_property, expect):
     if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)")
+        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)", strict=False)
     run = run_sleeping(engine_kind, detected_hardware, measure_sleep, level, engine_dtype,
                        torch_device_types(detected_hardware))
     needs_sleep(pytestconfig, run)
