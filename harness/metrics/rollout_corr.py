@@ -105,6 +105,7 @@ class RolloutCorrection:
     precision: str
     verdicts: tuple[CurveVerdict, ...]
     missing: tuple[str, ...] = ()
+    not_judged: str = ""  # why nothing was judged: what the run would need (truncated_sampling)
 
     @property
     def failures(self) -> tuple[CurveVerdict, ...]:
@@ -120,7 +121,9 @@ class RolloutCorrection:
         lines = [head, *(v.message() for v in self.failures)]
         if self.missing:
             lines.append(f"missing {len(self.missing)} metric(s) the run must log: {', '.join(self.missing)}")
-        if not self.verdicts:
+        if self.not_judged:
+            lines.append(f"not judged: it needs {self.not_judged}")
+        elif not self.verdicts:
             lines.append("no rollout-correction metric logged: nothing was judged")
         return "\n".join(lines)
 
@@ -137,6 +140,13 @@ def check_rollout_correction(run: Run, precision: str | None = None) -> RolloutC
     when not given; bf16, the wider bands, when unknown). The mismatch metrics verl always logs must be there; the
     IS / RS keys must be there when the config turns them on, and are judged whenever logged."""
     precision = precision or run_precision(run) or "bf16"
+    truncated = truncated_sampling(run)
+    if truncated:
+        return RolloutCorrection(run=run.name, precision=precision, verdicts=(), not_judged=(
+            f"a rollout that samples the full softmax; this run samples with {truncated}, so vLLM's logprobs are the "
+            "truncated distribution's (verl 0.9.1 workers/config/rollout.py: logprobs_mode 'processed_logprobs') "
+            "and the actor's the full one's, and every mismatch metric sits far outside its band on a clean run; "
+            "training/rollout_probs_diff_mean is judged against your golden's band by the curve verdict"))
     limits = ROLLOUT_CORR_BANDS[precision]
     missing = [lim.metric for lim in limits if lim.metric not in run]
     verdicts = [_verdict(lim, run) for lim in limits if lim.metric in run]
@@ -148,6 +158,24 @@ def check_rollout_correction(run: Run, precision: str | None = None) -> RolloutC
         elif enabled[kind]:
             missing.append(lim.metric)
     return RolloutCorrection(run=run.name, precision=precision, verdicts=tuple(verdicts), missing=tuple(missing))
+
+
+def truncated_sampling(run: Run) -> str | None:
+    """How the run's rollout truncates the sampling distribution ("top_p 0.9, top_k 50"), from its verl config
+    (actor_rollout_ref.rollout.top_p < 1, top_k > 0; verl 0.9.1 trainer/config/rollout/rollout.yaml defaults: 1 and
+    -1, off), or None. Found on seed 002's cann-recipes-train script: its clean runs' probs_diff_mean sat at
+    0.02-0.08 against fp32's 1e-5 band, and a CPU night on it failed this verdict on every run."""
+    config = run.meta.extra.get("config")
+    rollout = ((config or {}).get("actor_rollout_ref") or {}).get("rollout") if isinstance(config, dict) else None
+    if not isinstance(rollout, dict):
+        return None
+    top_p, top_k = rollout.get("top_p"), rollout.get("top_k")
+    parts = []
+    if isinstance(top_p, (int, float)) and not isinstance(top_p, bool) and top_p < 1:
+        parts.append(f"top_p {top_p:g}")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > 0:
+        parts.append(f"top_k {top_k}")
+    return ", ".join(parts) or None
 
 
 def _verdict(limit: SanityLimit, run: Run) -> CurveVerdict:

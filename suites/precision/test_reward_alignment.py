@@ -22,6 +22,7 @@ import dataclasses
 
 import pytest
 
+from harness.markers import skip_or_fail
 from harness.metrics import curves, rollout_corr
 
 TIERS = [pytest.param("tiny", marks=[pytest.mark.tiny, pytest.mark.cpu], id="tiny"),
@@ -56,10 +57,13 @@ def test_reward_curve_aligns_with_baseline(tier, dapo_run, request, pytestconfig
 
 
 @pytest.mark.parametrize("tier", TIERS)
-def test_rollout_correction_within_bands(tier, dapo_run, record_property, expect):
+def test_rollout_correction_within_bands(tier, dapo_run, record_property, expect, pytestconfig):
     """Every step's rollout/training mismatch within the run's precision band (MoE route flips, stale weights and
-    other rollout faults move these by orders of magnitude at once)."""
+    other rollout faults move these by orders of magnitude at once). A job that truncates sampling (top_p, top_k)
+    puts them outside on every clean run: skipped, saying so, under --strict-hardware too."""
     result = rollout_corr.check_rollout_correction(dapo_run)
+    if result.not_judged:
+        skip_or_fail(pytestconfig, result.not_judged, strict=False)
     record_property("rollout_corr.verdicts", result.to_json())
     record_property("rollout_corr.precision", result.precision)
     expect(result)
