@@ -638,6 +638,13 @@ def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
     assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
                      "--tolerance", f"{metric}:nope=1"]) == 2
     assert "--tolerance" in capsys.readouterr().err
+    # a spike limit, or none judged (a share's): the one tolerance field that takes "none"
+    for value, limit in (("50", 50.0), ("none", None)):
+        assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                         "--tolerance", f"{metric}:spike_limit={value}"]) == 0
+        assert load_baseline(golden).metrics[metric].tolerance.spike_limit == limit
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                     "--tolerance", f"{metric}:band_atol=none"]) == 2
 
 
 def test_a_verl_nightly_summary_is_judged_not_just_reported(tmp_path):

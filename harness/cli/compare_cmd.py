@@ -152,28 +152,31 @@ def _tolerances(specs) -> dict:
 
     from harness.metrics.baseline import CurveTolerance, default_tolerance
 
-    numeric = {f.name for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int")}
+    kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int", "float | None")}
     out = {}
     for spec in specs:
         metric, _, fields = spec.rpartition(":")
         try:
             pairs = dict(item.split("=", 1) for item in fields.split(","))
-            if not metric or not pairs.keys() <= numeric:
+            if not metric or not pairs.keys() <= kinds.keys():
                 raise ValueError
-            values = {k: _tolerance_value(type(getattr(default_tolerance(metric), k)), v) for k, v in pairs.items()}
+            values = {k: _tolerance_value(kinds[k], v) for k, v in pairs.items()}
+            out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
         except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
-                           f"{', '.join(sorted(numeric))}") from None
-        out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
+                           f"{', '.join(sorted(kinds))} (spike_limit=none: no spike judged)") from None
     return out
 
 
-def _tolerance_value(kind: type, text: str) -> int | float:
-    """A --tolerance field's value as its field's type; a non-finite or fractional integer is no value."""
+def _tolerance_value(kind: str, text: str) -> int | float | None:
+    """A --tolerance field's value as its field's type ("none" where the field takes None: a share's spike_limit);
+    a non-finite or fractional integer is no value."""
+    if kind == "float | None" and text.strip().lower() in ("none", "null"):
+        return None
     value = float(text)
-    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+    if not math.isfinite(value) or (kind == "int" and not value.is_integer()):
         raise ValueError(text)
-    return kind(value)
+    return int(value) if kind == "int" else value
 
 
 def cmd_baseline_record(args: argparse.Namespace) -> int:
