@@ -63,8 +63,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.strict and job.ignored:
         from harness.errors import BadInput
 
-        verl = installed_verl(missing_ok=True) or VERL_VERSION
-        raise BadInput(f"--strict: {job.user.source}: verl {verl}'s main_ppo ignores "
+        raise BadInput(f"--strict: {job.user.source}: verl {recipes.verl_release()}'s main_ppo ignores "
                        f"{len(job.ignored)} key(s): {'; '.join(job.ignored)}")
     if job.plan_error and args.format == "verl-cli":
         # no runnable command line exists for a plan megatron-core cannot run
@@ -183,7 +182,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
     from rich.markup import escape
 
     from harness.cli.output import console as output_console
-    from harness.config.recipe import VERL_VERSION, installed_verl
+    from harness.config.recipe import verl_release
     from harness.redact import one_line
 
     scale = job.scale
@@ -239,7 +238,7 @@ def _print_plan(job, doc: dict, validate: bool, explain: bool = False, verl: str
         for item in memory["not_modelled"]:
             console.print(f"  memory does not model: {item}", markup=False, soft_wrap=True)
     _print_prediction(console, doc["prediction"], explain)
-    verl = verl or installed_verl(missing_ok=True) or VERL_VERSION
+    verl = verl or verl_release()
     checked = (f"verl {verl} accepts the overrides" if validate else
                f"overrides not checked against verl {verl}'s schema (--validate does, ~20 s)")
     if job.plan_error:

@@ -192,8 +192,7 @@ def _build(scale: Scale, user: UserRecipe | None, *, model_path: str | None, dat
     warnings = _changes(values, origins, scale.name) if script else ()
     ignored = ignored_keys(merged.entrypoint, user_keys)
     if ignored:
-        verl = recipes.installed_verl(missing_ok=True) or recipes.VERL_VERSION
-        notes.append(f"verl {verl}'s main_ppo ignores {len(ignored)} legacy key(s) (only its "
+        notes.append(f"verl {recipes.verl_release()}'s main_ppo ignores {len(ignored)} legacy key(s) (only its "
                      f"fully_async_main migrates them): {'; '.join(ignored)}")
     recipe = translate_legacy(merged, values, notes)
     for key in recipe.override_map():

@@ -351,7 +351,7 @@ def plan_document(scale: Scale, *, model_path: str | None = None, data_dir: str 
         "plan": dataclasses.asdict(scale.plan),
         "batch": scale.batch.resolved(),
         "targets": dataclasses.asdict(scale.targets),
-        "verl_version": installed_verl(missing_ok=True) or VERL_VERSION,  # the verl that runs it, where installed
+        "verl_version": verl_release(),
         "entrypoint": recipe.entrypoint,
         "overrides": list(recipe.overrides),
         "env": dict(recipe.env),
@@ -385,6 +385,12 @@ def installed_verl(missing_ok: bool = False) -> str | None:
             return None
         raise BadInput(f"verl is not installed; the harness's tier runs verl {VERL_VERSION}: "
                        f"pip install --no-deps verl=={VERL_VERSION} (see requirements/cpu.txt)") from None
+
+
+def verl_release() -> str:
+    """The verl a job's documents and messages name: the installed one, else the release the built-in recipes were
+    written for (`plan` answers without verl installed)."""
+    return installed_verl(missing_ok=True) or VERL_VERSION
 
 
 def _verl_config_dir() -> str:
@@ -714,24 +720,24 @@ def check_user_overrides(source: str, overrides: tuple[str, ...]) -> None:
     """What `doctor --recipe` checks of a user's own overrides (no scale, so no whole job to run verl's validate_config
     on): the placeholders, the keys verl's config has, composition and interpolations -- `launch`'s checks."""
     recipe = Recipe(scale=source, entrypoint=ENTRYPOINT, overrides=tuple(overrides))
-    installed_verl()
+    version = installed_verl()
     check_placeholders(recipe)
     recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
     check_keys(recipe)
-    _resolve(recipe, compose(recipe), installed_verl())
+    _resolve(recipe, compose(recipe), version)
 
 
 @functools.lru_cache(maxsize=32)
 def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
     recipe = Recipe(scale=scale, entrypoint=entrypoint, overrides=overrides)
-    installed_verl()
+    version = installed_verl()
     check_placeholders(recipe)
     if not module_exists(entrypoint):
         raise BadInput(f"recipe {scale}: entrypoint module {entrypoint} is not in the installed verl")
     recipe = dataclasses.replace(recipe, overrides=_hydra_overrides(recipe))
     check_keys(recipe)
     config = compose(recipe)
-    _resolve(recipe, config, installed_verl())
+    _resolve(recipe, config, version)
 
     import contextlib
     import io
@@ -762,7 +768,7 @@ def _validated(scale: str, entrypoint: str, overrides: tuple[str, ...]):
             where_section = full_key.group(1) if full_key else section
             key = _override_for(recipe, str(exc), where_section)
             where = f"override {key!r}" if key else f"section {where_section or 'verl validate_config'}"
-            raise RecipeError(f"recipe {scale}: {where} rejected by verl {installed_verl()}: {_first_line(exc)}",
+            raise RecipeError(f"recipe {scale}: {where} rejected by verl {version}: {_first_line(exc)}",
                               key=key) from None
     _check_types(recipe, config)
     _check_choices(recipe, config)

@@ -144,19 +144,20 @@ class CurveTolerance:
         if not isinstance(doc, dict):
             raise BadInput(f"{where}: tolerance must be an object, got {type(doc).__name__}")
         doc = dict(doc)
-        known_metric = DEFAULT_TOLERANCES.get(metric) or EXTRA_TOLERANCES.get(metric) or cls(band_atol=0.0)
+        known_metric = DEFAULT_TOLERANCES.get(metric) or EXTRA_TOLERANCES.get(metric)
+        limit = known_metric.spike_limit if known_metric else stats.SPIKE_SIZE_LIMIT
         if "spikes" in doc and "spike_limit" not in doc:
             judged = doc.pop("spikes")
             if type(judged) is not bool:
                 raise BadInput(f"{where}: tolerance spikes {judged!r}: use true or false")
-            doc["spike_limit"] = (known_metric.spike_limit or stats.SPIKE_SIZE_LIMIT) if judged else None
+            doc["spike_limit"] = (limit or stats.SPIKE_SIZE_LIMIT) if judged else None
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(doc) - known)
         if unknown or "band_atol" not in doc:
             raise BadInput(f"{where}: tolerance keys {unknown or ['band_atol (missing)']} are not "
                            f"{', '.join(sorted(known))}")
         full = {**{f.name: f.default for f in dataclasses.fields(cls) if f.name != "band_atol"},
-                "spike_limit": known_metric.spike_limit, **doc}
+                "spike_limit": limit, **doc}
         cls.validate(full, where)
         return cls(**{**full, "window": tuple(full["window"])})
 
@@ -476,19 +477,20 @@ ALGORITHM_KEYS = (
 )
 
 
+def config_value(run: Run, key: str):
+    """The dotted key's scalar in the run's resolved verl config (meta.json "config"); None where it has none."""
+    node = run.meta.extra.get("config")
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return None if isinstance(node, (dict, list)) else node
+
+
 def algorithm_config(run: Run) -> dict[str, object] | None:
     """ALGORITHM_KEYS -> value in the run's resolved verl config (keys it lacks left out); None without a config."""
-    config = run.meta.extra.get("config")
-    if not isinstance(config, dict):
+    if not isinstance(run.meta.extra.get("config"), dict):
         return None
-    out = {}
-    for key in ALGORITHM_KEYS:
-        node = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and not isinstance(node, (dict, list)):
-            out[key] = node
-    return out
+    values = {key: config_value(run, key) for key in ALGORITHM_KEYS}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def run_seed(run: Run) -> int | None:

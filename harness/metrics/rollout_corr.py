@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from harness.findings import Finding
-from harness.metrics.baseline import SanityLimit, run_precision
+from harness.metrics.baseline import SanityLimit, config_value, run_precision
 from harness.metrics.curves import CurveVerdict, sanity
 from harness.metrics.keys import (
     ROLLOUT_CORR_CHI2_TOKEN,
@@ -165,11 +165,8 @@ def truncated_sampling(run: Run) -> str | None:
     (actor_rollout_ref.rollout.top_p < 1, top_k > 0; verl 0.9.1 trainer/config/rollout/rollout.yaml defaults: 1 and
     -1, off), or None. Found on seed 002's cann-recipes-train script: its clean runs' probs_diff_mean sat at
     0.02-0.08 against fp32's 1e-5 band, and a CPU night on it failed this verdict on every run."""
-    config = run.meta.extra.get("config")
-    rollout = ((config or {}).get("actor_rollout_ref") or {}).get("rollout") if isinstance(config, dict) else None
-    if not isinstance(rollout, dict):
-        return None
-    top_p, top_k = rollout.get("top_p"), rollout.get("top_k")
+    top_p = config_value(run, "actor_rollout_ref.rollout.top_p")
+    top_k = config_value(run, "actor_rollout_ref.rollout.top_k")
     parts = []
     if isinstance(top_p, (int, float)) and not isinstance(top_p, bool) and top_p < 1:
         parts.append(f"top_p {top_p:g}")

@@ -42,6 +42,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("level", levels, ids=[f"level{lv}" for lv in levels])
 
 
+NO_SLEEP_ON_CPU = "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)"
+
+
 def vllm_on_cpu(engine_kind, detected_hardware) -> bool:
     """vLLM on CPU has no sleep mode (harness.engines.vllm enables it on GPU/NPU only): known before a 30 s start."""
     return engine_kind.name.startswith("vllm") and platform_facts(detected_hardware.kind).sleep_level is None
@@ -54,7 +57,7 @@ def vllm_wakes_here(engine_kind, detected_hardware, level: int, config: pytest.C
     if not vllm_on_cpu(engine_kind, detected_hardware):
         return
     if config.getoption("platform_stub") != "npu":
-        skip_or_fail(config, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)", strict=False)
+        skip_or_fail(config, NO_SLEEP_ON_CPU, strict=False)
     elif level != platform_facts("npu").sleep_level:  # not a case of the stubbed platform: no real NPU to run it
         skip_or_fail(config, f"an NPU for level {level} (--platform-stub npu stands in verl 0.9.1's vllm-ascend sleep, "
                              f"level {platform_facts('npu').sleep_level} only)", strict=False)
@@ -128,7 +131,7 @@ def needs_sleep(config: pytest.Config, run: dict) -> None:
 def test_sleep_returns_memory_to_preload_level(engine_kind, level, engine_dtype, detected_hardware, pytestconfig,
                                                record_property, expect):
     if vllm_on_cpu(engine_kind, detected_hardware):
-        skip_or_fail(pytestconfig, "a GPU/NPU for vLLM's sleep mode (vLLM CPU 0.32 has none)", strict=False)
+        skip_or_fail(pytestconfig, NO_SLEEP_ON_CPU, strict=False)
     run = run_sleeping(engine_kind, detected_hardware, measure_sleep, level, engine_dtype,
                        torch_device_types(detected_hardware))
     needs_sleep(pytestconfig, run)
