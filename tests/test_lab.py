@@ -114,7 +114,7 @@ def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
     from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig
 
-    from harness.lab.config import FAULT_FROM_STEP
+    from harness.config.cpu_tier import FAULT_FROM_STEP
     from harness.lab.loop import _patched
 
     saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step

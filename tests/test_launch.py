@@ -97,6 +97,11 @@ def test_tiny_job_is_verls_main_ppo_on_cpu(tmp_path):
     assert ".venv" in env["excludes"] and env["working_dir"]
     faulty = job_for_scale(scale, tmp_path / "bad", steps=3, fault="stale-absorbed")
     assert faulty.env["HARNESS_ROLLOUT_FAULT"] == "stale-absorbed" and "--fault stale-absorbed" in faulty.entrypoint
+    # a fault patched into verl's code reaches every verl process by the environment; verl's command line and
+    # resolved config stay the clean run's, so only the curves can tell (harness.launch.verl_faults.patch_trainer)
+    patched = job_for_scale(scale, tmp_path / "run", steps=3, seed=7, fault="frozen-optimizer")
+    assert patched.env["HARNESS_TRAINER_PATCH"] == "frozen-optimizer"
+    assert patched.entrypoint.split(" && ")[1] == verl
     with pytest.raises(BadInput, match="--fault"):
         job_for_scale(scale, tmp_path / "bad2", fault="no-such-fault")
     with pytest.raises(BadInput, match="only into the tiny"):

@@ -62,3 +62,93 @@ def test_every_estimator_a_trainer_fault_names_is_registered():
              if o.startswith("algorithm.adv_estimator=")}
     assert named == {verl_faults.ZERO, verl_faults.FLIPPED, verl_faults.SMALL, verl_faults.NO_BASELINE}
     assert named <= set(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+@pytest.fixture
+def registries():
+    """verl's estimator and policy-loss registries, restored after a test patches them."""
+    saved = dict(core_algos.ADV_ESTIMATOR_REGISTRY), dict(core_algos.POLICY_LOSS_REGISTRY)
+    yield
+    for registry, entries in zip((core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.POLICY_LOSS_REGISTRY), saved):
+        registry.clear()
+        registry.update(entries)
+
+
+def _worker_module():
+    """A module holding a TrainingWorker as `patch_trainer` sees verl's (workers/engine_workers.py): an engine with
+    an optimizer, and `train_mini_batch` stepping it once per mini-batch (two here) on the loss verl's policy-loss
+    registry gives, as workers/utils/losses.py `ppo_loss` does."""
+    from types import SimpleNamespace
+
+    from verl.workers.config import ActorConfig
+
+    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=2)
+
+    class TrainingWorker:
+        def __init__(self):
+            self.logp = torch.zeros(2, 1, requires_grad=True)
+            self.engine = SimpleNamespace(optimizer=torch.optim.AdamW([self.logp], lr=0.1))
+
+        def train_mini_batch(self):
+            losses, moved = [], []
+            for _ in range(2):
+                loss, _ = core_algos.get_policy_loss_fn("vanilla")(
+                    self.logp.detach(), self.logp, torch.tensor([[1.0], [0.5]]), torch.ones(2, 1),
+                    loss_agg_mode="token-mean", config=config)
+                loss.backward()
+                before = self.logp.detach().clone()
+                self.engine.optimizer.step()
+                self.engine.optimizer.zero_grad()
+                losses.append(float(loss.detach()))
+                moved.append(not torch.equal(before, self.logp))
+            return losses, moved
+
+    return SimpleNamespace(TrainingWorker=TrainingWorker)
+
+
+@pytest.mark.parametrize("fault", cpu_tier.PATCHED_FAULTS)
+def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, batch):
+    """A fault patched into verl's code (the real-trainer self-test of a run that stops learning, whichever part
+    stops it) is healthy for FAULT_FROM_STEP steps, then does what it says and nothing else: the advantages verl's
+    registry computes are 0, or the policy loss it returns is 0, or the actor's optimizer skips every step, or
+    every other one. Patching twice acts once (every verl import runs it). Seeded: an onset off by a step, a
+    fault acting on another part, or a double patch (half-updates skipping 3 of 4) fails."""
+    module, imported = _worker_module(), []
+
+    def after_import(name, patch):
+        imported.append(name)
+        patch(module)
+
+    for _ in range(2):
+        verl_faults.patch_trainer(fault, after_import)
+    assert set(imported) <= {"verl.workers.engine_workers"}
+    rewards, mask, index, _ = batch
+    worker, seen = module.TrainingWorker(), []
+    for _ in range(cpu_tier.FAULT_FROM_STEP + 2):
+        advantages, _ = core_algos.get_adv_estimator_fn("grpo")(token_level_rewards=rewards, response_mask=mask,
+                                                                 index=index, config=None)
+        losses, moved = worker.train_mini_batch()
+        seen.append((bool(advantages.any()), all(loss != 0 for loss in losses), moved))
+    healthy = (True, True, [True, True])
+    live = {"zero-advantage": (False, True, [True, True]), "dead-loss": (True, False, [True, True]),
+            "frozen-optimizer": (True, True, [False, False]), "half-updates": (True, True, [False, True])}[fault]
+    assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + [live] * 2, seen
+
+
+def test_the_patched_sites_are_where_verl_runs_them(monkeypatch):
+    """What `patch_trainer` relies on, read from the installed verl: the actor's update is one
+    `TrainingWorker.train_mini_batch` call per step, its optimizer is the engine's, and the loss looks its policy
+    loss up by name at call time. A verl that moved them would leave a patched fault silently inert."""
+    import inspect
+
+    from verl.workers import engine_workers
+    from verl.workers.utils import losses
+
+    assert "self.actor.train_mini_batch(" in inspect.getsource(engine_workers.ActorRolloutRefWorker.update_actor)
+    assert "self.engine" in inspect.getsource(engine_workers.TrainingWorker.train_mini_batch)
+    assert "get_policy_loss_fn(" in inspect.getsource(losses.ppo_loss)
+    monkeypatch.delenv(cpu_tier.TRAINER_PATCH_ENV, raising=False)
+    assert verl_faults.trainer_patch() is None
+    monkeypatch.setenv(cpu_tier.TRAINER_PATCH_ENV, "frozen-optimiser")
+    with pytest.raises(ValueError, match="HARNESS_TRAINER_PATCH='frozen-optimiser': use one of zero-advantage"):
+        verl_faults.trainer_patch()

@@ -42,6 +42,13 @@ REWARD_FUNCTION = "compute_score"
 # Seeded rollout faults the worker extension injects (read in vLLM's worker process): harness.launch.verl_rollout.
 ROLLOUT_FAULT_ENV = "HARNESS_ROLLOUT_FAULT"
 ROLLOUT_FAULTS = ("stale-absorbed", "frozen-rollout")
+# Seeded trainer faults patched into verl's own code in every verl process (harness.launch.verl_faults
+# `patch_trainer`, read from this variable): the resolved config is the clean run's, so only the curves can tell.
+# The lab's names and onset (harness.lab.config FAULTS): a run that learns, then stops, whichever
+# part stops it, and one that learns at half speed.
+TRAINER_PATCH_ENV = "HARNESS_TRAINER_PATCH"
+PATCHED_FAULTS = ("zero-advantage", "dead-loss", "frozen-optimizer", "half-updates")
+FAULT_FROM_STEP = 3  # healthy steps before a trainer fault starts (the lab's and the tiny verl run's)
 # Seeded algorithmic regressions (harness.launch.verl_faults): verl overrides appended after the recipe's (the last
 # value of a key wins in Hydra). What an upgrade that silently changes the algorithm does to a real run.
 TRAINER_FAULTS: dict[str, tuple[str, ...]] = {

@@ -18,8 +18,8 @@ class LabFault:
     trainer_fault: str | None = None  # patched into the trainer's code from step FAULT_FROM_STEP on (loop._patched)
 
 
-# The trainer faults start after this many healthy steps: a run that learns, then stops (issue 43's class).
-FAULT_FROM_STEP = 3
+# The trainer faults start after harness.config.cpu_tier.FAULT_FROM_STEP healthy steps: a run that learns, then
+# stops (issue 43's class).
 
 
 FAULTS: dict[str, LabFault] = {

@@ -190,7 +190,7 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         return
     from verl.trainer.ppo import core_algos
 
-    from harness.lab.config import FAULT_FROM_STEP
+    from harness.config.cpu_tier import FAULT_FROM_STEP
 
     steps = {"n": 0}  # optimizer steps taken, `updates_per_step` per lab step
     live = lambda: steps["n"] >= updates_per_step * FAULT_FROM_STEP  # noqa: E731

@@ -122,20 +122,22 @@ def job_options(run_dir: str | Path, *, steps: int = DEFAULT_STEPS, seed: int = 
                 python: str = "python") -> dict:
     """What the tiny scale's job adds to a scale's verl job (keywords of harness.launch.jobs.verl_job, plus the
     `model_path` / `data_dir` its recipe is built on): the run directory's own model and data, the seed everywhere,
-    the fault (a rollout fault through the vLLM worker extension's environment, a trainer fault as overrides), the
+    the fault (a rollout fault through the vLLM worker extension's environment, a configured trainer fault as
+    overrides, a patched one through the environment of every verl process), the
     host's kernel caps, and the preparation step that writes the inputs before verl starts. Plain data: this module
     knows no launcher, and the launcher knows nothing of it."""
-    from harness.config.cpu_tier import ROLLOUT_FAULT_ENV as FAULT_ENV
-    from harness.config.cpu_tier import ROLLOUT_FAULTS, TRAINER_FAULTS
     from harness.config.host import kernel_env
 
-    if fault is not None and fault not in (*ROLLOUT_FAULTS, *TRAINER_FAULTS):
-        raise BadInput(f"--fault {fault!r}: the tiny verl run injects {', '.join((*ROLLOUT_FAULTS, *TRAINER_FAULTS))}")
+    faults = (*cpu_tier.ROLLOUT_FAULTS, *cpu_tier.TRAINER_FAULTS, *cpu_tier.PATCHED_FAULTS)
+    if fault is not None and fault not in faults:
+        raise BadInput(f"--fault {fault!r}: the tiny verl run injects {', '.join(faults)}")
+    fault_env = {cpu_tier.ROLLOUT_FAULT_ENV: fault} if fault in cpu_tier.ROLLOUT_FAULTS else \
+        {cpu_tier.TRAINER_PATCH_ENV: fault} if fault in cpu_tier.PATCHED_FAULTS else {}
     run_dir = Path(run_dir).resolve()
     return {"model_path": str(model_dir(run_dir)), "data_dir": str(data_dir(run_dir)),
-            "extra_overrides": (*seed_overrides(seed), *TRAINER_FAULTS.get(fault, ())),
+            "extra_overrides": (*seed_overrides(seed), *cpu_tier.TRAINER_FAULTS.get(fault, ())),
             # HARNESS_CPU_ISA and the kernel caps reach every process of the job (harness.config.host)
-            "env": {**kernel_env(), **({FAULT_ENV: fault} if fault in ROLLOUT_FAULTS else {})},
+            "env": {**kernel_env(), **fault_env},
             "prelude": (tuple(prepare_argv(run_dir, seed=seed, steps=steps, fault=fault, python=python)),)}
 
 

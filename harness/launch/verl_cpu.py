@@ -266,10 +266,12 @@ def install() -> None:
     (idempotent); HARNESS_CPU_ISA takes effect here in every verl process, before vLLM CPU picks its kernel library
     (harness.config.host)."""
     from harness.config.host import apply_isa_mask
-    from harness.launch.verl_faults import register_estimators
+    from harness.launch.verl_faults import patch_trainer, register_estimators, trainer_patch
 
     apply_isa_mask()
     register_estimators()  # seeded regressions, selected only by `launch --fault`
+    if fault := trainer_patch():  # a seeded fault patched into verl's code: `launch --fault`, the job's env only
+        patch_trainer(fault, _patch_after_import)
     if not vllm_distribution_visible() and not any(isinstance(f, _VllmDistributionAlias) for f in sys.meta_path):
         sys.meta_path.append(_VllmDistributionAlias())
     _register_platform()

@@ -7,8 +7,15 @@ takes the last value of a key); what no override can do is registered here as a 
 that registry: trainer/ppo/ray_trainer.py `compute_advantage`, its `else` branch). harness.launch.verl_cpu
 registers them in every verl process of the CPU tier; they are selected only by `launch --fault`. Each wraps
 verl's own `compute_grpo_outcome_advantage` (verl 0.9.1 core_algos.py), so the fault is the only difference.
+
+`patch_trainer` patches the others into verl's own code instead (harness.config.cpu_tier.PATCHED_FAULTS, selected by
+TRAINER_PATCH_ENV in the job's environment): the run's settings and resolved config stay the clean run's, as a bug
+in an upgraded trainer would leave them, so only its curves can tell.
 """
 from __future__ import annotations
+
+import functools
+import os
 
 ZERO = "harness_zero_advantages"  # GRPO advantages times 0: the loss no longer carries any learning signal
 FLIPPED = "harness_flipped_advantages"  # GRPO advantages times -1: the policy learns to do worse
@@ -47,3 +54,105 @@ def register_estimators() -> None:
     for name, fn in estimators.items():
         if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(fn)
+
+
+def trainer_patch() -> str | None:
+    """The patched trainer fault this verl process runs (None: a clean trainer); an unknown name is refused."""
+    from harness.config.cpu_tier import PATCHED_FAULTS, TRAINER_PATCH_ENV
+
+    fault = os.environ.get(TRAINER_PATCH_ENV) or None
+    if fault is not None and fault not in PATCHED_FAULTS:
+        raise ValueError(f"{TRAINER_PATCH_ENV}={fault!r}: use one of {', '.join(PATCHED_FAULTS)}")
+    return fault
+
+
+class _Onset:
+    """Steps this process has trained or computed advantages for: a fault starts after FAULT_FROM_STEP healthy
+    steps (harness.config.cpu_tier), the run learning first and then stopping (the lab's onset)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    @property
+    def live(self) -> bool:
+        from harness.config.cpu_tier import FAULT_FROM_STEP
+
+        return self.steps >= FAULT_FROM_STEP
+
+
+def patch_trainer(fault: str, after_import) -> None:
+    """Patch `fault` into verl's code in this process (idempotent). Where verl 0.9.1 runs each part:
+    - zero-advantage: the driver's `compute_advantage` (trainer/ppo/ray_trainer.py) calls
+      `core_algos.get_adv_estimator_fn(name)`, a lookup in ADV_ESTIMATOR_REGISTRY at call time, once per step;
+      every registered estimator returns its advantages and returns times 0.
+    - dead-loss: the actor's loss (workers/utils/losses.py `ppo_loss`) looks its policy loss up the same way in
+      POLICY_LOSS_REGISTRY; every policy loss returns loss times 0 (its metrics untouched).
+    - frozen-optimizer / half-updates: the actor's optimizer (engine/fsdp/transformer_impl.py `optimizer_step`,
+      `self.optimizer.step()` after the grad clip) skips every step, or every other one; the grad norm is still
+      computed and logged.
+    The worker's steps are counted by `TrainingWorker.train_mini_batch` (workers/engine_workers.py), called once
+    per training step for the actor's update (`ActorRolloutRefWorker.update_actor`). `after_import(name, patch)`
+    runs `patch` on module `name` once it is imported (harness.launch.verl_cpu._patch_after_import)."""
+    from verl.trainer.ppo import core_algos
+
+    onset = _Onset()
+    if fault == "zero-advantage":
+        def zero(fn):
+            def estimator(*args, **kwargs):
+                advantages, returns = fn(*args, **kwargs)
+                live, onset.steps = onset.live, onset.steps + 1
+                return (advantages * 0, returns * 0) if live else (advantages, returns)
+            return estimator
+
+        _wrap_registry(core_algos.ADV_ESTIMATOR_REGISTRY, zero)
+        return
+    if fault == "dead-loss":
+        def dead(fn):
+            def policy_loss(*args, **kwargs):
+                loss, metrics = fn(*args, **kwargs)
+                return (loss * 0 if onset.live else loss), metrics
+            return policy_loss
+
+        _wrap_registry(core_algos.POLICY_LOSS_REGISTRY, dead)
+    after_import("verl.workers.engine_workers", functools.partial(_count_worker_steps, fault=fault, onset=onset))
+
+
+def _wrap_registry(registry: dict, wrap) -> None:
+    for name, fn in list(registry.items()):
+        if not getattr(fn, "harness_fault", False):
+            registry[name] = functools.wraps(fn)(wrap(fn))
+            registry[name].harness_fault = True
+
+
+def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
+    """Count the actor's training steps in `TrainingWorker.train_mini_batch`; with an optimizer fault, skip its
+    optimizer's steps while the fault is live (every one, or every other one)."""
+    worker = module.TrainingWorker
+    train = worker.train_mini_batch
+    if getattr(train, "harness_fault", False):
+        return
+
+    @functools.wraps(train)  # keeps verl's @register dispatch attributes
+    def train_mini_batch(self, *args, **kwargs):
+        if onset.live and fault in ("frozen-optimizer", "half-updates"):
+            _skip_steps(self.engine.optimizer, every_other=fault == "half-updates")
+        try:
+            return train(self, *args, **kwargs)
+        finally:
+            onset.steps += 1
+
+    train_mini_batch.harness_fault = True
+    worker.train_mini_batch = train_mini_batch
+
+
+def _skip_steps(optimizer, *, every_other: bool) -> None:
+    if getattr(optimizer.step, "harness_fault", False):
+        return
+    step, calls = optimizer.step, [0]
+
+    def skipping(*args, **kwargs):
+        calls[0] += 1
+        return step(*args, **kwargs) if every_other and calls[0] % 2 == 0 else None
+
+    skipping.harness_fault = True
+    optimizer.step = skipping
