@@ -66,10 +66,16 @@ def test_every_estimator_a_trainer_fault_names_is_registered():
 
 @pytest.fixture
 def registries():
-    """verl's estimator and policy-loss registries, restored after a test patches them."""
+    """verl's estimator and policy-loss registries and its two estimators called by name, restored after a test
+    patches them."""
     saved = dict(core_algos.ADV_ESTIMATOR_REGISTRY), dict(core_algos.POLICY_LOSS_REGISTRY)
+    by_name = {name: getattr(core_algos, name) for name in ("compute_grpo_outcome_advantage",
+                                                            "compute_gae_advantage_return")}
     yield
-    for registry, entries in zip((core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.POLICY_LOSS_REGISTRY), saved):
+    for name, fn in by_name.items():
+        setattr(core_algos, name, fn)
+    for registry, entries in zip((core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.POLICY_LOSS_REGISTRY), saved,
+                                 strict=True):
         registry.clear()
         registry.update(entries)
 
@@ -113,6 +119,11 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
     registry computes are 0, or the policy loss it returns is 0, or the actor's optimizer skips every step, or
     every other one. Patching twice acts once (every verl import runs it). Seeded: an onset off by a step, a
     fault acting on another part, or a double patch (half-updates skipping 3 of 4) fails."""
+    from verl import DataProto
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
     module, imported = _worker_module(), []
 
     def after_import(name, patch):
@@ -125,14 +136,19 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
     rewards, mask, index, _ = batch
     worker, seen = module.TrainingWorker(), []
     for _ in range(cpu_tier.FAULT_FROM_STEP + 2):
-        advantages, _ = core_algos.get_adv_estimator_fn("grpo")(token_level_rewards=rewards, response_mask=mask,
-                                                                 index=index, config=None)
+        # verl's own compute_advantage, as its V1 trainer calls it once per step: GRPO by module attribute
+        data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                                   non_tensors={"uid": index})
+        advantages = compute_advantage(data, AdvantageEstimator.GRPO).batch["advantages"]
         losses, moved = worker.train_mini_batch()
         seen.append((bool(advantages.any()), all(loss != 0 for loss in losses), moved))
     healthy = (True, True, [True, True])
     live = {"zero-advantage": (False, True, [True, True]), "dead-loss": (True, False, [True, True]),
             "frozen-optimizer": (True, True, [False, False]), "half-updates": (True, True, [False, True])}[fault]
     assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + [live] * 2, seen
+    reinforce, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(  # every other estimator, by registry
+        token_level_rewards=rewards, response_mask=mask, config=AlgoConfig())
+    assert bool(reinforce.any()) == live[0]
 
 
 def test_the_patched_sites_are_where_verl_runs_them(monkeypatch):

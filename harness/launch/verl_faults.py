@@ -72,6 +72,7 @@ class _Onset:
 
     def __init__(self) -> None:
         self.steps = 0
+        self.busy = False  # inside an advantage estimator (one that calls another counts one step)
 
     @property
     def live(self) -> bool:
@@ -82,9 +83,11 @@ class _Onset:
 
 def patch_trainer(fault: str, after_import) -> None:
     """Patch `fault` into verl's code in this process (idempotent). Where verl 0.9.1 runs each part:
-    - zero-advantage: the driver's `compute_advantage` (trainer/ppo/ray_trainer.py) calls
-      `core_algos.get_adv_estimator_fn(name)`, a lookup in ADV_ESTIMATOR_REGISTRY at call time, once per step;
-      every registered estimator returns its advantages and returns times 0.
+    - zero-advantage: the driver's `compute_advantage` (trainer/ppo/ray_trainer.py; the V1 trainer's through
+      trainer/ppo/v1/utils.py `compute_advantage_for_multi_trajectories`), once per step, calls GRPO and GAE as
+      module attributes (`core_algos.compute_grpo_outcome_advantage`, `compute_gae_advantage_return`) and every
+      other estimator through ADV_ESTIMATOR_REGISTRY, each looked up at call time: all of them return their
+      advantages and returns times 0. An estimator calling another counts one step (the outermost call).
     - dead-loss: the actor's loss (workers/utils/losses.py `ppo_loss`) looks its policy loss up the same way in
       POLICY_LOSS_REGISTRY; every policy loss returns loss times 0 (its metrics untouched).
     - frozen-optimizer / half-updates: the actor's optimizer (engine/fsdp/transformer_impl.py `optimizer_step`,
@@ -99,12 +102,18 @@ def patch_trainer(fault: str, after_import) -> None:
     if fault == "zero-advantage":
         def zero(fn):
             def estimator(*args, **kwargs):
-                advantages, returns = fn(*args, **kwargs)
-                live, onset.steps = onset.live, onset.steps + 1
+                outermost, live, onset.busy = not onset.busy, onset.live, True
+                try:
+                    advantages, returns = fn(*args, **kwargs)
+                finally:
+                    if outermost:
+                        onset.busy, onset.steps = False, onset.steps + 1
                 return (advantages * 0, returns * 0) if live else (advantages, returns)
             return estimator
 
         _wrap_registry(core_algos.ADV_ESTIMATOR_REGISTRY, zero)
+        for name in ("compute_grpo_outcome_advantage", "compute_gae_advantage_return"):
+            _wrap_attribute(core_algos, name, zero)
         return
     if fault == "dead-loss":
         def dead(fn):
@@ -117,11 +126,21 @@ def patch_trainer(fault: str, after_import) -> None:
     after_import("verl.workers.engine_workers", functools.partial(_count_worker_steps, fault=fault, onset=onset))
 
 
+def _wrapped(fn, wrap):
+    if getattr(fn, "harness_fault", False):
+        return fn
+    out = functools.wraps(fn)(wrap(fn))
+    out.harness_fault = True
+    return out
+
+
 def _wrap_registry(registry: dict, wrap) -> None:
     for name, fn in list(registry.items()):
-        if not getattr(fn, "harness_fault", False):
-            registry[name] = functools.wraps(fn)(wrap(fn))
-            registry[name].harness_fault = True
+        registry[name] = _wrapped(fn, wrap)
+
+
+def _wrap_attribute(module, name: str, wrap) -> None:
+    setattr(module, name, _wrapped(getattr(module, name), wrap))
 
 
 def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
