@@ -233,3 +233,57 @@ def test_a_stored_constant_that_jitters_is_dropped_on_load(golden, tmp_path):
     doc["constants"][PEARSON] = {"steps": [1, 2, 3], "values": [1.0, 0.9999999403953552, 1.0]}
     path.write_text(json.dumps(doc))
     assert set(load_baseline(path).constants) == {LR, WARMUP}
+
+
+KL = "actor/ppo_kl"  # a continuous measurement: never the same value twice in a clean run
+
+
+def with_kl(run: Run, seed: int, stuck_from: int | None = None, value: float = 0.0) -> Run:
+    """`run` logging a signed KL estimate, one value from `stuck_from` on (a frozen optimizer: ratio 1, KL 0)."""
+    rng = random.Random(seed)
+    steps = run[REWARD].steps
+    kl = tuple(value if stuck_from is not None and t >= stuck_from else rng.gauss(0.01, 0.01) for t in steps)
+    return dataclasses.replace(run, series={**run.series, KL: Series(steps, kl)})
+
+
+def test_a_metric_that_moves_in_every_golden_run_and_sticks_in_the_candidate_fails():
+    """A part of the trainer that stops (a frozen optimizer: its KL exactly 0 from the step it froze; a zeroed
+    advantage: the policy loss exactly 0) fails on the metric it froze, named with its value and stretch, though its
+    curves sit inside every band. A clean candidate passes; a share pinned at 0 (a converged run clips nothing)
+    and a metric the golden's runs repeat themselves (the clip fraction here, the reward's max) are never stuck.
+    Seeded bug: without the rule the frozen run is ALIGNED."""
+    runs = [with_kl(lab_like(f"r{i}", i), i) for i in range(3)]
+    golden = Baseline.from_runs(runs, (REWARD,))
+    assert set(golden.moving) == {KL, CLIP, REWARD}, golden.moving  # the settings, the max and the jitter are not
+    assert curves.compare(with_kl(lab_like("clean", 50), 50), golden).passed
+    frozen = curves.compare(with_kl(lab_like("frozen", 51), 51, stuck_from=4), golden)
+    failed = [v for v in frozen.failures if v.statistic == "stuck"]
+    assert [(v.metric, v.where, v.value) for v in failed] == [(KL, "steps 4-30", 0.0)], frozen.message()
+    assert "27 steps in a row" in failed[0].detail and not frozen.passed
+    # two steps alike is chance; STUCK_STEPS in a row is not
+    blip = with_kl(lab_like("blip", 52), 52)
+    kl = list(blip[KL].values)
+    kl[10] = kl[9]
+    assert curves.compare(dataclasses.replace(blip, series={**blip.series, KL: Series(blip[KL].steps, tuple(kl))}),
+                          golden).passed
+    # a share (every golden value in [0, 1]) pinned at its bound 0 is a converged run, not a stuck one
+    converged = lab_like("converged", 53)
+    steps = converged[CLIP].steps
+    converged = dataclasses.replace(converged, series={
+        **with_kl(converged, 53).series, CLIP: Series(steps, tuple(0.0 if t > 10 else v for t, v in zip(
+            steps, converged[CLIP].values, strict=True)))})
+    assert not [v for v in curves.compare(converged, golden).failures if v.statistic == "stuck"]
+
+
+def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
+    golden = Baseline.from_runs([with_kl(lab_like(f"r{i}", i), i) for i in range(3)], (REWARD,))
+    path = golden.save(tmp_path / "g.json")
+    assert load_baseline(path).moving == golden.moving
+    doc = json.loads(path.read_text())
+    del doc["moving"]  # a golden recorded before the rule
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path).moving == {}
+    doc["moving"] = {KL: [1.0, 0.0]}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match="moving.*lowest, highest"):
+        load_baseline(path)

@@ -39,7 +39,8 @@ from harness.metrics.run import Run, RunMeta, Series
 from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
-# 3: + "constants" (the per-step values of the metrics every reference run logs alike) and "power" (the MDE table);
+# 3: + "constants" (the per-step values of the metrics every reference run logs alike) and "power" (the MDE table),
+# and optionally "moving" (the metrics that never repeat a value: find_moving; a golden without it checks none);
 # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std). Version 2 is still read:
 # its bands are the same, it only lacks the constants (a compare says so: CONSTANTS_MISSING) and the power table.
 SCHEMA_VERSION = 3
@@ -381,6 +382,40 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
                 c.steps == ref.steps and all(map(same_value, c.values, ref.values)) for c in curves[1:])):
             out[metric] = ref
     return out
+
+
+# Metrics no golden run ever logged the same value of twice (a continuous measurement: a KL, a loss, a gradient
+# norm, a mean advantage): a candidate that logs one value at STUCK_STEPS steps in a row has a part of its trainer
+# stuck, with no noise to hide in (issue 43: a frozen optimizer's actor/ppo_kl is exactly 0 from the step it froze,
+# a zeroed advantage's actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside
+# the golden's bands). The golden stores each one's range: a share (every golden value in [0, 1]) pinned at 0 or 1
+# is a bound a converged run reaches (nothing clipped, everything agrees), not a stuck trainer. Measured on clean
+# tiny verl runs: no continuous metric repeated a value twice in a row.
+STUCK_STEPS = 3
+
+
+def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float]]:
+    """metric -> (lowest, highest) value, for every metric all runs log at STUCK_STEPS steps or more, outside
+    `constants` and the machine's measurements (a worker's actor/perf/* too), whose logged values are all distinct
+    across the runs."""
+    out = {}
+    for metric in sorted(runs[0].series):
+        if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
+                or not all(metric in r for r in runs)):
+            continue
+        values = [v for r in runs for v in r[metric].values]
+        if (min(len(r[metric].values) for r in runs) >= STUCK_STEPS and all(map(_finite, values))
+                and len(set(values)) == len(values)):
+            out[metric] = (min(values), max(values))
+    return out
+
+
+def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float]]:
+    if not isinstance(doc, dict) or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(v) in (int, float) and _finite(v) for v in r)
+            and r[0] <= r[1] for r in doc.values()):
+        raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest]; re-record it")
+    return {m: (float(r[0]), float(r[1])) for m, r in doc.items()}
 
 
 def _constants_from_json(doc, where: str) -> dict[str, Series]:
@@ -764,6 +799,9 @@ class Baseline:
     constants: dict[str, Series] | None = field(default_factory=dict)
     # the MDE table (harness.metrics.power.power_table) as recorded; None for a golden recorded without it
     power: dict | None = None
+    # metric -> (lowest, highest) of the metrics that moved at every step of every run (find_moving); empty for a
+    # golden recorded before them
+    moving: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def precision(self) -> str | None:
@@ -824,7 +862,8 @@ class Baseline:
                       "algorithm": algorithms[0],
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
-                   f"{runs[0].name}+{len(runs) - 1} more", constants=find_constants(runs, ALIGN_METRICS + metrics))
+                   f"{runs[0].name}+{len(runs) - 1} more", constants=(constants := find_constants(
+                       runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants))
 
     def retuned(self, inflation: dict[str, tuple[float, ...]]) -> Baseline:
         """The same reference runs judged with another noise inflation per metric (band, window, trend), every other
@@ -875,7 +914,8 @@ class Baseline:
             return versioned(SCHEMA, 2, {"provenance": self.provenance, "metrics": metrics})
         constants = {m: {"steps": list(c.steps), "values": list(c.values)} for m, c in self.constants.items()}
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance, **(
-            {"power": self.power} if self.power is not None else {}), "metrics": metrics, "constants": constants})
+            {"power": self.power} if self.power is not None else {}), "metrics": metrics, "constants": constants,
+            **({"moving": {m: list(r) for m, r in self.moving.items()}} if self.moving else {})})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write atomically; refuse to overwrite an existing baseline unless `force` -- atomic against another
@@ -917,4 +957,4 @@ def load_baseline(path: str | Path) -> Baseline:
     if power is not None and not isinstance(power, dict):
         raise BadInput(f"{path}: \"power\" must be an object (the MDE table); re-record it")
     return Baseline(metrics, provenance, name=path.stem, constants=_constants_from_json(doc["constants"], str(path)),
-                    power=power)
+                    power=power, moving=_moving_from_json(doc.get("moving", {}), str(path)))

@@ -38,6 +38,7 @@ from harness.metrics.baseline import (
     ALIGN_METRICS,
     CONSTANTS_MISSING,
     FAMILY_METRICS,
+    STUCK_STEPS,
     Baseline,
     MetricBaseline,
     SanityLimit,
@@ -74,7 +75,7 @@ class CurveVerdict:
     or the references do not cover it); `detail` says why."""
 
     metric: str
-    statistic: str  # band | window-mean | window-median | trend | spikes | coverage | sanity | exact
+    statistic: str  # band | window-mean | window-median | trend | spikes | coverage | sanity | exact | stuck
     passed: bool | None
     where: str  # "step 12", "steps 5-14", ...
     detail: str
@@ -414,6 +415,7 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
     same = algorithm(candidate, baseline)
     verdicts += [same] if same else []
     verdicts += constants(candidate, baseline)
+    verdicts += stuck(candidate, baseline)
     notes = _notes(candidate, baseline) + ((CONSTANTS_MISSING,) if baseline.constants is None else ())
     if (baseline.power or {}).get("weak") is True:  # an ALIGNED against it cannot rule out a run that learns less
         notes += (f"note: the golden is WEAK: {baseline.power.get('advice')}",)
@@ -457,6 +459,39 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                                      detail=f"not judged: the candidate logs no step of {len(unjudged)} of the "
                                             f"golden's constant metrics: {', '.join(unjudged[:6])}"
                                             f"{', ...' if len(unjudged) > 6 else ''}"))
+    return verdicts
+
+
+def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
+    """The metrics every golden run moved at every step (harness.metrics.baseline.find_moving) against the
+    candidate's: one failing verdict per metric the candidate logs at one value for STUCK_STEPS steps in a row or more
+    (a share pinned at 0 or 1 aside), naming the value and the stretch; one verdict for all that move."""
+    verdicts, moving = [], []
+    for metric, (low, high) in baseline.moving.items():
+        cand = candidate.series.get(metric)
+        if cand is None:
+            continue
+        share = 0.0 <= low and high <= 1.0
+        start, best = 0, (0, 0)  # longest stretch of one value not at a share's bound: (first index, length)
+        for i in range(1, len(cand.values) + 1):
+            if i == len(cand.values) or cand.values[i] != cand.values[start]:
+                if i - start > best[1] and not (share and cand.values[start] in (0.0, 1.0)):
+                    best = (start, i - start)
+                start = i
+        first, length = best
+        if length < STUCK_STEPS:
+            moving.append(metric)
+            continue
+        value, steps = cand.values[first], cand.steps[first:first + length]
+        verdicts.append(CurveVerdict(
+            metric=metric, statistic="stuck", passed=False, where=f"steps {steps[0]}-{steps[-1]}", value=value,
+            reference=None, detail=f"{value:.9g} at each of {length} steps in a row ({steps[0]}-{steps[-1]}); every "
+                                   f"golden run moved it at every step ({low:.3g} to {high:.3g}, no value twice): a "
+                                   f"part of the trainer stopped"))
+    if moving:
+        verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=True, where="every step",
+                                     detail=f"{len(moving)} metrics that moved at every golden step move: "
+                                            f"{', '.join(moving[:6])}{', ...' if len(moving) > 6 else ''}"))
     return verdicts
 
 
