@@ -645,6 +645,22 @@ def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
         assert load_baseline(golden).metrics[metric].tolerance.spike_limit == limit
     assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
                      "--tolerance", f"{metric}:band_atol=none"]) == 2
+    # a recipe's calibration (scripts/calibrate-curves --out) sets the inflation of the metrics it calibrated, as the
+    # tiny goldens are made; --tolerance wins over it; a file without a usable "inflation" is one line naming it
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"inflation": {metric: [2.6, 4.4, 2.4]}}))
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force", "--calibration",
+                     str(calibration), "--tolerance", f"{metric}:trend_inflation=3"]) == 0
+    tolerances = {m: b.tolerance for m, b in load_baseline(golden).metrics.items()}
+    assert tolerances[metric].inflation == (2.6, 4.4, 3.0)
+    assert tolerances[metric].band_atol == default_tolerance(metric).band_atol  # only the inflation is calibrated
+    for bad in ({"inflation": {metric: [0.5, 1, 1]}}, {"inflation": {"no/such": [1, 1, 1]}}, [1]):
+        calibration.write_text(json.dumps(bad))
+        capsys.readouterr()
+        assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force", "--calibration",
+                         str(calibration)]) == 2
+        err = capsys.readouterr().err
+        assert f"--calibration {calibration}: needs" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_verl_nightly_summary_is_judged_not_just_reported(tmp_path):

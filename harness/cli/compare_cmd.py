@@ -146,14 +146,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if alignment.passed else 1
 
 
-def _tolerances(specs) -> dict:
-    """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over the metric's defaults."""
+def _calibrated(path: str | None) -> dict:
+    """`--calibration FILE` (what scripts/calibrate-curves --out writes) -> {metric: CurveTolerance}: each calibrated
+    metric's default tolerance with the file's measured (band, window, trend) noise inflation."""
+    from harness.io import read_json
+    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS, default_tolerance
+
+    if path is None:
+        return {}
+    doc = read_json(path, missing="no such calibration; write one with scripts/calibrate-curves --out FILE")
+    inflation = doc.get("inflation") if isinstance(doc, dict) else None
+    if not isinstance(inflation, dict) or not inflation or not all(
+            m in FAMILY_METRICS and isinstance(f, list) and len(f) == len(INFLATED_STATISTICS)
+            and all(type(x) in (int, float) and 1 <= x < math.inf for x in f) for m, f in inflation.items()):
+        raise BadInput(f"--calibration {path}: needs \"inflation\": metric -> [band, window, trend] factors >= 1 "
+                       "for judged metrics (scripts/calibrate-curves --out writes it)")
+    return {m: default_tolerance(m).with_inflation(tuple(map(float, f))) for m, f in inflation.items()}
+
+
+def _tolerances(specs, base: dict | None = None) -> dict:
+    """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over `base` (a calibration's)
+    or the metric's defaults."""
     import dataclasses
 
     from harness.metrics.baseline import CurveTolerance, default_tolerance
 
     kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int", "float | None")}
-    out = {}
+    out = dict(base or {})
     for spec in specs:
         metric, _, fields = spec.rpartition(":")
         try:
@@ -188,6 +207,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
+    tolerances = _tolerances(args.tolerance or (), _calibrated(args.calibration))  # bad input before the ingest
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:
@@ -195,7 +215,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     metrics = tuple(args.metric) if args.metric else tuple(m for m in FAMILY_METRICS if all(m in r for r in runs))
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
-    baseline = Baseline.from_runs(runs, metrics, tolerances=_tolerances(args.tolerance or ()))
+    baseline = Baseline.from_runs(runs, metrics, tolerances=tolerances)
     check = curves.self_check(baseline, runs)
     if check is not None and check.flagged and not args.keep_flagged:
         run, failure = check.flagged[0]
@@ -270,6 +290,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--lenient", action="store_true", help="skip log irregularities (counted in the warnings)")
     r.add_argument("--json", action="store_true", help="print JSON: `passed`, `state` RECORDED, the golden's metrics, "
                                                        "runs, steps and self-check")
+    r.add_argument("--calibration", metavar="FILE",
+                   help="your recipe's calibration (scripts/calibrate-curves --out): the noise inflation it measured "
+                        "for each metric it calibrated; --tolerance wins over it")
     r.add_argument("--tolerance", action="append", metavar="METRIC:FIELD=VALUE[,...]",
                    help="override a metric's default tolerance (repeatable), e.g. "
                         "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6")
