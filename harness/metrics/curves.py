@@ -59,8 +59,9 @@ from harness.metrics.run import Run, Series, Summary
 ALIGNED, MISALIGNED, NOT_COMPARED = "ALIGNED", "MISALIGNED", "NOT COMPARED"
 # Statistics that judge the candidate against nothing but itself or its config: they may fail a comparison, never
 # carry it. A run with no step in common with the golden was ALIGNED on its sanity limits alone.
-# spikes: the candidate's own events against the golden's rate, not a step compared with the reference
-SELF_STATISTICS = ("sanity", "coverage", "algorithm", "liveness", "spikes")
+# spikes: the candidate's own events against the golden's rate, not a step compared with the reference; stuck:
+# the candidate's own steps (a metric that moves is no step in common)
+SELF_STATISTICS = ("sanity", "coverage", "algorithm", "liveness", "spikes", "stuck")
 # Metrics judged one-sided: a candidate fails only on the side named. A reward above the golden's band is a run that
 # learned faster, not a regression (NeMo-RL's nightly conditions on the reward are one-sided too: `mean(reward) >
 # x`). Two-sided, clean tiny-lab seeds that found the task early failed goldens built from seeds on the slow path
