@@ -270,6 +270,28 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
     assert curves.compare(tiny_verl_run, golden).passed  # the clean run of the session's seed: the verdict's control
 
 
+@pytest.mark.regression
+@pytest.mark.tiny
+@pytest.mark.cpu
+@pytest.mark.parametrize("fault", cpu_tier.PATCHED_FAULTS)
+def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged(fault, regression_verl_run,
+                                                                                   record_property):
+    """A fault patched into verl's own code from step 4 (harness.launch.verl_faults.patch_trainer) leaves verl's
+    resolved config the clean run's, so the config verdict passes and the curves alone must fail it: on seeds
+    700-702 each was caught by a metric that stopped with it (docs/curves.md, "Faults patched into verl's
+    trainer")."""
+    from fixtures.dapo import TINY_GOLDEN
+    from harness.metrics import curves
+    from harness.metrics.baseline import load_baseline
+
+    alignment = curves.compare(regression_verl_run, load_baseline(TINY_GOLDEN))
+    record_property("curves.regression", {"fault": fault, "state": alignment.state,
+                                          "caught_by": [f"{v.metric} {v.statistic}" for v in alignment.failures]})
+    config = [v for v in alignment.verdicts if v.metric == "config"]
+    assert config and all(v.passed for v in config), [v.message() for v in config]
+    assert not alignment.passed, f"{fault} patched into verl passed the alignment: {alignment.message()}"
+
+
 @pytest.mark.tiny
 @pytest.mark.cpu
 def test_rollout_correction_verdicts_on_the_real_trainer(stale_absorbed_verl_run, tiny_verl_run):
