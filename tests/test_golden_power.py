@@ -288,3 +288,31 @@ def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(BadInput, match="moving.*lowest, highest"):
         load_baseline(path)
+
+
+def test_stuck_judges_what_the_golden_vouches_for():
+    """Found by review: a gradient norm that stays below 1 is no share, so its exact 0 (a zeroed loss) is still
+    stuck; a run longer than the golden may converge after the golden's last step (nothing left to learn) and is
+    not judged there; a metric at float noise (|value| < 1e-6: fp32 rollout/actor agreement) never moves in the
+    rule's sense; a run too short for the rule is said not judged, never passed."""
+    from harness.metrics.baseline import FLOAT_NOISE
+
+    grad, noise = "actor/grad_norm", "rollout_corr/kl"
+
+    def with_more(run: Run, seed: int, zero_from: int | None = None) -> Run:
+        rng = random.Random(seed)
+        steps = run[REWARD].steps
+        return dataclasses.replace(run, series={
+            **with_kl(run, seed).series,
+            grad: Series(steps, tuple(0.0 if zero_from and t >= zero_from else rng.uniform(0.1, 0.5) for t in steps)),
+            noise: Series(steps, tuple(rng.gauss(0, FLOAT_NOISE / 10) for _ in steps))})
+
+    golden = Baseline.from_runs([with_more(lab_like(f"r{i}", i, steps=20), i) for i in range(3)], (REWARD,))
+    assert grad in golden.moving and noise not in golden.moving and max(golden.moving[grad]) < 1
+    zeroed = curves.compare(with_more(lab_like("zeroed", 60, steps=20), 60, zero_from=6), golden)
+    assert [(v.metric, v.where) for v in zeroed.failures if v.statistic == "stuck"] == [(grad, "steps 6-20")]
+    longer = curves.compare(with_more(lab_like("longer", 61, steps=30), 61, zero_from=18), golden)
+    assert not [v for v in longer.failures if v.statistic == "stuck"], longer.message()  # 3 of its zeros <= 20
+    short = curves.compare(with_more(lab_like("short", 62, steps=STUCK_STEPS - 1), 62), golden)
+    (said,) = [v for v in short.verdicts if v.statistic == "stuck"]
+    assert said.passed is None and "run too short" in said.detail

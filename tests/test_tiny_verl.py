@@ -287,6 +287,10 @@ def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged
     alignment = curves.compare(regression_verl_run, load_baseline(TINY_GOLDEN))
     record_property("curves.regression", {"fault": fault, "state": alignment.state,
                                           "caught_by": [f"{v.metric} {v.statistic}" for v in alignment.failures]})
+    from fixtures.dapo import REGRESSION_STEPS
+
+    # it ran to the end (a patch that crashed the trainer at its onset would fail the alignment for another reason)
+    assert regression_verl_run.steps[-1] == REGRESSION_STEPS, regression_verl_run.steps
     config = [v for v in alignment.verdicts if v.metric == "config"]
     assert config and all(v.passed for v in config), [v.message() for v in config]
     assert not alignment.passed, f"{fault} patched into verl passed the alignment: {alignment.message()}"

@@ -144,7 +144,7 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
         seen.append((bool(advantages.any()), all(loss != 0 for loss in losses), moved))
     healthy = (True, True, [True, True])
     live = {"zero-advantage": (False, True, [True, True]), "dead-loss": (True, False, [True, True]),
-            "frozen-optimizer": (True, True, [False, False]), "half-updates": (True, True, [False, True])}[fault]
+            "frozen-optimizer": (True, True, [False, False]), "half-updates": (True, True, [True, False])}[fault]
     assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + [live] * 2, seen
     reinforce, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(  # every other estimator, by registry
         token_level_rewards=rewards, response_mask=mask, config=AlgoConfig())
@@ -163,6 +163,9 @@ def test_the_patched_sites_are_where_verl_runs_them(monkeypatch):
     assert "self.actor.train_mini_batch(" in inspect.getsource(engine_workers.ActorRolloutRefWorker.update_actor)
     assert "self.engine" in inspect.getsource(engine_workers.TrainingWorker.train_mini_batch)
     assert "get_policy_loss_fn(" in inspect.getsource(losses.ppo_loss)
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    assert "self.optimizer.step()" in inspect.getsource(FSDPEngine.optimizer_step)
     monkeypatch.delenv(cpu_tier.TRAINER_PATCH_ENV, raising=False)
     assert verl_faults.trainer_patch() is None
     monkeypatch.setenv(cpu_tier.TRAINER_PATCH_ENV, "frozen-optimiser")

@@ -147,10 +147,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _calibrated(path: str | None) -> dict:
-    """`--calibration FILE` (what scripts/calibrate-curves --out writes) -> {metric: CurveTolerance}: each calibrated
-    metric's default tolerance with the file's measured (band, window, trend) noise inflation."""
+    """`--calibration FILE` (what scripts/calibrate-curves --out writes) -> {metric: (band, window, trend)}: the
+    file's measured noise inflation of each metric it calibrated."""
     from harness.io import read_json
-    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS, default_tolerance
+    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS
 
     if path is None:
         return {}
@@ -161,18 +161,18 @@ def _calibrated(path: str | None) -> dict:
             and all(type(x) in (int, float) and 1 <= x < math.inf for x in f) for m, f in inflation.items()):
         raise BadInput(f"--calibration {path}: needs \"inflation\": metric -> [band, window, trend] factors >= 1 "
                        "for judged metrics (scripts/calibrate-curves --out writes it)")
-    return {m: default_tolerance(m).with_inflation(tuple(map(float, f))) for m, f in inflation.items()}
+    return {m: tuple(map(float, f)) for m, f in inflation.items()}
 
 
-def _tolerances(specs, base: dict | None = None) -> dict:
-    """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over `base` (a calibration's)
-    or the metric's defaults."""
+def _tolerances(specs, inflation: dict | None = None, precision: str | None = None) -> dict:
+    """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over the metric's defaults at
+    the runs' `precision` (the rollout/actor agreement's floors follow it), with a calibration's `inflation`."""
     import dataclasses
 
     from harness.metrics.baseline import CurveTolerance, default_tolerance
 
     kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int", "float | None")}
-    out = dict(base or {})
+    out = {m: default_tolerance(m, precision).with_inflation(f) for m, f in (inflation or {}).items()}
     for spec in specs:
         metric, _, fields = spec.rpartition(":")
         try:
@@ -180,7 +180,7 @@ def _tolerances(specs, base: dict | None = None) -> dict:
             if not metric or not pairs.keys() <= kinds.keys():
                 raise ValueError
             values = {k: _tolerance_value(kinds[k], v) for k, v in pairs.items()}
-            out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric), **values)
+            out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric, precision), **values)
         except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
                            f"{', '.join(sorted(kinds))} (spike_limit=none: no spike judged)") from None
@@ -203,11 +203,12 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
 
     from harness.cli.output import console as output_console
     from harness.metrics import curves, power, stats
-    from harness.metrics.baseline import FAMILY_METRICS, Baseline
+    from harness.metrics.baseline import FAMILY_METRICS, Baseline, run_precision
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
-    tolerances = _tolerances(args.tolerance or (), _calibrated(args.calibration))  # bad input before the ingest
+    inflation = _calibrated(args.calibration)
+    _tolerances(args.tolerance or (), inflation)  # bad input before the (possibly long) ingest
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:
@@ -215,6 +216,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     metrics = tuple(args.metric) if args.metric else tuple(m for m in FAMILY_METRICS if all(m in r for r in runs))
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
+    tolerances = _tolerances(args.tolerance or (), inflation, run_precision(runs[0]))
     baseline = Baseline.from_runs(runs, metrics, tolerances=tolerances)
     check = curves.self_check(baseline, runs)
     if check is not None and check.flagged and not args.keep_flagged:

@@ -169,9 +169,9 @@ def _skip_steps(optimizer, *, every_other: bool) -> None:
         return
     step, calls = optimizer.step, [0]
 
-    def skipping(*args, **kwargs):
+    def skipping(*args, **kwargs):  # half-updates: the first of each pair runs, the second is skipped (the lab's)
         calls[0] += 1
-        return step(*args, **kwargs) if every_other and calls[0] % 2 == 0 else None
+        return step(*args, **kwargs) if every_other and calls[0] % 2 == 1 else None
 
     skipping.harness_fault = True
     optimizer.step = skipping

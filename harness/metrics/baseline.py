@@ -388,18 +388,31 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
 # norm, a mean advantage): a candidate that logs one value at STUCK_STEPS steps in a row has a part of its trainer
 # stuck, with no noise to hide in (issue 43: a frozen optimizer's actor/ppo_kl is exactly 0 from the step it froze,
 # a zeroed advantage's actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside
-# the golden's bands). The golden stores each one's range: a share (every golden value in [0, 1]) pinned at 0 or 1
-# is a bound a converged run reaches (nothing clipped, everything agrees), not a stuck trainer. The longest clean
+# the golden's bands). The golden stores each one's range: a share (is_share) pinned at 0 or 1 is a bound a
+# converged run reaches (nothing clipped, everything agrees), not a stuck trainer. The longest clean
 # stretch measured: 3 steps, on 14 clean 30-step lab seeds (200-213; a seed near convergence trained one on-policy
 # mini-batch a step, KL exactly 0; a slow seed's groups all failed, reward -1 and advantage 0); none on 8 clean
 # tiny verl runs. At 3 it flagged 40 of those 182 one-run lab comparisons; at 5 none.
 STUCK_STEPS = 5
 
 
+# A metric whose every golden value is within this of 0 measures float rounding (fp32 rollout/actor agreement,
+# ~1e-8), not training: a stack whose rollout and actor agree bit for bit logs it at 0 for good.
+FLOAT_NOISE = 1e-6
+# A share by its name (a fraction clipped, a ratio cut at a cap): pinned at 0 or 1 by a converged run.
+SHARE_NAMES = ("frac", "ratio")
+
+
+def is_share(metric: str, low: float, high: float) -> bool:
+    """Whether `metric` is a share: named as one and every golden value in [0, 1] (a gradient norm or an entropy that
+    stays below 1 is not one)."""
+    return any(word in metric.rsplit("/", 1)[-1] for word in SHARE_NAMES) and 0.0 <= low and high <= 1.0
+
+
 def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float]]:
     """metric -> (lowest, highest) value, for every metric all runs log at STUCK_STEPS steps or more, outside
-    `constants` and the machine's measurements (a worker's actor/perf/* too), whose logged values are all distinct
-    across the runs."""
+    `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE), whose
+    logged values are all distinct across the runs."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -407,7 +420,7 @@ def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float]]:
             continue
         values = [v for r in runs for v in r[metric].values]
         if (min(len(r[metric].values) for r in runs) >= STUCK_STEPS and all(map(_finite, values))
-                and len(set(values)) == len(values)):
+                and len(set(values)) == len(values) and max(map(abs, values)) >= FLOAT_NOISE):
             out[metric] = (min(values), max(values))
     return out
 

@@ -45,6 +45,7 @@ from harness.metrics.baseline import (
     algorithm_config,
     default_tolerance,
     despiked,
+    is_share,
     run_precision,
     run_seed,
     same_value,
@@ -465,34 +466,45 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
 
 def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     """The metrics every golden run moved at every step (harness.metrics.baseline.find_moving) against the
-    candidate's: one failing verdict per metric the candidate logs at one value for STUCK_STEPS steps in a row or more
-    (a share pinned at 0 or 1 aside), naming the value and the stretch; one verdict for all that move."""
-    verdicts, moving = [], []
+    candidate's, at the steps the golden covers (a longer run may converge later, every group solved and nothing left
+    to learn): one failing verdict per metric the candidate logs at one value for STUCK_STEPS steps in a row or more
+    (a share pinned at 0 or 1 aside: harness.metrics.baseline.is_share), naming the value and the stretch; one
+    verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps."""
+    verdicts, moving, short = [], [], []
+    last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
     for metric, (low, high) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
             continue
-        share = 0.0 <= low and high <= 1.0
+        pairs = [(t, v) for t, v in zip(cand.steps, cand.values, strict=True) if t <= last]
+        if len(pairs) < STUCK_STEPS:
+            short.append(metric)
+            continue
+        steps, values = [t for t, _ in pairs], [v for _, v in pairs]
+        share = is_share(metric, low, high)
         start, best = 0, (0, 0)  # longest stretch of one value not at a share's bound: (first index, length)
-        for i in range(1, len(cand.values) + 1):
-            if i == len(cand.values) or cand.values[i] != cand.values[start]:
-                if i - start > best[1] and not (share and cand.values[start] in (0.0, 1.0)):
+        for i in range(1, len(values) + 1):
+            if i == len(values) or values[i] != values[start]:
+                if i - start > best[1] and not (share and values[start] in (0.0, 1.0)):
                     best = (start, i - start)
                 start = i
         first, length = best
         if length < STUCK_STEPS:
             moving.append(metric)
             continue
-        value, steps = cand.values[first], cand.steps[first:first + length]
+        value, stretch = values[first], steps[first:first + length]
         verdicts.append(CurveVerdict(
-            metric=metric, statistic="stuck", passed=False, where=f"steps {steps[0]}-{steps[-1]}", value=value,
-            reference=None, detail=f"{value:.9g} at each of {length} steps in a row ({steps[0]}-{steps[-1]}); every "
-                                   f"golden run moved it at every step ({low:.3g} to {high:.3g}, no value twice): a "
-                                   f"part of the trainer stopped"))
+            metric=metric, statistic="stuck", passed=False, where=f"steps {stretch[0]}-{stretch[-1]}", value=value,
+            detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}); every golden run "
+                   f"moved it at every step ({low:.3g} to {high:.3g}, no value twice): a part of the trainer stopped"))
     if moving:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=True, where="every step",
                                      detail=f"{len(moving)} metrics that moved at every golden step move: "
                                             f"{', '.join(moving[:6])}{', ...' if len(moving) > 6 else ''}"))
+    if short:
+        verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
+                                     detail=f"not judged: run too short: {len(short)} metrics that move at every "
+                                            f"golden step have fewer than {STUCK_STEPS} of the golden's steps"))
     return verdicts
 
 
