@@ -144,24 +144,20 @@ def _wrap_attribute(module, name: str, wrap) -> None:
 
 
 def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
-    """Count the actor's training steps in `TrainingWorker.train_mini_batch`; with an optimizer fault, skip its
-    optimizer's steps while the fault is live (every one, or every other one)."""
-    worker = module.TrainingWorker
-    train = worker.train_mini_batch
-    if getattr(train, "harness_fault", False):
-        return
+    """Count the actor's training steps in `TrainingWorker.train_mini_batch` (wrapped keeping verl's @register
+    dispatch attributes); with an optimizer fault, skip its optimizer's steps while the fault is live (every one,
+    or every other one)."""
+    def counted(train):
+        def train_mini_batch(self, *args, **kwargs):
+            if onset.live and fault in ("frozen-optimizer", "half-updates"):
+                _skip_steps(self.engine.optimizer, every_other=fault == "half-updates")
+            try:
+                return train(self, *args, **kwargs)
+            finally:
+                onset.steps += 1
+        return train_mini_batch
 
-    @functools.wraps(train)  # keeps verl's @register dispatch attributes
-    def train_mini_batch(self, *args, **kwargs):
-        if onset.live and fault in ("frozen-optimizer", "half-updates"):
-            _skip_steps(self.engine.optimizer, every_other=fault == "half-updates")
-        try:
-            return train(self, *args, **kwargs)
-        finally:
-            onset.steps += 1
-
-    train_mini_batch.harness_fault = True
-    worker.train_mini_batch = train_mini_batch
+    _wrap_attribute(module.TrainingWorker, "train_mini_batch", counted)
 
 
 def _skip_steps(optimizer, *, every_other: bool) -> None:

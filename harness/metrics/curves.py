@@ -141,8 +141,7 @@ class CurveAlignment:
         4 not judged (run too short)"."""
         ok = sum(1 for v in self.verdicts if v.passed)
         skipped = [v for v in self.verdicts if v.passed is None]
-        failed = ", ".join(f"{v.metric} {v.statistic}" for v in self.failures[:4])
-        failed += ", ..." if len(self.failures) > 4 else ""
+        failed = _some([f"{v.metric} {v.statistic}" for v in self.failures], 4)
         parts = [f"{len(self.failures)} failed" + (f" ({failed})" if failed else ""), f"{ok} passed"]
         if skipped:
             short = sum(1 for v in skipped if "too short" in v.detail)
@@ -425,6 +424,11 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
                           n_runs=baseline.n_runs, notes=notes)
 
 
+def _some(names, most: int = 6) -> str:
+    """The first `most` of `names`, comma-separated, with ", ..." when there are more."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     """The metrics every golden run logged alike (harness.metrics.baseline.find_constants) against the candidate's,
     to float tolerance: one failing verdict per metric that differs, naming its first differing step; one verdict
@@ -454,13 +458,11 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                    f"that differ; every golden run logged {what}"))
     if same:
         verdicts.append(CurveVerdict(metric="constants", statistic="constant", passed=True, where="every step",
-                                     detail=f"{len(same)} metrics equal the golden's at every step: "
-                                            f"{', '.join(same[:6])}{', ...' if len(same) > 6 else ''}"))
+                                     detail=f"{len(same)} metrics equal the golden's at every step: {_some(same)}"))
     if unjudged:
         verdicts.append(CurveVerdict(metric="constants", statistic="constant", passed=None, where="-",
                                      detail=f"not judged: the candidate logs no step of {len(unjudged)} of the "
-                                            f"golden's constant metrics: {', '.join(unjudged[:6])}"
-                                            f"{', ...' if len(unjudged) > 6 else ''}"))
+                                            f"golden's constant metrics: {_some(unjudged)}"))
     return verdicts
 
 
@@ -500,7 +502,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     if moving:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=True, where="every step",
                                      detail=f"{len(moving)} metrics that moved at every golden step move: "
-                                            f"{', '.join(moving[:6])}{', ...' if len(moving) > 6 else ''}"))
+                                            f"{_some(moving)}"))
     if short:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
                                      detail=f"not judged: run too short: {len(short)} metrics that move at every "
@@ -522,7 +524,7 @@ def liveness(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> Cu
         return None
     steps = len(candidate[logged[0]].values)
     return CurveVerdict(metric="run", statistic="liveness", passed=False, where=f"{steps} steps",
-                        detail=f"every compared metric ({', '.join(logged[:4])}{', ...' if len(logged) > 4 else ''}) "
+                        detail=f"every compared metric ({_some(logged, 4)}) "
                                f"is constant over {steps} steps while the golden's move: the run trains nothing")
 
 
