@@ -683,7 +683,8 @@ def test_a_verl_nightly_summary_is_judged_not_just_reported(tmp_path):
 def _verl_config(**actor):
     return {"algorithm": {"adv_estimator": "grpo"}, "data": {"max_response_length": 4},
             "actor_rollout_ref": {"actor": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                                            "loss_agg_mode": "token-mean", "optim": {"lr": 1e-3}, **actor},
+                                            "loss_agg_mode": "token-mean", "optim": {"lr": 1e-3},
+                                            "ppo_mini_batch_size": 4, **actor},
                                   "rollout": {"n": 8, "temperature": 1.0}}}
 
 
@@ -701,6 +702,15 @@ def test_a_run_of_another_algorithm_fails_on_its_config():
     assert verdict.statistic == "algorithm" and "clip_ratio_high 0.2 vs the golden's 0.28" in verdict.detail
     unknown = curves.compare(make_run("log-only", gpu_like, seed=9), golden)  # no config recorded: not judged
     assert unknown.passed and not any(v.statistic == "algorithm" for v in unknown.verdicts)
+    # one optimizer update a step where the golden's runs took two (issue 43: its KL is 0 throughout)
+    halved = curves.compare(make_run("one-update", gpu_like, seed=9, extra={"config": _verl_config(
+        ppo_mini_batch_size=8)}), golden)
+    assert [v.detail for v in halved.failures if v.statistic == "algorithm"] == [
+        "1 of 9 algorithm settings differ: actor_rollout_ref.actor.ppo_mini_batch_size 8 vs the golden's 4"]
+    # a golden recorded before a key was judged holds no value of it: the candidate's is not held against it
+    older = dataclasses.replace(golden, provenance={**golden.provenance, "algorithm": {
+        k: v for k, v in golden.provenance["algorithm"].items() if not k.endswith("ppo_mini_batch_size")}})
+    assert curves.compare(make_run("newer", gpu_like, seed=9, extra={"config": _verl_config()}), older).passed
     with pytest.raises(BadInput, match="train different algorithms"):
         other = _verl_config(loss_agg_mode="seq-mean-token-sum")
         Baseline.from_runs([make_run("a", gpu_like, extra={"config": _verl_config()}),

@@ -524,6 +524,9 @@ ALGORITHM_KEYS = (
     "actor_rollout_ref.actor.optim.lr_warmup_steps", "actor_rollout_ref.rollout.n",
     "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
     "data.max_response_length",
+    # the batch a step trains on and how it is split into optimizer updates: one update per step makes every
+    # update on-policy (actor/ppo_kl exactly 0 throughout), a different run from the golden's two
+    "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
 )
 
 

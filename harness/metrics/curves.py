@@ -530,11 +530,12 @@ def liveness(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> Cu
 
 def algorithm(candidate: Run, baseline: Baseline) -> CurveVerdict | None:
     """The candidate trains the golden's algorithm (harness.metrics.baseline.ALGORITHM_KEYS in verl's resolved
-    configs); None when either side recorded none (a lab run, a log without its Hydra directory)."""
+    configs); None when either side recorded none (a lab run, a log without its Hydra directory). The settings
+    judged are the ones the golden recorded: a key added to ALGORITHM_KEYS since is not held against it."""
     theirs, mine = baseline.provenance.get("algorithm"), algorithm_config(candidate)
     if not isinstance(theirs, dict) or not theirs or mine is None:
         return None
-    differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+    differ = sorted(k for k in theirs if theirs[k] != mine.get(k))
     shown = "; ".join(f"{k} {mine.get(k)!r} vs the golden's {theirs.get(k)!r}" for k in differ[:4])
     return CurveVerdict(metric="config", statistic="algorithm", passed=not differ, where="verl config",
                         detail=(f"{len(differ)} of {len(theirs)} algorithm settings differ: {shown}" if differ else
