@@ -53,7 +53,8 @@ FAULT_FROM_STEP = 3  # healthy steps before a trainer fault starts (the lab's an
 # value of a key wins in Hydra). What an upgrade that silently changes the algorithm does to a real run.
 TRAINER_FAULTS: dict[str, tuple[str, ...]] = {
     "no-optimizer-step": ("actor_rollout_ref.actor.optim.lr=1e-12",),  # an optimizer / scheduler that stopped
-    "zero-advantages": ("algorithm.adv_estimator=harness_zero_advantages",),
+    # an estimator of zeros chosen by the config (the config verdict names it); "zero-advantage" patches verl's own
+    "zero-estimator": ("algorithm.adv_estimator=harness_zero_advantages",),
     "flipped-advantages": ("algorithm.adv_estimator=harness_flipped_advantages",),
     "no-group-baseline": ("algorithm.adv_estimator=harness_no_group_baseline",),  # each response its own group
     "small-advantages": ("algorithm.adv_estimator=harness_small_advantages",),  # GRPO advantages x 1/20
