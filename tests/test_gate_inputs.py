@@ -422,6 +422,26 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
         assert set(row["fewest_statistics"]) == {f for f, rate in row["detection"].items() if rate > 0}
 
 
+def test_calibrate_curves_from_names_a_fault_without_runs_and_a_run_too_short(tmp_path):
+    """--from: an empty fault directory is named (dropping it would report a fault never measured), and so is a run
+    too short to seed a spike in (a traceback at the end of the measurement)."""
+    def run(path: Path, steps: int) -> None:
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": s, "data": {"critic/rewards/mean": -1 + 0.1 * s}}) + "\n"
+            for s in range(1, steps + 1)))
+
+    for i in range(6):
+        run(tmp_path / "f" / "clean" / f"c{i}", 5)
+    (tmp_path / "f" / "stalled").mkdir()
+    proc = _calibrate("--from", str(tmp_path / "f"))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"{tmp_path / 'f' / 'stalled'} holds no run" in proc.stderr
+    run(tmp_path / "f" / "stalled" / "s0", 2)
+    proc = _calibrate("--from", str(tmp_path / "f"))
+    assert proc.returncode == 2 and "stalled/s0 logs fewer than 3 steps" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--runs", "r", "--from", "f"], "pass --runs DIR (lab runs, made and cached there) or --from DIR"),
     (["--from", "/nonexistent"], "--from /nonexistent: needs a directory with clean/"),
@@ -430,10 +450,14 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
     (["--runs", "r", "--tolerance", "actor/pg_loss:nope=1"], "--tolerance 'actor/pg_loss:nope=1'"),
     (["--runs", "r", "--apply", "baselines/tiny/curve_calibration.json", "--golden", "baselines/tiny/dapo_lab.json"],
      "only a calibration retunes a --golden"),
+    (["--runs", "r", "--apply", "baselines/tiny/dapo_lab.json"], "--apply baselines/tiny/dapo_lab.json: needs"),
+    (["--from", "f", "--held-out", "200-209"], "--held-out: a lab option; --from measures the runs DIR holds"),
+    (["--from", "f", "--out", "f/clean/m.json"], "inside --from"),
 ])
 def test_calibrate_curves_from_given_runs_refuses_bad_input(tmp_path, argv, says):
     """--from / --apply / --tolerance: one line and exit 2, before a run is made or read."""
-    argv = [str(tmp_path / a) if a in ("r", "f") else a for a in argv]
+    (tmp_path / "f" / "clean").mkdir(parents=True)
+    argv = [str(tmp_path / a) if a in ("r", "f") or a.startswith("f/") else a for a in argv]
     proc = subprocess.run([sys.executable, str(ROOT / "scripts/calibrate-curves"), *argv], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
