@@ -706,9 +706,14 @@ def test_a_run_of_another_algorithm_fails_on_its_config():
     halved = curves.compare(make_run("one-update", gpu_like, seed=9, extra={"config": _verl_config(
         ppo_mini_batch_size=8)}), golden)
     assert [v.detail for v in halved.failures if v.statistic == "algorithm"] == [
-        "1 of 9 algorithm settings differ: actor_rollout_ref.actor.ppo_mini_batch_size 8 vs the golden's 4"]
-    # a golden recorded before a key was judged holds no value of it: the candidate's is not held against it
-    older = dataclasses.replace(golden, provenance={**golden.provenance, "algorithm": {
+        "1 algorithm setting(s) differ from the golden's 9: actor_rollout_ref.actor.ppo_mini_batch_size 8 vs the "
+        "golden's 4"]
+    # a setting the golden's verl did not have and the candidate's has: the algorithm changed
+    gained = curves.compare(make_run("gained", gpu_like, seed=9, extra={"config": _verl_config(
+        policy_loss={"loss_mode": "gspo"})}), golden)
+    assert [v.statistic for v in gained.failures] == ["algorithm"], gained.message()
+    # a golden recorded before the batch keys were judged: they are not held against it
+    older = dataclasses.replace(golden, provenance={**golden.provenance, "algorithm_keys": None, "algorithm": {
         k: v for k, v in golden.provenance["algorithm"].items() if not k.endswith("ppo_mini_batch_size")}})
     assert curves.compare(make_run("newer", gpu_like, seed=9, extra={"config": _verl_config()}), older).passed
     with pytest.raises(BadInput, match="train different algorithms"):

@@ -528,6 +528,8 @@ ALGORITHM_KEYS = (
     # update on-policy (actor/ppo_kl exactly 0 throughout), a different run from the golden's two
     "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
 )
+# What a golden recorded before it stored "algorithm_keys" was judged on (the two batch keys came after).
+EARLIER_ALGORITHM_KEYS = ALGORITHM_KEYS[:-2]
 
 
 def config_value(run: Run, key: str):
@@ -878,6 +880,9 @@ class Baseline:
                       "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
                       # verl's resolved algorithm settings (ALGORITHM_KEYS); a candidate that differs fails on them
                       "algorithm": algorithms[0],
+                      # the settings judged: a key the golden's verl lacked is judged too (a candidate whose verl
+                      # gained it changed the algorithm), a key added to ALGORITHM_KEYS later is not
+                      "algorithm_keys": list(ALGORITHM_KEYS) if algorithms[0] is not None else None,
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more", constants=(constants := find_constants(

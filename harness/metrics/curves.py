@@ -37,6 +37,7 @@ from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
     CONSTANTS_MISSING,
+    EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
     STUCK_STEPS,
     Baseline,
@@ -531,14 +532,17 @@ def liveness(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]) -> Cu
 def algorithm(candidate: Run, baseline: Baseline) -> CurveVerdict | None:
     """The candidate trains the golden's algorithm (harness.metrics.baseline.ALGORITHM_KEYS in verl's resolved
     configs); None when either side recorded none (a lab run, a log without its Hydra directory). The settings
-    judged are the ones the golden recorded: a key added to ALGORITHM_KEYS since is not held against it."""
+    judged are the ALGORITHM_KEYS the golden was recorded under (its "algorithm_keys"): a setting either side lacks
+    among them differs, and a key added to ALGORITHM_KEYS since is not held against an older golden."""
     theirs, mine = baseline.provenance.get("algorithm"), algorithm_config(candidate)
     if not isinstance(theirs, dict) or not theirs or mine is None:
         return None
-    differ = sorted(k for k in theirs if theirs[k] != mine.get(k))
+    judged = baseline.provenance.get("algorithm_keys") or EARLIER_ALGORITHM_KEYS
+    differ = sorted(k for k in judged if theirs.get(k) != mine.get(k))
     shown = "; ".join(f"{k} {mine.get(k)!r} vs the golden's {theirs.get(k)!r}" for k in differ[:4])
     return CurveVerdict(metric="config", statistic="algorithm", passed=not differ, where="verl config",
-                        detail=(f"{len(differ)} of {len(theirs)} algorithm settings differ: {shown}" if differ else
+                        detail=(f"{len(differ)} algorithm setting(s) differ from the golden's {len(theirs)}: {shown}"
+                                if differ else
                                 f"all {len(theirs)} algorithm settings equal the golden's"))
 
 
