@@ -422,6 +422,36 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
         assert set(row["fewest_statistics"]) == {f for f, rate in row["detection"].items() if rate > 0}
 
 
+def test_calibrate_curves_from_calibrates_on_given_runs_as_on_lab_runs(tmp_path):
+    """--from DIR with calibration/: the runs a recipe has are calibrated on (1, 1b) and measured (2-4) exactly as
+    the same runs made by the lab are. The seeded bug it fails on: --from calibrating on the clean runs it then
+    measures, or on none."""
+    runs = tmp_path / "runs"
+    lab_out, from_out = tmp_path / "lab.json", tmp_path / "from.json"
+    proc = _calibrate("--runs", str(runs), "--steps", "3", "--calibration", "20-23", "--held-out", "24-29",
+                      "--golden-wise-n", "1-2", "--out", str(lab_out))
+    assert proc.returncode == 0, proc.stderr
+    lab = json.loads(lab_out.read_text())
+    given = tmp_path / "given"
+    for sub, seeds in (("calibration", range(20, 24)), ("clean", range(24, 30))):
+        (given / sub).mkdir(parents=True)
+        for seed in seeds:
+            (given / sub / f"s{seed}").symlink_to(runs / f"lab-s{seed}")
+    for fault in lab["measurements"][0]["detection"]:
+        (given / fault).mkdir()
+        (given / fault / "run").symlink_to(runs / f"{fault}-s300")
+    proc = _calibrate("--from", str(given), "--out", str(from_out))
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads(from_out.read_text())
+    assert measured["runs_from"]["calibration"] == [f"lab-s{s}" for s in range(20, 24)]
+    assert measured["prior"] is False and measured["inflation_from_prior"] == []
+    for key in ("inflation_measured", "inflation", "golden_wise_scale"):
+        assert measured[key] == lab[key], key
+    strip = ("caught_by",)
+    assert [{k: v for k, v in row.items() if k not in strip} for row in measured["measurements"]] == \
+        [{k: v for k, v in row.items() if k not in strip} for row in lab["measurements"]]
+
+
 def test_calibrate_curves_from_names_a_fault_without_runs_and_a_run_too_short(tmp_path):
     """--from: an empty fault directory is named (dropping it would report a fault never measured), and so is a run
     too short to seed a spike in (a traceback at the end of the measurement)."""
