@@ -25,6 +25,8 @@ from harness.metrics.ingest import load_run
 # alarms <= 5 % from 3 reference runs on, <= 10 % with 1 or 2.
 MAX_FALSE_ALARM_RATE = {1: 0.10, 2: 0.10, 3: 0.05, 5: 0.05}
 CALIBRATION = Path(__file__).resolve().parent.parent / "baselines" / "tiny" / "curve_calibration.json"
+# scripts/calibrate-curves --from: the verl golden's prior measured on the tiny verl recipe's own clean runs
+VERL_MEASUREMENT = CALIBRATION.with_name("verl_prior_measurement.json")
 EXACT_STEPS = 4
 
 
@@ -74,20 +76,27 @@ def test_the_five_run_golden_passes_the_held_out_seed_and_its_own_self_check(gol
 HELD_OUT_MAX_FALSE_ALARM_RATE = 0.05
 
 
-def test_the_tiny_goldens_judge_with_the_measured_inflation():
-    """The tiny recipe's calibration (curve_calibration.json, measured on seeds the held-out ones are not) is what
-    its goldens judge with: a golden stores the tolerances it was recorded with, and dapo_verl.json kept a
-    reward-trend inflation of 1.2 after the calibration moved; a clean verl run of a CI host failed that trend by
-    0.0006 (scripts/calibrate-curves --golden retunes them)."""
+def test_each_tiny_golden_judges_with_its_recipes_measured_inflation():
+    """A golden stores the tolerances it was recorded with, so each must carry its own recipe's measured inflation
+    (dapo_verl.json once kept a reward-trend inflation of 1.2 after the calibration moved; a clean verl run of a CI
+    host failed that trend by 0.0006). The lab golden carries the lab's calibration (curve_calibration.json,
+    measured on seeds the held-out ones are not; scripts/calibrate-curves --golden retunes it). The verl golden
+    carries the code's prior: measured on the verl recipe's own 21 clean runs (VERL_MEASUREMENT) it false-alarms
+    1.1 % with 5 runs, while the lab's calibration -- a recipe whose seeds take off at different steps -- widened the
+    reward window until a frozen optimizer passed it (caught on its stuck KL alone), and a calibration on 11 verl
+    runs false-alarmed more than the prior on the 10 others."""
     from fixtures.dapo import TINY_GOLDEN, TINY_LAB_GOLDEN
 
     doc = json.loads(CALIBRATION.read_text())
     assert not set(doc["calibration_seeds"]) & set(doc["held_out_seeds"]) and len(doc["held_out_seeds"]) >= 20
-    for path in (TINY_LAB_GOLDEN, TINY_GOLDEN):
-        for metric, ref in load_baseline(path).metrics.items():
-            # the metrics judged beside the five (EXTRA_TOLERANCES) keep the widest prior until they are calibrated
-            expected = doc["inflation"].get(metric, list(EXTRA_INFLATION))
-            assert list(ref.tolerance.inflation) == expected, (path.name, metric, ref.tolerance)
+    for metric, ref in load_baseline(TINY_LAB_GOLDEN).metrics.items():
+        # the metrics judged beside the five (EXTRA_TOLERANCES) keep the widest prior until they are calibrated
+        expected = doc["inflation"].get(metric, list(EXTRA_INFLATION))
+        assert list(ref.tolerance.inflation) == expected, (metric, ref.tolerance)
+    measured = json.loads(VERL_MEASUREMENT.read_text())
+    for metric, ref in load_baseline(TINY_GOLDEN).metrics.items():
+        assert list(ref.tolerance.inflation) == list(NOISE_INFLATION.get(metric, EXTRA_INFLATION)), metric
+        assert measured["inflation"][metric] == list(ref.tolerance.inflation), metric
 
 
 def test_the_default_prior_is_narrower_than_the_tiny_recipes_own():
@@ -154,18 +163,44 @@ def test_the_lab_is_bit_for_bit_deterministic_on_one_host(tmp_path):
     assert alignment.passed and "bit for bit: same CPU kernels" in alignment.message(), alignment.message()
 
 
+# The trainer faults that stop learning (harness.config.cpu_tier PATCHED_FAULTS but half-updates, which keeps most of
+# the gain: docs/curves.md)
+STOP_LEARNING = ("zero-advantage", "dead-loss", "frozen-optimizer")
+
+
+def test_the_verl_goldens_prior_holds_on_verls_own_runs():
+    """scripts/calibrate-curves --from on 21 clean runs of verl's real trainer (the tiny recipe; the prior was fitted
+    to none of them) and on runs with each fault patched into verl (seeds no golden holds), goldens drawn as
+    `baseline record` makes them: mean false alarms at most 5 % from 2 reference runs on, with and without seeded
+    spikes; every golden catches every run that stops learning, zero-advantage and dead-loss by at least 2
+    statistics. What it does not meet is in docs/curves.md: one reference run false-alarms 5.0 % (5.5 % with seeded
+    spikes), some goldens of fast seeds flag more than 2 slow seeds in 10, and a frozen optimizer is sometimes
+    named by its stuck KL alone."""
+    doc = json.loads(VERL_MEASUREMENT.read_text())
+    assert doc["prior"] is True and doc["inflation_measured"] is None and doc["inflation_from_prior"]
+    assert len(doc["runs_from"]["clean"]) >= 20
+    assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in STOP_LEARNING)
+    for key in ("measurements", "measurements_spiked"):
+        rows = {row["n_runs"]: row for row in doc[key]}
+        assert sorted(rows) == [1, 2, 3, 5]
+        for n, row in rows.items():
+            assert n == 1 or row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
+            assert all(row["detection"][f] == 1.0 for f in STOP_LEARNING), (key, n, row["detection"])
+            assert all(row["fewest_statistics"][f] >= 2 for f in ("zero-advantage", "dead-loss")), (key, n, row)
+
+
 # What the tiny verl golden can tell apart on the reward alone (20 noise draws each, step noise 0.15 around the
-# golden's centre with the reward gain cut to a fraction): no gain fails 20 of 20, 1/4 of it 4 (20 with the golden of
-# the same seeds recorded on an AVX-512 host: its runs spread 0.143 over the window, these 0.171, and the reward
-# window's tolerance went from 0.82 to 0.85 -- `baseline record` calls this golden WEAK), 1/2 none -- a clean
-# CI-host seed learned at 0.49 of the golden's speed (reward slope 0.074 vs 0.153) and a golden recorded before the
-# retune failed it. A run that stops learning is caught on the metrics that stop with it (stuck, in
-# tests/test_golden_power.py; measured on the real trainer in docs/curves.md), not on the reward's bands.
-@pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 4), (0.5, 0), (1.0, 0)])
-def test_the_verl_golden_passes_a_slow_clean_seed_and_fails_a_run_that_learns_too_little(learned, flagged):
+# golden's centre with the reward gain cut to a fraction). Recorded with the code's prior (the verl recipe's own
+# clean runs keep its false alarms low: VERL_MEASUREMENT), a run keeping half the gain or less fails every draw,
+# as its power table says (reward-window MDE 0.58, half the gain 0.62); three quarters of it passes. With the lab's
+# calibration it was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20 and half of it none.
+# On the real trainer (docs/curves.md) frozen-optimizer keeps 52-57 % of the gain and fails; half-updates keeps
+# 72-86 % and passes.
+@pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 20), (0.5, 20), (0.75, 0), (1.0, 0)])
+def test_the_verl_golden_fails_a_run_keeping_half_its_gain_and_passes_one_keeping_three_quarters(learned, flagged):
     """The tiny verl golden against its own centre curve with the reward gain cut to `learned` plus seeded step
-    noise: a run that does not learn, or gains a quarter as much, fails every draw on the reward; half the gain (the
-    CI host's clean seed; the golden before the retune failed all 20) and the full gain fail none."""
+    noise: a run that does not learn, or keeps a quarter or half of the gain, fails every draw on the reward alone;
+    three quarters of the gain and the full gain fail none."""
     import random
 
     from fixtures.dapo import TINY_GOLDEN
