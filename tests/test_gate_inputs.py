@@ -463,6 +463,9 @@ def test_calibrate_curves_from_names_a_fault_without_runs_and_a_run_too_short(tm
 
     for i in range(6):
         run(tmp_path / "f" / "clean" / f"c{i}", 5)
+    # a metric verl logs at a few steps only (validation every test_freq steps) does not make a run too short
+    log = tmp_path / "f" / "clean" / "c0" / "metrics.jsonl"
+    log.write_text(log.read_text().replace('"data": {', '"data": {"val-core/acc": 0.5, ', 2))
     (tmp_path / "f" / "stalled").mkdir()
     proc = _calibrate("--from", str(tmp_path / "f"))
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
