@@ -355,3 +355,38 @@ def test_the_background_run_yields_the_cores_to_the_suites(tmp_path):
     finally:
         probe.stop()
     assert BACKGROUND_NICE > 0
+
+
+def test_the_tiny_micro_batch_trains_the_loss_of_micro_batches_of_one():
+    """The tiny scale trains in micro batches of 8 for speed (harness.config.scales); that is the same DAPO loss only
+    because verl's FSDP engine normalises the token-mean loss by the whole mini batch's tokens before it splits it.
+    Read in the installed verl's source and run through its own agg_loss; the seeded contrast, each micro batch
+    normalised by its own tokens, changes the gradient, so this fails on a verl that does that."""
+    import inspect
+
+    import torch
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from harness.config.scales import SCALES
+
+    source = inspect.getsource(FSDPEngine.forward_backward_batch)
+    assert "batch_num_tokens" in source and source.index("batch_num_tokens") < source.index("prepare_micro_batches")
+    batch = SCALES["tiny"].batch
+    sequences = batch.mini_batch * batch.n
+    generator = torch.Generator().manual_seed(0)
+    loss_mat = torch.randn(sequences, batch.max_response_length, generator=generator)
+    mask = (torch.rand(sequences, batch.max_response_length, generator=generator) > 0.3).float()
+    mask[:, 0] = 1.0  # every answer has a token
+
+    def gradient(micro: int, global_tokens: bool) -> torch.Tensor:
+        weights = loss_mat.clone().requires_grad_(True)
+        total = mask.sum() if global_tokens else None
+        for start in range(0, sequences, micro):
+            part = slice(start, start + micro)
+            agg_loss(weights[part], mask[part], "token-mean", batch_num_tokens=total).backward()
+        return weights.grad
+
+    assert batch.micro_batch_size_per_device > 1
+    assert torch.allclose(gradient(batch.micro_batch_size_per_device, True), gradient(1, True), atol=1e-7)
+    assert not torch.allclose(gradient(batch.micro_batch_size_per_device, False), gradient(1, False), atol=1e-4)
