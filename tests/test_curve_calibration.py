@@ -172,11 +172,11 @@ STOP_LEARNING = tuple(f for f in PATCHED_FAULTS if f != "half-updates")
 def test_the_verl_goldens_prior_holds_on_verls_own_runs():
     """scripts/calibrate-curves --from on 21 clean runs of verl's real trainer (the tiny recipe; the prior was fitted
     to none of them) and on runs with each fault patched into verl (seeds no golden holds), goldens drawn as
-    `baseline record` makes them: mean false alarms at most 5 % from 2 reference runs on, with and without seeded
-    spikes; every golden catches every run that stops learning, zero-advantage and dead-loss by at least 2
-    statistics. What it does not meet is in docs/curves.md: one reference run false-alarms 5.0 % (5.5 % with seeded
-    spikes), some goldens of fast seeds flag more than 2 slow seeds in 10, and a frozen optimizer is sometimes
-    named by its stuck KL alone."""
+    `baseline record` makes them: mean false alarms at most 5 % at every number of reference runs, with and without
+    seeded spikes (at micro batch 1 one reference run false-alarmed 5.0 %, 5.5 % with spikes); every golden catches
+    every run that stops learning, zero-advantage and dead-loss by at least 2 statistics. What it does not meet is in
+    docs/curves.md: 1-2 goldens of 21-300 flag more than 2 seeds in 10, a frozen optimizer is sometimes named by one
+    statistic alone, and half-updates (68-88 % of the gain kept) is caught by 21-45 % of goldens."""
     doc = json.loads(VERL_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["inflation_measured"] is None and doc["inflation_from_prior"]
     assert len(doc["runs_from"]["clean"]) >= 20
@@ -185,7 +185,7 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
         rows = {row["n_runs"]: row for row in doc[key]}
         assert sorted(rows) == [1, 2, 3, 5]
         for n, row in rows.items():
-            assert n == 1 or row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
+            assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
             assert all(row["detection"][f] == 1.0 for f in STOP_LEARNING), (key, n, row["detection"])
             assert all(row["fewest_statistics"][f] >= 2 for f in ("zero-advantage", "dead-loss")), (key, n, row)
 
@@ -193,10 +193,10 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
 # What the tiny verl golden can tell apart on the reward alone (20 noise draws each, step noise 0.15 around the
 # golden's centre with the reward gain cut to a fraction). Recorded with the code's prior (the verl recipe's own
 # clean runs keep its false alarms low: VERL_MEASUREMENT), a run keeping half the gain or less fails every draw,
-# as its power table says (reward-window MDE 0.58, half the gain 0.62); three quarters of it passes. With the lab's
+# as its power table says (reward-window MDE 0.55, half the gain 0.62); three quarters of it passes. With the lab's
 # calibration it was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20 and half of it none.
-# On the real trainer (docs/curves.md) frozen-optimizer keeps 52-57 % of the gain and fails; half-updates keeps
-# 72-86 % and passes.
+# On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails; half-updates keeps
+# 68-88 % and fails 1 of 3.
 @pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 20), (0.5, 20), (0.75, 0), (1.0, 0)])
 def test_the_verl_golden_fails_a_run_keeping_half_its_gain_and_passes_one_keeping_three_quarters(learned, flagged):
     """The tiny verl golden against its own centre curve with the reward gain cut to `learned` plus seeded step
