@@ -83,9 +83,9 @@ def test_each_tiny_golden_judges_with_its_recipes_measured_inflation():
     host failed that trend by 0.0006). The lab golden carries the lab's calibration (curve_calibration.json,
     measured on seeds the held-out ones are not; scripts/calibrate-curves --golden retunes it). The verl golden
     carries the code's prior: measured on the verl recipe's own 21 clean runs (VERL_MEASUREMENT) it false-alarms
-    1.1 % with 5 runs, while the lab's calibration -- a recipe whose seeds take off at different steps -- widened the
-    reward window until a frozen optimizer passed it (caught on its stuck KL alone), and a calibration on 11 verl
-    runs false-alarmed more than the prior on the 10 others."""
+    0.1 % with 5 runs, while (measured at micro batch 1) the lab's calibration -- a recipe whose seeds take off at
+    different steps -- widened the reward window until a frozen optimizer passed it (caught on its stuck KL alone),
+    and a calibration on 11 verl runs false-alarmed more than the prior on the 10 others."""
     from fixtures.dapo import TINY_GOLDEN, TINY_LAB_GOLDEN
 
     doc = json.loads(CALIBRATION.read_text())
@@ -194,9 +194,9 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
 # golden's centre with the reward gain cut to a fraction). Recorded with the code's prior (the verl recipe's own
 # clean runs keep its false alarms low: VERL_MEASUREMENT), a run keeping half the gain or less fails every draw,
 # as its power table says (reward-window MDE 0.55, half the gain 0.62); three quarters of it passes. With the lab's
-# calibration it was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20 and half of it none.
-# On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails; half-updates keeps
-# 68-88 % and fails 1 of 3.
+# calibration the micro-batch-1 golden was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20
+# and half of it none. On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails;
+# half-updates keeps 68-88 % and fails 1 of 3.
 @pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 20), (0.5, 20), (0.75, 0), (1.0, 0)])
 def test_the_verl_golden_fails_a_run_keeping_half_its_gain_and_passes_one_keeping_three_quarters(learned, flagged):
     """The tiny verl golden against its own centre curve with the reward gain cut to `learned` plus seeded step

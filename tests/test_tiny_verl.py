@@ -273,13 +273,15 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
 @pytest.mark.regression
 @pytest.mark.tiny
 @pytest.mark.cpu
-@pytest.mark.parametrize("fault", cpu_tier.PATCHED_FAULTS)
+# half-updates keeps 68-88 % of the gain: the committed golden caught 1 of 3 seeds, drawn goldens 21-45 % of the time
+# (baselines/tiny/verl_prior_measurement.json), so one run of it cannot be asserted either way
+@pytest.mark.parametrize("fault", [f for f in cpu_tier.PATCHED_FAULTS if f != "half-updates"])
 def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged(fault, regression_verl_run,
                                                                                    record_property):
     """A fault patched into verl's own code from step 4 (harness.launch.verl_faults.patch_trainer) leaves verl's
     resolved config the clean run's, so the config verdict passes and the curves alone must fail it: on seeds
-    700-702 each was caught by a metric that stopped with it (docs/curves.md, "Faults patched into verl's
-    trainer")."""
+    700-702 each fault that stops learning was caught by 3 or more statistics (docs/curves.md, "Faults patched into
+    verl's trainer")."""
     from fixtures.dapo import TINY_GOLDEN
     from harness.metrics import curves
     from harness.metrics.baseline import load_baseline
@@ -362,26 +364,34 @@ def test_the_tiny_micro_batch_trains_the_loss_of_micro_batches_of_one(tmp_path):
     as micro batches of 1, to float rounding, because verl's FSDP engine normalises the token-mean loss by the whole
     mini batch's tokens before it splits it, and right-pads each micro batch with a mask built from the nested
     lengths (verl/workers/utils/padding.py build_attention_mask_from_nested), so padding changes no real token.
-    The tiny DeepseekV3 runs both ways through verl's own mask and `agg_loss`; the seeded contrast, each micro batch
-    normalised by its own tokens, changes the gradient, so this fails on a verl that does that."""
+    Read in the installed verl's source (the engine counts the tokens before the split, ppo_loss hands the count to
+    the loss) and run on the tiny DeepseekV3 both ways through verl's own mask and `agg_loss`, in the recipe's
+    setting (no remove-padding, token-mean). The seeded contrast, each micro batch normalised by its own tokens,
+    changes the gradient by most of its norm."""
     import inspect
 
     import torch
     from transformers import AutoModelForCausalLM
     from verl.trainer.ppo.core_algos import agg_loss
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+    from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import build_attention_mask_from_nested
 
+    from harness.config.recipe import dapo_recipe
     from harness.config.scales import SCALES
     from harness.engines.weights import random_state_dict, write_model_dir
 
     source = inspect.getsource(FSDPEngine.forward_backward_batch)
     assert "batch_num_tokens" in source and source.index("batch_num_tokens") < source.index("prepare_micro_batches")
+    assert 'global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]' in inspect.getsource(ppo_loss)
+    assert cpu_tier.OVERRIDES["actor_rollout_ref.model.use_remove_padding"] == "False"  # the padded path below
+    assert dapo_recipe(SCALES["tiny"]).override_map()["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     batch = SCALES["tiny"].batch
     assert batch.micro_batch_size_per_device > 1
     model = AutoModelForCausalLM.from_pretrained(
         write_model_dir(TINY_TASK, random_state_dict(TINY_TASK, 0, zero_router_bias=True), tmp_path),
         dtype=torch.float32, attn_implementation="sdpa")  # as the tiny recipe's override_config sets it
+    model.train()  # as verl's update runs it
     generator = torch.Generator().manual_seed(0)
     prompt = batch.max_prompt_length // 2
     sequences = [torch.randint(0, TINY_TASK.vocab_size, (prompt + int(length),), generator=generator)
@@ -407,5 +417,9 @@ def test_the_tiny_micro_batch_trains_the_loss_of_micro_batches_of_one(tmp_path):
 
     micro = batch.micro_batch_size_per_device
     reference = gradient(1, True)
-    assert torch.allclose(gradient(micro, True), reference, rtol=1e-4, atol=1e-7)
-    assert not torch.allclose(gradient(micro, False), gradient(1, False), rtol=1e-2, atol=1e-4)
+
+    def relative(other: torch.Tensor, base: torch.Tensor) -> float:
+        return float((other - base).norm() / base.norm())
+
+    assert relative(gradient(micro, True), reference) < 1e-5  # 7e-7 measured on a 2-core EPYC
+    assert relative(gradient(micro, False), gradient(1, False)) > 0.5  # 0.92 measured

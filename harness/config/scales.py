@@ -150,9 +150,9 @@ SCALES: dict[str, Scale] = {s.name: s for s in (
     # verl/workers/engine/fsdp/transformer_impl.py, FSDPEngine.forward_backward_batch: batch_num_tokens;
     # trainer/ppo/core_algos.py agg_loss), in 8x fewer passes: on the 2-core EPYC a tiny step 8.2 -> 5.2 s (old
     # log-probs 1.2 -> 0.35 s, the update 2.6 -> 0.6 s). The tiny model's gradient through verl's padding agrees
-    # with micro batches of 1 to 7e-7 (tests/test_tiny_verl.py), yet over 21 seeds the runs spread less (reward
-    # window sd 0.185 -> 0.104, F 3.2, p about 0.01), for a reason not found (docs/curves.md); the verl golden
-    # (baselines/tiny/dapo_verl.json) is recorded at this micro batch.
+    # with micro batches of 1 to 7e-7 (tests/test_tiny_verl.py). Over 21 seeds the runs spread less (reward window
+    # sd 0.185 -> 0.104), which the 10 seeds run after the question was raised do not confirm alone (docs/curves.md);
+    # the verl golden (baselines/tiny/dapo_verl.json) is recorded at this micro batch.
     Scale("tiny", "tiny", MODELS["tiny-dsv3-task"], PROFILES["cpu"], 1, 1, _plan(1, 1),
           DapoBatch(gbs=8, n=8, max_prompt_length=8, max_response_length=4, ppo_mini_batch_size=4,
                     overlong_buffer_len=2, micro_batch_size_per_device=8),
