@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.cpu_tier import PATCHED_FAULTS
+from harness.config.cpu_tier import STOP_LEARNING_FAULTS
 from harness.lab import LabConfig, run_lab
 from harness.metrics import curves
 from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, load_baseline
@@ -164,10 +164,6 @@ def test_the_lab_is_bit_for_bit_deterministic_on_one_host(tmp_path):
     assert alignment.passed and "bit for bit: same CPU kernels" in alignment.message(), alignment.message()
 
 
-# The trainer faults that stop learning (harness.config.cpu_tier PATCHED_FAULTS but half-updates, which keeps most of
-# the gain: docs/curves.md)
-STOP_LEARNING = tuple(f for f in PATCHED_FAULTS if f != "half-updates")
-
 
 def test_the_verl_goldens_prior_holds_on_verls_own_runs():
     """scripts/calibrate-curves --from on 21 clean runs of verl's real trainer (the tiny recipe; the prior was fitted
@@ -180,13 +176,13 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
     doc = json.loads(VERL_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["inflation_measured"] is None and doc["inflation_from_prior"]
     assert len(doc["runs_from"]["clean"]) >= 20
-    assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in STOP_LEARNING)
+    assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in STOP_LEARNING_FAULTS)
     for key in ("measurements", "measurements_spiked"):
         rows = {row["n_runs"]: row for row in doc[key]}
         assert sorted(rows) == [1, 2, 3, 5]
         for n, row in rows.items():
             assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
-            assert all(row["detection"][f] == 1.0 for f in STOP_LEARNING), (key, n, row["detection"])
+            assert all(row["detection"][f] == 1.0 for f in STOP_LEARNING_FAULTS), (key, n, row["detection"])
             assert all(row["fewest_statistics"][f] >= 2 for f in ("zero-advantage", "dead-loss")), (key, n, row)
 
 
