@@ -34,10 +34,20 @@ from harness.errors import BadInput
 # Fewer runs than this give no spread across runs (the median centre needs 3): below it the noise model carries
 # the verdict alone (1 run) or mostly (2 runs).
 MIN_CALIBRATED_RUNS = 3
-# The noise model counts for the differences it was estimated from (one 30-step run: 28), at most this many, when
+# The noise model counts for what its estimate is worth (EFFECTIVE_DF: one 30-step run 11), at most this many, when
 # combined with the runs' own spread: a 3-run golden adds 2 (window, trend) or ~10 (band, pooled over 5 steps), a
 # 5-run golden 4 or ~20. The cap keeps a long curve's noise from outweighing what several seeds show.
 MAX_PRIOR_DF = 30
+# What run_noise's sigma from k second differences is worth: the degrees of freedom of the chi-square whose spread
+# its sigma^2 has (2 / the squared coefficient of variation of sigma^2), measured by simulation (white Gaussian
+# noise around a straight line, 40,000 runs per k; tests/test_stats.py re-simulates). Not k: the local centring, the
+# winsorizing and the estimated autocorrelation each cost precision. Counted as k, the t quantile of a one-run
+# golden of 15 steps took df 13 for what is worth 5.9: its sigma read below 0.39x the truth in 1 % of runs, not the
+# 0.56x df 13 promises, and such a golden was too narrow: one of 21 one-run goldens of the tiny verl recipe flagged 7
+# of 20 clean seeds (its grad-norm sigma read 0.155 against the seeds' median 0.383). Linear in between; beyond
+# the last entry, its share of k.
+EFFECTIVE_DF = ((3, 2.0), (4, 2.0), (5, 2.6), (6, 2.8), (8, 3.6), (10, 4.4), (13, 5.9), (18, 7.7), (23, 9.7),
+                (28, 11.2), (38, 14.2), (58, 19.5), (98, 26.6))
 # First differences are centred on the median of this many neighbours each side (see run_noise); on noise alone the
 # centring changes their SD by ~1 % (simulated, n = 30), so it needs no correction.
 SLOPE_NEIGHBOURS = 3
@@ -150,7 +160,8 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], con
 @dataclass(frozen=True)
 class Noise:
     """A curve's step-to-step noise: SD `sigma` of one step's value around the curve's smooth trend, lag-1
-    autocorrelation `rho` (AR(1)), and the differences it was estimated from (`df`; 0: no estimate)."""
+    autocorrelation `rho` (AR(1)), and `df`: run_noise's, the second differences it was estimated from;
+    pooled_noise's, what the estimate is worth (effective_df); 0: no estimate."""
 
     sigma: float
     rho: float
@@ -208,19 +219,33 @@ def run_noise(values: Sequence[float]) -> Noise:
     return Noise(s1 / math.sqrt(2 * (1 - rho)), rho, len(d2), s1)
 
 
+def effective_df(k: int) -> float:
+    """What one run's noise estimate from k second differences is worth, in degrees of freedom (EFFECTIVE_DF)."""
+    if k <= 0:
+        return 0.0
+    points = EFFECTIVE_DF
+    if k <= points[0][0]:
+        return points[0][1] * k / points[0][0]
+    for (k0, d0), (k1, d1) in zip(points, points[1:], strict=False):
+        if k <= k1:
+            return d0 + (d1 - d0) * (k - k0) / (k1 - k0)
+    return points[-1][1] * k / points[-1][0]
+
+
 def pooled_noise(curves: Sequence[Sequence[float]]) -> Noise:
-    """The noise of several runs of one metric: their variances averaged, weighted by df, and their
-    autocorrelation shrunk toward 0 (RHO_PRIOR_DF). What every verdict reads (`run_noise` is one run's raw
-    estimate)."""
+    """The noise of several runs of one metric: their variances averaged, weighted by their differences, and
+    their autocorrelation shrunk toward 0 (RHO_PRIOR_DF); its df is what the estimate is worth (the runs'
+    effective_df summed). What every verdict reads (`run_noise` is one run's raw estimate, its df a count)."""
     parts = [n for n in map(run_noise, curves) if n.df > 0]
     df = sum(n.df for n in parts)
     if df == 0:
         return Noise(0.0, 0.0, 0)
+    worth = max(1, round(sum(effective_df(n.df) for n in parts)))
     # sigma from the first differences with the SHRUNK autocorrelation: with each run's raw one, one run in ten
     # read its noise 1.85x too high (simulated, white noise, 30 steps), and its tolerance with it
     rho = sum(n.df * n.rho for n in parts) / (df + RHO_PRIOR_DF)
     diff_var = sum(n.df * n.diff_sd ** 2 for n in parts) / df
-    return Noise(math.sqrt(diff_var / (2 * (1 - rho))), rho, df, math.sqrt(diff_var))
+    return Noise(math.sqrt(diff_var / (2 * (1 - rho))), rho, worth, math.sqrt(diff_var))
 
 
 def shrunk(prior_sd: float, prior_df: int, spread: float, spread_df: int) -> tuple[float, int]:
