@@ -17,8 +17,8 @@ narrow that one golden in twenty flagged most clean candidates. Here:
   scripts/calibrate-curves);
 - spread across runs (N >= 2): residuals from the centre, pooled over neighbouring steps, each clipped at
   CLIP_MADS robust SDs, so one bad run adds a bounded amount;
-- the two combined as a scaled-inverse-chi-square update (`shrunk`): the noise model is a prior worth the
-  differences it was estimated from (at most MAX_PRIOR_DF), the runs' spread adds theirs; a new run falls within
+- the two combined as a scaled-inverse-chi-square update (`shrunk`): the noise model is a prior worth the degrees
+  of freedom its estimate has (EFFECTIVE_DF; at most MAX_PRIOR_DF), the runs' spread adds theirs; a new run falls within
   centre +- t(df, confidence) * s * sqrt(1 + 1/N).
 """
 from __future__ import annotations
@@ -38,10 +38,14 @@ MIN_CALIBRATED_RUNS = 3
 # combined with the runs' own spread: a 3-run golden adds 2 (window, trend) or ~10 (band, pooled over 5 steps), a
 # 5-run golden 4 or ~20. The cap keeps a long curve's noise from outweighing what several seeds show.
 MAX_PRIOR_DF = 30
-# What run_noise's sigma from k second differences is worth: the degrees of freedom of the chi-square whose spread
-# its sigma^2 has (2 / the squared coefficient of variation of sigma^2), measured by simulation (white Gaussian
-# noise around a straight line, 40,000 runs per k; tests/test_stats.py re-simulates). Not k: the local centring, the
-# winsorizing and the estimated autocorrelation each cost precision. Counted as k, the t quantile of a one-run
+# What one run's noise estimate from k second differences is worth, as pooled_noise gives it (its autocorrelation
+# shrunk): the degrees of freedom of the chi-square whose spread its sigma^2 has (2 / the squared coefficient of
+# variation of sigma^2), measured by simulation (white Gaussian noise around a straight line, 40,000 runs per k;
+# tests/test_curves.py re-simulates). Not k: the local centring, the winsorizing and the estimated autocorrelation
+# each cost precision. Runs are summed; with their autocorrelation pooled that overstates a little (three 30-step
+# runs: 29 measured, 34 summed), which MAX_PRIOR_DF caps. Simulated, a one-run band at 0.998 holds: a new run's
+# steps fall outside it at 0.0019 / 0.0015 (15 / 30 steps; 0.0081 / 0.0046 with the count of differences). The
+# spread across runs keeps its count of residuals. Counted as k, the t quantile of a one-run
 # golden of 15 steps took df 13 for what is worth 5.9: its sigma read below 0.39x the truth in 1 % of runs, not the
 # 0.56x df 13 promises, and such a golden was too narrow: one of 21 one-run goldens of the tiny verl recipe flagged 7
 # of 20 clean seeds (its grad-norm sigma read 0.155 against the seeds' median 0.383). Linear in between; beyond
