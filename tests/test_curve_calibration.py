@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.config.cpu_tier import STOP_LEARNING_FAULTS
-from harness.lab import LabConfig, run_lab
+from harness.lab import FAULTS, LabConfig, run_lab
 from harness.metrics import curves
 from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, load_baseline
 from harness.metrics.ingest import load_run
@@ -137,7 +137,8 @@ def test_the_measured_calibration_meets_the_targets():
             assert rows[n]["goldens_above_2_in_10"] == 0, (key, rows[n])
             if key == "measurements_spiked":
                 assert rows[n]["false_alarm_spiked_candidates"] <= limit, (key, rows[n])
-        caught = ("stale-absorbed", "dummy-no-rederive", "wrong-scale", "no-sync", "zero-advantage", "dead-loss")
+        rollout = [f for f, spec in FAULTS.items() if f != "none" and spec.trainer_fault is None]
+        caught = (*rollout, "zero-advantage", "dead-loss")
         assert all(rows[n]["detection"][f] == 1.0 for n in rows for f in caught), (key, rows)
     assert doc["spikes"]["seeded"] and all(3 <= s["factor"] <= 10 for s in doc["spikes"]["seeded"])
 

@@ -42,14 +42,14 @@ MAX_PRIOR_DF = 30
 # shrunk): the degrees of freedom of the chi-square whose spread its sigma^2 has (2 / the squared coefficient of
 # variation of sigma^2), measured by simulation (white Gaussian noise around a straight line, 40,000 runs per k;
 # tests/test_curves.py re-simulates). Not k: the local centring, the winsorizing and the estimated autocorrelation
-# each cost precision. Runs are summed; with their autocorrelation pooled that overstates a little (three 30-step
-# runs: 29 measured, 34 summed), which MAX_PRIOR_DF caps. Simulated, a one-run band at 0.998 holds: a new run's
-# steps fall outside it at 0.0019 / 0.0015 (15 / 30 steps; 0.0081 / 0.0046 with the count of differences). The
-# spread across runs keeps its count of residuals. Counted as k, the t quantile of a one-run
-# golden of 15 steps took df 13 for what is worth 5.9: its sigma read below 0.39x the truth in 1 % of runs, not the
-# 0.56x df 13 promises, and such a golden was too narrow: one of 21 one-run goldens of the tiny verl recipe flagged 7
-# of 20 clean seeds (its grad-norm sigma read 0.155 against the seeds' median 0.383). Linear in between; beyond
-# the last entry, its share of k.
+# each cost precision. Counted as k, the t quantile of a one-run golden of 15 steps took df 13 for what is worth 5.9:
+# its sigma read below 0.39x the truth in 1 % of runs, not the 0.56x df 13 promises, and such a golden was too
+# narrow: one of 21 one-run goldens of the tiny verl recipe flagged 7 of 20 clean seeds (its grad-norm sigma read
+# 0.155 against the seeds' median 0.383). Simulated, a one-run band at 0.998 now holds: a new run's steps fall
+# outside it at 0.0019 / 0.0015 (15 / 30 steps; 0.0081 / 0.0046 with the count of differences). Runs are summed;
+# with their autocorrelation pooled that overstates a little (three 30-step runs: 29 measured, 34 summed), which
+# MAX_PRIOR_DF caps. The spread across runs keeps its count of residuals. Linear in between; beyond the last entry,
+# its share of k.
 EFFECTIVE_DF = ((3, 2.0), (4, 2.0), (5, 2.6), (6, 2.8), (8, 3.6), (10, 4.4), (13, 5.9), (18, 7.7), (23, 9.7),
                 (28, 11.2), (38, 14.2), (58, 19.5), (98, 26.6))
 # First differences are centred on the median of this many neighbours each side (see run_noise); on noise alone the
