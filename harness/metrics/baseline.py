@@ -593,13 +593,15 @@ def spike_floor(tol: CurveTolerance):
     return lambda level: max(tol.band_atol, tol.band_rtol * abs(level))
 
 
-def despiked(series: Series, tol: CurveTolerance) -> tuple[Series, tuple[stats.Spike, ...]]:
-    """The series with its spikes (harness.metrics.stats.find_spikes) replaced by their neighbours' median, and
-    the spikes: what every band, window and trend is computed from, while the spikes are judged as events. None
-    where the tolerance judges no spikes (a share's bursts)."""
+def despiked(series: Series, tol: CurveTolerance, noise_cap: float = math.inf
+             ) -> tuple[Series, tuple[stats.Spike, ...]]:
+    """The series with its spikes (harness.metrics.stats.find_spikes, measured against at most `noise_cap`: the
+    golden's MetricBaseline.spike_noise) replaced by their neighbours' median, and the spikes: what every band,
+    window and trend is computed from, while the spikes are judged as events. None where the tolerance judges no
+    spikes (a share's bursts)."""
     if tol.spike_limit is None:
         return series, ()
-    found = stats.find_spikes(series.values, spike_floor(tol))
+    found = stats.find_spikes(series.values, spike_floor(tol), noise_cap)
     return (Series(series.steps, stats.despike(series.values, found)) if found else series), found
 
 
@@ -640,8 +642,16 @@ class MetricBaseline:
         return tuple(stats.centre(column) for column in self._columns)
 
     @cached_property
+    def spike_noise(self) -> float:
+        """The most noise a spike of this metric is measured against, in the candidate and in these runs alike
+        (harness.metrics.stats.SPIKE_NOISE_CONFIDENCE): the bound of the noise of these runs, each despiked by its
+        own noise first."""
+        first = stats.pooled_noise([despiked(r.series, self.tolerance)[0].values for r in self.runs])
+        return stats.noise_bound(first.sigma, first.df)
+
+    @cached_property
     def _despiked(self) -> tuple[tuple[Series, tuple[stats.Spike, ...]], ...]:
-        return tuple(despiked(r.series, self.tolerance) for r in self.runs)
+        return tuple(despiked(r.series, self.tolerance, self.spike_noise) for r in self.runs)
 
     @cached_property
     def clean_runs(self) -> tuple[Series, ...]:
@@ -664,7 +674,7 @@ class MetricBaseline:
     def heavy_tailed(self) -> bool:
         """Whether this metric is heavy-tailed, decided from these runs (harness.metrics.stats.heavy_tailed): its
         window and trend then take robust centres."""
-        return stats.heavy_tailed([r.series.values for r in self.runs], spike_floor(self.tolerance))
+        return stats.heavy_tailed([r.series.values for r in self.runs], spike_floor(self.tolerance), self.spike_noise)
 
     @cached_property
     def positive(self) -> bool:
