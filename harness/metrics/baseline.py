@@ -284,7 +284,10 @@ def measure_inflation(runs: list[Run], metric: str, tol: CurveTolerance) -> dict
     if len(raw) < 3:
         raise BadInput(f"{metric}: measuring the noise inflation needs >= 3 runs that log it")
     # as the verdicts judge them: spikes replaced (they are judged as events), robust centres where the reference
-    # run alone says the metric is heavy-tailed (what a 1-run golden decides from)
+    # run alone says the metric is heavy-tailed (what a 1-run golden decides from). Each run is despiked by its own
+    # noise, not capped by each reference's bound (MetricBaseline.spike_diff_cap: 2.6x a 15-step run's, 1.9x a
+    # 30-step one's): a burst the cap would remove then widens the inflation, never narrows it, and the committed
+    # calibration stays what this code measures
     series = [despiked(s, tol)[0] for s in raw]
     heavy = {id(c): stats.heavy_tailed([r.values], spike_floor(tol)) for c, r in zip(series, raw, strict=True)}
     first_step = min(s.steps[0] for s in series)
@@ -593,15 +596,15 @@ def spike_floor(tol: CurveTolerance):
     return lambda level: max(tol.band_atol, tol.band_rtol * abs(level))
 
 
-def despiked(series: Series, tol: CurveTolerance, noise_cap: float = math.inf
+def despiked(series: Series, tol: CurveTolerance, diff_cap: float = math.inf
              ) -> tuple[Series, tuple[stats.Spike, ...]]:
-    """The series with its spikes (harness.metrics.stats.find_spikes, measured against at most `noise_cap`: the
-    golden's MetricBaseline.spike_noise) replaced by their neighbours' median, and the spikes: what every band,
-    window and trend is computed from, while the spikes are judged as events. None where the tolerance judges no
-    spikes (a share's bursts)."""
+    """The series with its spikes (harness.metrics.stats.find_spikes, its noise read from a first-difference SD of
+    at most `diff_cap`: the golden's MetricBaseline.spike_diff_cap) replaced by their neighbours' median, and the
+    spikes: what every band, window and trend is computed from, while the spikes are judged as events. None where
+    the tolerance judges no spikes (a share's bursts)."""
     if tol.spike_limit is None:
         return series, ()
-    found = stats.find_spikes(series.values, spike_floor(tol), noise_cap)
+    found = stats.find_spikes(series.values, spike_floor(tol), diff_cap)
     return (Series(series.steps, stats.despike(series.values, found)) if found else series), found
 
 
@@ -642,16 +645,16 @@ class MetricBaseline:
         return tuple(stats.centre(column) for column in self._columns)
 
     @cached_property
-    def spike_noise(self) -> float:
-        """The most noise a spike of this metric is measured against, in the candidate and in these runs alike
-        (harness.metrics.stats.SPIKE_NOISE_CONFIDENCE): the bound of the noise of these runs, each despiked by its
-        own noise first."""
+    def spike_diff_cap(self) -> float:
+        """The largest first-difference SD a run's noise is read from when its spikes are found, in the candidate and
+        in these runs alike: the upper bound of these runs' pooled one (harness.metrics.stats.SPIKE_NOISE_CONFIDENCE),
+        each run despiked by its own noise first."""
         first = stats.pooled_noise([despiked(r.series, self.tolerance)[0].values for r in self.runs])
-        return stats.noise_bound(first.sigma, first.df)
+        return stats.noise_bound(first.diff_sd, first.df)
 
     @cached_property
     def _despiked(self) -> tuple[tuple[Series, tuple[stats.Spike, ...]], ...]:
-        return tuple(despiked(r.series, self.tolerance, self.spike_noise) for r in self.runs)
+        return tuple(despiked(r.series, self.tolerance, self.spike_diff_cap) for r in self.runs)
 
     @cached_property
     def clean_runs(self) -> tuple[Series, ...]:
@@ -674,7 +677,8 @@ class MetricBaseline:
     def heavy_tailed(self) -> bool:
         """Whether this metric is heavy-tailed, decided from these runs (harness.metrics.stats.heavy_tailed): its
         window and trend then take robust centres."""
-        return stats.heavy_tailed([r.series.values for r in self.runs], spike_floor(self.tolerance), self.spike_noise)
+        return stats.heavy_tailed([r.series.values for r in self.runs], spike_floor(self.tolerance),
+                                  self.spike_diff_cap)
 
     @cached_property
     def positive(self) -> bool:

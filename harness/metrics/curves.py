@@ -408,7 +408,7 @@ def compare(candidate: Run, baseline: Baseline, metrics: tuple[str, ...] | None 
                                          detail=f"candidate {candidate.name} does not log {metric}"))
             continue
         raw = candidate[metric]
-        cand, found = despiked(raw, ref.tolerance, ref.spike_noise)  # spikes are events, the rest judged without them
+        cand, found = despiked(raw, ref.tolerance, ref.spike_diff_cap)  # spikes are events, judged apart
         verdicts += [band(metric, cand, ref), window(metric, cand, ref), trend(metric, cand, ref)]
         verdicts += [spikes(metric, raw, found, ref)] if ref.tolerance.spike_limit is not None else []
     frozen = liveness(candidate, baseline, metrics)
@@ -731,7 +731,7 @@ def band_series(candidate: Run, baseline: Baseline, metrics: tuple[str, ...],
         ref = family.metrics[metric]
         half = [ref.half_width(i) for i in range(len(ref.steps))]
         cand = candidate[metric] if metric in candidate else Series((), ())
-        cmap = despiked(cand, ref.tolerance, ref.spike_noise)[0].as_dict()  # what the band verdict judged
+        cmap = despiked(cand, ref.tolerance, ref.spike_diff_cap)[0].as_dict()  # what the band verdict judged
         outside = [s for s, c, h in zip(ref.steps, ref.band_center, half, strict=True)
                    if s in cmap and not _inside(metric, cmap[s], c, h, ref.positive)]
         out[metric] = {"steps": list(ref.steps), "center": list(ref.band_center),

@@ -280,12 +280,13 @@ def shrunk(prior_sd: float, prior_df: int, spread: float, spread_df: int) -> tup
 # reward's first steps) lies between its sides. A run's first and last steps have one side and are never spikes.
 SPIKE_Z = 6.0
 SPIKE_NEIGHBOURS = 3
-# The noise a spike is measured against is at most what the golden's runs allow for: the upper bound, at this
-# confidence, of the SD their pooled noise estimate is worth (chi-square with its effective df). A run's own noise
-# is raised by its bursts (measured: a clean verl run's grad-norm steps of 6.5 and 5.0 around 2.3 read a sigma of
-# 0.95 against the seeds' median 0.38, so neither was a spike and both entered its window mean: MISALIGNED on a
-# clean seed), and one 15-step run's estimate is worth ~6 df. Against five runs' noise (df 30: the bound is 1.42x
-# it) a burst is an event; against one run's (df ~6: 2.6x) the run's own noise still decides, as before.
+# The noise a spike is measured against is read from the run's first differences at most the upper bound, at this
+# confidence, of the golden's (their pooled SD, chi-square with its effective df): a run's own noise is raised by its
+# bursts (measured: a clean verl run's grad-norm steps of 6.5 and 5.0 around 2.3 read a sigma of 0.95 against the
+# seeds' median 0.38, so neither was a spike and both entered its window mean: MISALIGNED on a clean seed). The
+# bound is 1.42x the golden's for five 15-step runs (df 30), 2.6x for one (df 6). Simulated on Gaussian noise, a
+# clean run's first differences exceed it in ~10 % of runs against five runs' bound, ~1 % against one's; its
+# threshold is then still 6 true SDs or more, but against the 1 % of goldens whose noise reads lowest.
 SPIKE_NOISE_CONFIDENCE = 0.99
 # A metric is heavy-tailed when its own runs say so: a spike in one of them, or an excess kurtosis of their
 # residuals from the neighbours' median above this (Gaussian noise: ~0 +- 0.9 for one 30-step run, +- 0.4 for
@@ -335,10 +336,10 @@ def _neighbour_medians(values: Sequence[float]) -> list[float | None]:
     return out
 
 
-def noise_bound(sigma: float, df: int, confidence: float = SPIKE_NOISE_CONFIDENCE) -> float:
-    """The upper `confidence` bound of the noise SD an estimate `sigma` worth `df` degrees of freedom allows:
-    sigma sqrt(df / chi2_(1 - confidence)(df)); infinite without df."""
-    return sigma * _chi2_bound(df, confidence) if df > 0 else math.inf
+def noise_bound(sd: float, df: int, confidence: float = SPIKE_NOISE_CONFIDENCE) -> float:
+    """The upper `confidence` bound of an SD estimated as `sd` with `df` degrees of freedom:
+    sd sqrt(df / chi2_(1 - confidence)(df)); infinite where the estimate says nothing (no df, an SD of 0)."""
+    return sd * _chi2_bound(df, confidence) if df > 0 and 0 < sd < math.inf else math.inf
 
 
 @lru_cache(maxsize=256)  # a function of df alone; scipy's ppf costs ~0.1 ms
@@ -348,13 +349,13 @@ def _chi2_bound(df: int, confidence: float) -> float:
     return math.sqrt(df / chi2.ppf(1 - confidence, df))
 
 
-def find_spikes(values: Sequence[float], floor=None, noise_cap: float = math.inf) -> tuple[Spike, ...]:
-    """The spikes of one curve (consecutive logged steps): finite steps more than SPIKE_Z x the run's noise SD (at
-    most `noise_cap`: what the golden's runs allow for, `noise_bound`) and more than `floor(level)` (the metric's
-    band floor at that level; 0 when None) beyond the median of their neighbours on each side, on the same side of
-    both. Non-finite values are never spikes: they fail as themselves."""
-    finite = [v for v in values if math.isfinite(v)]
-    sigma = min(run_noise(finite).sigma, noise_cap)
+def find_spikes(values: Sequence[float], floor=None, diff_cap: float = math.inf) -> tuple[Spike, ...]:
+    """The spikes of one curve (consecutive logged steps): finite steps more than SPIKE_Z x the run's noise SD (read
+    from a first-difference SD of at most `diff_cap`: the bound of the golden's, SPIKE_NOISE_CONFIDENCE) and more
+    than `floor(level)` (the metric's band floor at that level; 0 when None) beyond the median of their neighbours
+    on each side, on the same side of both. Non-finite values are never spikes: they fail as themselves."""
+    noise = run_noise([v for v in values if math.isfinite(v)])
+    sigma = noise.sigma * min(1.0, diff_cap / noise.diff_sd) if noise.diff_sd > 0 else noise.sigma
     out = []
     for i, v in enumerate(values):
         left, right = _sides(values, i)
@@ -376,15 +377,15 @@ def despike(values: Sequence[float], spikes: Sequence[Spike]) -> tuple[float, ..
     return tuple(out)
 
 
-def heavy_tailed(curves: Sequence[Sequence[float]], floor=None, noise_cap: float = math.inf) -> bool:
+def heavy_tailed(curves: Sequence[Sequence[float]], floor=None, diff_cap: float = math.inf) -> bool:
     """Whether these runs of one metric are heavy-tailed, from the runs alone (never from the metric's name): a
-    spike in any of them (find_spikes, with `noise_cap`), or an excess kurtosis of their residuals from their
+    spike in any of them (find_spikes, with `diff_cap`), or an excess kurtosis of their residuals from their
     neighbours' median (each run's residuals in its own robust SDs, pooled) above HEAVY_KURTOSIS."""
     from scipy.stats import kurtosis  # the sample excess kurtosis (statistics has none)
 
     pooled: list[float] = []
     for values in curves:
-        if find_spikes(values, floor, noise_cap):
+        if find_spikes(values, floor, diff_cap):
             return True
         residuals = [v - m for v, m in zip(values, _neighbour_medians(values), strict=True)
                      if m is not None and math.isfinite(v)]
