@@ -276,6 +276,50 @@ def test_a_metric_that_moves_in_every_golden_run_and_sticks_in_the_candidate_fai
     assert not [v for v in curves.compare(converged, golden).failures if v.statistic == "stuck"]
 
 
+def with_series(run: Run, metric: str, values, steps=None) -> Run:
+    return dataclasses.replace(run, series={**run.series, metric: Series(steps or run[metric].steps, tuple(values))})
+
+
+def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
+    """Found on the lab (issue 43): a clean seed that has learned the task trains one on-policy mini batch a step and
+    logs its KL exactly 0 for a few steps in a row. One such golden run made the rule judge no KL at all, and a frozen
+    optimizer (KL 0 from the step it froze, 1e-9 of rounding at some steps) passed every 5-run lab golden on it. The
+    golden stores its runs' longest rest; a candidate fails at more than twice that and more than a third of the
+    golden's steps (30 here: 11). Seeded bugs: the old rule (no value twice in the golden) and exact equality each
+    let the frozen run pass; a count (whole numbers) judged, or a step that logged nothing not ending a rest, each
+    fail a clean run."""
+    from harness.metrics.baseline import find_moving, stuck_limit
+
+    def resting(run: Run, start: int, length: int) -> Run:
+        kl = list(run[KL].values)
+        kl[start:start + length] = [0.0] * length
+        return with_series(run, KL, kl)
+
+    runs = [resting(with_kl(lab_like("r0", 0), 0), 22, 4), *(with_kl(lab_like(f"r{i}", i), i) for i in (1, 2))]
+    golden = Baseline.from_runs(runs, (REWARD,))
+    assert golden.moving[KL][2] == 4 and stuck_limit(4, 30) == 11
+    frozen = with_kl(lab_like("frozen", 51), 51, stuck_from=4)
+    frozen = with_series(frozen, KL, [v + (1e-9 if t % 3 == 0 and t >= 4 else 0.0)
+                                      for t, v in zip(frozen[KL].steps, frozen[KL].values, strict=True)])
+    verdict = curves.compare(frozen, golden)
+    assert [(v.metric, v.where) for v in verdict.failures if v.statistic == "stuck"] == [(KL, "steps 4-30")], \
+        verdict.message()
+    (said,) = [v for v in verdict.failures if v.statistic == "stuck"]
+    assert "27 steps in a row (4-30; 11 fail); every golden run held one value at most 4 steps" in said.detail
+    # a clean candidate that rests as long as the limit allows passes; one step longer fails
+    assert curves.compare(resting(with_kl(lab_like("c", 52), 52), 15, 10), golden).passed
+    assert not curves.compare(resting(with_kl(lab_like("c", 52), 52), 15, 11), golden).passed
+    # a step that logged no KL (it trained nothing) ends a rest: 6 + 6 steps at 0 around a gap are two rests
+    gapped = resting(with_kl(lab_like("c", 53), 53), 10, 13)
+    steps = gapped[KL].steps
+    gapped = with_series(gapped, KL, gapped[KL].values[:16] + gapped[KL].values[17:], steps[:16] + steps[17:])
+    assert curves.compare(gapped, golden).passed
+    # a count (every value a whole number: groups kept, 8 at most steps) is not a measurement that moves
+    kept = [with_series(r, "train/kept_groups", [8.0 if t % 7 else 10.0 * i + t // 7 for t in r[REWARD].steps],
+                        r[REWARD].steps) for i, r in enumerate(runs)]
+    assert "train/kept_groups" not in find_moving(kept, {})
+
+
 def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
     golden = Baseline.from_runs([with_kl(lab_like(f"r{i}", i), i) for i in range(3)], (REWARD,))
     path = golden.save(tmp_path / "g.json")
@@ -284,10 +328,14 @@ def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
     del doc["moving"]  # a golden recorded before the rule
     path.write_text(json.dumps(doc))
     assert load_baseline(path).moving == {}
-    doc["moving"] = {KL: [1.0, 0.0]}
+    doc["moving"] = {KL: [0.0, 1.0]}  # recorded before the longest stretch: only metrics that never repeated
     path.write_text(json.dumps(doc))
-    with pytest.raises(BadInput, match="moving.*lowest, highest"):
-        load_baseline(path)
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 1)}
+    for bad in ([1.0, 0.0], [0.0, 1.0, 1.5], [0.0, 1.0, -1]):
+        doc["moving"] = {KL: bad}
+        path.write_text(json.dumps(doc))
+        with pytest.raises(BadInput, match="moving.*lowest, highest, longest stretch"):
+            load_baseline(path)
 
 
 def test_stuck_judges_what_the_golden_vouches_for():
@@ -308,7 +356,7 @@ def test_stuck_judges_what_the_golden_vouches_for():
             noise: Series(steps, tuple(rng.gauss(0, FLOAT_NOISE / 10) for _ in steps))})
 
     golden = Baseline.from_runs([with_more(lab_like(f"r{i}", i, steps=20), i) for i in range(3)], (REWARD,))
-    assert grad in golden.moving and noise not in golden.moving and max(golden.moving[grad]) < 1
+    assert grad in golden.moving and noise not in golden.moving and golden.moving[grad][1] < 1
     zeroed = curves.compare(with_more(lab_like("zeroed", 60, steps=20), 60, zero_from=6), golden)
     assert [(v.metric, v.where) for v in zeroed.failures if v.statistic == "stuck"] == [(grad, "steps 6-20")]
     longer = curves.compare(with_more(lab_like("longer", 61, steps=30), 61, zero_from=18), golden)

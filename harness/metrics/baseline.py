@@ -12,6 +12,7 @@ it); provenance names the source ("lab", "verl"), the precision and the runs' co
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import itertools
@@ -40,7 +41,8 @@ from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
 # 3: + "constants" (the per-step values of the metrics every reference run logs alike) and "power" (the MDE table),
-# and optionally "moving" (the metrics that never repeat a value: find_moving; a golden without it checks none);
+# and optionally "moving" (the metrics its runs move, with their longest stretch at one value: find_moving; a golden
+# without it checks none);
 # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std). Version 2 is still read:
 # its bands are the same, it only lacks the constants (a compare says so: CONSTANTS_MISSING) and the power table.
 SCHEMA_VERSION = 3
@@ -387,16 +389,48 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
     return out
 
 
-# Metrics no golden run ever logged the same value of twice (a continuous measurement: a KL, a loss, a gradient
-# norm, a mean advantage): a candidate that logs one value at STUCK_STEPS steps in a row has a part of its trainer
-# stuck, with no noise to hide in (issue 43: a frozen optimizer's actor/ppo_kl is exactly 0 from the step it froze,
-# a zeroed advantage's actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside
-# the golden's bands). The golden stores each one's range: a share (is_share) pinned at 0 or 1 is a bound a
-# converged run reaches (nothing clipped, everything agrees), not a stuck trainer. The longest clean
-# stretch measured: 3 steps, on 14 clean 30-step lab seeds (200-213; a seed near convergence trained one on-policy
-# mini-batch a step, KL exactly 0; a slow seed's groups all failed, reward -1 and advantage 0); none on 8 clean
-# tiny verl runs. At 3 it flagged 40 of those 182 one-run lab comparisons; at 5 none.
+# Metrics the golden's runs move at (nearly) every step (a continuous measurement: a KL, a loss, a gradient norm, a
+# mean advantage): a candidate that holds one value far longer than any golden run did has a part of its trainer
+# stuck, with no noise to hide in (issue 43: a frozen optimizer's actor/ppo_kl is 0 from the step it froze, a zeroed
+# advantage's actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside the
+# golden's bands). The golden stores each one's range and its runs' longest stretch at one value: a share
+# (is_share) pinned at 0 or 1 is a bound a converged run reaches (nothing clipped, everything agrees), not a stuck
+# trainer. A continuous metric may rest at one value (its only repeated one): a lab seed near convergence trains
+# one on-policy mini batch a step, its KL exactly 0 (on 120 clean 30-step lab seeds: the longest stretch 1 step in
+# 87, 2-4 in 29, 5-10 in 4); a golden run that rested L steps in a row lets a candidate rest up to 2L. Before that
+# stretch rule a golden with one run that logged 0 twice judged no KL at all, and a frozen optimizer passed 5-run
+# lab goldens on it (found in 0 of 800 comparisons).
 STUCK_STEPS = 5
+
+
+def stuck_limit(longest: int, steps: int) -> int:
+    """Steps in a row at one value that fail a candidate, for a golden of `steps` steps whose runs held one value at
+    most `longest` steps in a row: at least STUCK_STEPS (at 3 the lab's clean seeds flagged 40 of 182 one-run
+    comparisons), more than twice the golden's own rest, and more than a third of its steps (a clean 30-step lab seed
+    rested its KL at 0 for 10 steps once it had learned the task, with its KL moving in the golden's one run)."""
+    return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
+
+
+def stretch_tolerance(low: float, high: float) -> float:
+    """How far values may differ and still be one value: float rounding at the metric's scale (FLOAT_NOISE of its
+    largest magnitude in the golden). A frozen lab optimizer's KL is 0 at most steps and 1e-9 at some (the actor's
+    log-probs of a mini batch against the whole batch's differ by rounding); a clean step moves it by 1e-6 or more."""
+    return FLOAT_NOISE * max(abs(low), abs(high))
+
+
+def longest_stretch(steps, values, tol: float, bounds=()) -> tuple[int, int]:
+    """(first index, length) of the longest stretch of consecutive logged steps whose values stay within `tol` of the
+    stretch's first value, other than one at `bounds` (a share's 0 and 1). A step the series skips (its usual
+    interval, the smallest step between two of its values, exceeded: a lab step that kept no group updated nothing
+    and logged no KL) ends a stretch."""
+    interval = min((b - a for a, b in itertools.pairwise(steps) if b > a), default=1)
+    start, best = 0, (0, 0)
+    for i in range(1, len(values) + 1):
+        if i == len(values) or abs(values[i] - values[start]) > tol or steps[i] - steps[i - 1] > interval:
+            if i - start > best[1] and values[start] not in bounds:
+                best = (start, i - start)
+            start = i
+    return best
 
 
 # A metric whose every golden value is within this of 0 measures float rounding (fp32 rollout/actor agreement,
@@ -412,28 +446,38 @@ def is_share(metric: str, low: float, high: float) -> bool:
     return any(word in metric.rsplit("/", 1)[-1] for word in SHARE_NAMES) and 0.0 <= low and high <= 1.0
 
 
-def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float]]:
-    """metric -> (lowest, highest) value, for every metric all runs log at STUCK_STEPS steps or more, outside
-    `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE), whose
-    logged values are all distinct across the runs."""
+def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int]]:
+    """metric -> (lowest, highest, longest stretch), for every metric all runs log at STUCK_STEPS steps or more,
+    outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE),
+    whose logged values across the runs repeat one value at most (a continuous measurement and its rest value; a
+    batch's extreme repeats several) and are not all whole numbers (a count: the lab's kept groups, 8 at most steps):
+    its range, and the most steps in a row any run held one value (longest_stretch)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
                 or not all(metric in r for r in runs)):
             continue
         values = [v for r in runs for v in r[metric].values]
-        if (min(len(r[metric].values) for r in runs) >= STUCK_STEPS and all(map(_finite, values))
-                and len(set(values)) == len(values) and max(map(abs, values)) >= FLOAT_NOISE):
-            out[metric] = (min(values), max(values))
+        if (min(len(r[metric].values) for r in runs) < STUCK_STEPS or not all(map(_finite, values))
+                or max(map(abs, values)) < FLOAT_NOISE or all(float(v).is_integer() for v in values)
+                or sum(k > 1 for k in collections.Counter(values).values()) > 1):
+            continue
+        low, high = min(values), max(values)
+        tol, bounds = stretch_tolerance(low, high), (0.0, 1.0) if is_share(metric, low, high) else ()
+        out[metric] = (low, high, max(longest_stretch(r[metric].steps, r[metric].values, tol, bounds)[1]
+                                      for r in runs))
     return out
 
 
-def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float]]:
+def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float, int]]:
+    # [lowest, highest, longest stretch]; a golden recorded before the stretch ([lowest, highest]) stored only metrics
+    # that never repeated a value: their longest stretch is 1
     if not isinstance(doc, dict) or not all(
-            isinstance(r, list) and len(r) == 2 and all(type(v) in (int, float) and _finite(v) for v in r)
-            and r[0] <= r[1] for r in doc.values()):
-        raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest]; re-record it")
-    return {m: (float(r[0]), float(r[1])) for m, r in doc.items()}
+            isinstance(r, list) and len(r) in (2, 3) and all(type(v) in (int, float) and _finite(v) for v in r[:2])
+            and r[0] <= r[1] and (len(r) == 2 or (type(r[2]) is int and r[2] >= 0)) for r in doc.values()):
+        raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest, longest stretch]; "
+                       "re-record it")
+    return {m: (float(r[0]), float(r[1]), r[2] if len(r) == 3 else 1) for m, r in doc.items()}
 
 
 def _constants_from_json(doc, where: str) -> dict[str, Series]:
@@ -833,9 +877,9 @@ class Baseline:
     constants: dict[str, Series] | None = field(default_factory=dict)
     # the MDE table (harness.metrics.power.power_table) as recorded; None for a golden recorded without it
     power: dict | None = None
-    # metric -> (lowest, highest) of the metrics that moved at every step of every run (find_moving); empty for a
-    # golden recorded before them
-    moving: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # metric -> (lowest, highest, longest stretch at one value) of the metrics the runs moved (find_moving); empty
+    # for a golden recorded before them
+    moving: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
     @property
     def precision(self) -> str | None:

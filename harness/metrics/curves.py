@@ -47,11 +47,14 @@ from harness.metrics.baseline import (
     default_tolerance,
     despiked,
     is_share,
+    longest_stretch,
     run_precision,
     run_seed,
     same_value,
     sanity_limits,
     slope,
+    stretch_tolerance,
+    stuck_limit,
     window_stat,
     window_steps,
 )
@@ -468,14 +471,15 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
 
 
 def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
-    """The metrics every golden run moved at every step (harness.metrics.baseline.find_moving) against the
-    candidate's, at the steps the golden covers (a longer run may converge later, every group solved and nothing left
-    to learn): one failing verdict per metric the candidate logs at one value for STUCK_STEPS steps in a row or more
+    """The metrics the golden's runs move (harness.metrics.baseline.find_moving) against the candidate's, at the steps
+    the golden covers (a longer run may converge later, every group solved and nothing left to learn): one failing
+    verdict per metric the candidate holds at one value (to float rounding) for stuck_limit steps in a row or more
     (a share pinned at 0 or 1 aside: harness.metrics.baseline.is_share), naming the value and the stretch; one
     verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps."""
     verdicts, moving, short = [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
-    for metric, (low, high) in baseline.moving.items():
+    covered = max((len(b.steps) for b in baseline.metrics.values()), default=0)
+    for metric, (low, high, longest) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
             continue
@@ -484,26 +488,21 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             short.append(metric)
             continue
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
-        share = is_share(metric, low, high)
-        start, best = 0, (0, 0)  # longest stretch of one value not at a share's bound: (first index, length)
-        for i in range(1, len(values) + 1):
-            if i == len(values) or values[i] != values[start]:
-                if i - start > best[1] and not (share and values[start] in (0.0, 1.0)):
-                    best = (start, i - start)
-                start = i
-        first, length = best
-        if length < STUCK_STEPS:
+        first, length = longest_stretch(steps, values, stretch_tolerance(low, high),
+                                        (0.0, 1.0) if is_share(metric, low, high) else ())
+        limit = stuck_limit(longest, covered)
+        if length < limit:
             moving.append(metric)
             continue
         value, stretch = values[first], steps[first:first + length]
+        held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
         verdicts.append(CurveVerdict(
             metric=metric, statistic="stuck", passed=False, where=f"steps {stretch[0]}-{stretch[-1]}", value=value,
-            detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}); every golden run "
-                   f"moved it at every step ({low:.3g} to {high:.3g}, no value twice): a part of the trainer stopped"))
+            detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; {limit} fail); every "
+                   f"golden run {held} ({low:.3g} to {high:.3g}): a part of the trainer stopped"))
     if moving:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=True, where="every step",
-                                     detail=f"{len(moving)} metrics that moved at every golden step move: "
-                                            f"{_some(moving)}"))
+                                     detail=f"{len(moving)} metrics the golden's runs move, move: {_some(moving)}"))
     if short:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
                                      detail=f"not judged: run too short: {len(short)} metrics that move at every "
