@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 
 import pytest
@@ -314,6 +315,15 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     steps = gapped[KL].steps
     gapped = with_series(gapped, KL, gapped[KL].values[:16] + gapped[KL].values[17:], steps[:16] + steps[17:])
     assert curves.compare(gapped, golden).passed
+    # a golden run whose rest jitters by rounding (0, 1e-9, 0, ...) rests at one value: the KL is still judged
+    jittered = with_series(runs[0], KL, [v + (1e-9 if i % 2 else 0.0) if v == 0.0 else v
+                                         for i, v in enumerate(runs[0][KL].values)])
+    assert find_moving([jittered, *runs[1:]], {})[KL][2] == 4
+    # a run that diverges (NaN from step 10 on) is not stuck at a value it never held
+    diverged = with_kl(lab_like("nan", 54), 54)
+    diverged = with_series(diverged, KL, [v if t < 10 else math.nan for t, v in zip(
+        diverged[KL].steps, diverged[KL].values, strict=True)])
+    assert not [v for v in curves.compare(diverged, golden).failures if v.statistic == "stuck"]
     # a count (every value a whole number: groups kept, 8 at most steps) is not a measurement that moves
     kept = [with_series(r, "train/kept_groups", [8.0 if t % 7 else 10.0 * i + t // 7 for t in r[REWARD].steps],
                         r[REWARD].steps) for i, r in enumerate(runs)]

@@ -404,10 +404,10 @@ STUCK_STEPS = 5
 
 
 def stuck_limit(longest: int, steps: int) -> int:
-    """Steps in a row at one value that fail a candidate, for a golden of `steps` steps whose runs held one value at
-    most `longest` steps in a row: at least STUCK_STEPS (at 3 the lab's clean seeds flagged 40 of 182 one-run
-    comparisons), more than twice the golden's own rest, and more than a third of its steps (a clean 30-step lab seed
-    rested its KL at 0 for 10 steps once it had learned the task, with its KL moving in the golden's one run)."""
+    """Steps in a row at one value that fail a candidate judged on `steps` steps, against a golden whose runs held
+    one value at most `longest` steps in a row: at least STUCK_STEPS (at 3 the lab's clean seeds flagged 40 of 182
+    one-run comparisons), more than twice the golden's own rest, and more than a third of the steps (a clean 30-step
+    lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never rested)."""
     return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
 
 
@@ -419,18 +419,33 @@ def stretch_tolerance(low: float, high: float) -> float:
 
 
 def longest_stretch(steps, values, tol: float, bounds=()) -> tuple[int, int]:
-    """(first index, length) of the longest stretch of consecutive logged steps whose values stay within `tol` of the
-    stretch's first value, other than one at `bounds` (a share's 0 and 1). A step the series skips (its usual
-    interval, the smallest step between two of its values, exceeded: a lab step that kept no group updated nothing
-    and logged no KL) ends a stretch."""
-    interval = min((b - a for a, b in itertools.pairwise(steps) if b > a), default=1)
+    """(first index, length) of the longest stretch of consecutive logged steps whose finite values stay within `tol`
+    of the stretch's first value, other than one within `tol` of `bounds` (a share's 0 and 1). A step the series
+    skips (its usual interval, the most common step between two of its values, exceeded: a lab step that kept no
+    group updated nothing and logged no KL) ends a stretch; a NaN (a diverged run) is never one value."""
+    gaps = collections.Counter(b - a for a, b in itertools.pairwise(steps))
+    interval = gaps.most_common(1)[0][0] if gaps else 1
     start, best = 0, (0, 0)
     for i in range(1, len(values) + 1):
-        if i == len(values) or abs(values[i] - values[start]) > tol or steps[i] - steps[i - 1] > interval:
-            if i - start > best[1] and values[start] not in bounds:
+        if i == len(values) or not abs(values[i] - values[start]) <= tol or steps[i] - steps[i - 1] > interval:
+            if (i - start > best[1] and math.isfinite(values[start])
+                    and all(abs(values[start] - b) > tol for b in bounds)):
                 best = (start, i - start)
             start = i
     return best
+
+
+def value_counts(values, tol: float) -> list[int]:
+    """How often each value occurs, to `tol`: values within `tol` of a cluster's smallest are one value (a rest at 0
+    logged as 0 and 1e-9 is one)."""
+    ordered, counts, size = sorted(values), [], 1
+    for i in range(1, len(ordered) + 1):
+        if i < len(ordered) and ordered[i] - ordered[i - size] <= tol:
+            size += 1
+            continue
+        counts.append(size)
+        size = 1
+    return counts
 
 
 # A metric whose every golden value is within this of 0 measures float rounding (fp32 rollout/actor agreement,
@@ -449,9 +464,10 @@ def is_share(metric: str, low: float, high: float) -> bool:
 def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int]]:
     """metric -> (lowest, highest, longest stretch), for every metric all runs log at STUCK_STEPS steps or more,
     outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE),
-    whose logged values across the runs repeat one value at most (a continuous measurement and its rest value; a
-    batch's extreme repeats several) and are not all whole numbers (a count: the lab's kept groups, 8 at most steps):
-    its range, and the most steps in a row any run held one value (longest_stretch)."""
+    whose logged values across the runs, to float rounding, are more than one and repeat one value at most (a
+    continuous measurement and its rest value; a batch's extreme repeats several, a correlation pinned at 1 jitters
+    by ulps) and are not all whole numbers (a count: the lab's kept groups, 8 at most steps): its range, and the
+    most steps in a row any run held one value (longest_stretch)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -459,13 +475,14 @@ def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int
             continue
         values = [v for r in runs for v in r[metric].values]
         if (min(len(r[metric].values) for r in runs) < STUCK_STEPS or not all(map(_finite, values))
-                or max(map(abs, values)) < FLOAT_NOISE or all(float(v).is_integer() for v in values)
-                or sum(k > 1 for k in collections.Counter(values).values()) > 1):
+                or max(map(abs, values)) < FLOAT_NOISE or all(float(v).is_integer() for v in values)):
             continue
         low, high = min(values), max(values)
         tol, bounds = stretch_tolerance(low, high), (0.0, 1.0) if is_share(metric, low, high) else ()
-        out[metric] = (low, high, max(longest_stretch(r[metric].steps, r[metric].values, tol, bounds)[1]
-                                      for r in runs))
+        counts = value_counts(values, tol)
+        if len(counts) > 1 and sum(k > 1 for k in counts) <= 1:
+            out[metric] = (low, high, max(1, *(longest_stretch(r[metric].steps, r[metric].values, tol, bounds)[1]
+                                               for r in runs)))
     return out
 
 
@@ -474,7 +491,7 @@ def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float, int]]:
     # that never repeated a value: their longest stretch is 1
     if not isinstance(doc, dict) or not all(
             isinstance(r, list) and len(r) in (2, 3) and all(type(v) in (int, float) and _finite(v) for v in r[:2])
-            and r[0] <= r[1] and (len(r) == 2 or (type(r[2]) is int and r[2] >= 0)) for r in doc.values()):
+            and r[0] <= r[1] and (len(r) == 2 or (type(r[2]) is int and r[2] >= 1)) for r in doc.values()):
         raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest, longest stretch]; "
                        "re-record it")
     return {m: (float(r[0]), float(r[1]), r[2] if len(r) == 3 else 1) for m, r in doc.items()}

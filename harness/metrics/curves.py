@@ -478,7 +478,6 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps."""
     verdicts, moving, short = [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
-    covered = max((len(b.steps) for b in baseline.metrics.values()), default=0)
     for metric, (low, high, longest) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
@@ -490,7 +489,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
         first, length = longest_stretch(steps, values, stretch_tolerance(low, high),
                                         (0.0, 1.0) if is_share(metric, low, high) else ())
-        limit = stuck_limit(longest, covered)
+        limit = stuck_limit(longest, len(steps))  # a third of the steps judged
         if length < limit:
             moving.append(metric)
             continue
@@ -505,8 +504,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                                      detail=f"{len(moving)} metrics the golden's runs move, move: {_some(moving)}"))
     if short:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
-                                     detail=f"not judged: run too short: {len(short)} metrics that move at every "
-                                            f"golden step have fewer than {STUCK_STEPS} of the golden's steps"))
+                                     detail=f"not judged: run too short: {len(short)} metrics the golden's runs move "
+                                            f"have fewer than {STUCK_STEPS} of the golden's steps"))
     return verdicts
 
 
