@@ -435,17 +435,14 @@ def longest_stretch(steps, values, tol: float, bounds=()) -> tuple[int, int]:
     return best
 
 
-def value_counts(values, tol: float) -> list[int]:
-    """How often each value occurs, to `tol`: values within `tol` of a cluster's smallest are one value (a rest at 0
-    logged as 0 and 1e-9 is one)."""
-    ordered, counts, size = sorted(values), [], 1
-    for i in range(1, len(ordered) + 1):
-        if i < len(ordered) and ordered[i] - ordered[i - size] <= tol:
-            size += 1
-            continue
-        counts.append(size)
-        size = 1
-    return counts
+def rests_at_most_once(values, tol: float) -> bool:
+    """Whether `values` move, resting at one value at most: apart from the most common value and those within `tol`
+    of it (a rest at 0 logged as 0 and 1e-9), at least one value, and no value twice. A quantized measurement (a
+    mean response length of whole tokens over a batch) repeats several; a correlation pinned at 1 jitters by ulps
+    only."""
+    rest = collections.Counter(values).most_common(1)[0][0]
+    others = [v for v in values if abs(v - rest) > tol]
+    return bool(others) and len(set(others)) == len(others)
 
 
 # A metric whose every golden value is within this of 0 measures float rounding (fp32 rollout/actor agreement,
@@ -464,10 +461,9 @@ def is_share(metric: str, low: float, high: float) -> bool:
 def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int]]:
     """metric -> (lowest, highest, longest stretch), for every metric all runs log at STUCK_STEPS steps or more,
     outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE),
-    whose logged values across the runs, to float rounding, are more than one and repeat one value at most (a
-    continuous measurement and its rest value; a batch's extreme repeats several, a correlation pinned at 1 jitters
-    by ulps) and are not all whole numbers (a count: the lab's kept groups, 8 at most steps): its range, and the
-    most steps in a row any run held one value (longest_stretch)."""
+    whose logged values across the runs move, resting at one value at most (rests_at_most_once: a continuous
+    measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at most
+    steps): its range, and the most steps in a row any run held one value (longest_stretch)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -479,8 +475,7 @@ def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int
             continue
         low, high = min(values), max(values)
         tol, bounds = stretch_tolerance(low, high), (0.0, 1.0) if is_share(metric, low, high) else ()
-        counts = value_counts(values, tol)
-        if len(counts) > 1 and sum(k > 1 for k in counts) <= 1:
+        if rests_at_most_once(values, tol):
             out[metric] = (low, high, max(1, *(longest_stretch(r[metric].steps, r[metric].values, tol, bounds)[1]
                                                for r in runs)))
     return out
