@@ -324,6 +324,13 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     diverged = with_series(diverged, KL, [v if t < 10 else math.nan for t, v in zip(
         diverged[KL].steps, diverged[KL].values, strict=True)])
     assert not [v for v in curves.compare(diverged, golden).failures if v.statistic == "stuck"]
+    # a rest at the golden's own extreme is a bound the metric saturates at (a batch's largest GRPO advantage when one
+    # sample of 8 alone succeeds), not a stuck trainer
+    top = golden.moving[KL][1]
+    saturated = with_kl(lab_like("top", 55), 55)
+    saturated = with_series(saturated, KL, [top if 10 <= t < 24 else v for t, v in zip(
+        saturated[KL].steps, saturated[KL].values, strict=True)])
+    assert curves.compare(saturated, golden).passed
     # a count (every value a whole number: groups kept, 8 at most steps) is not a measurement that moves
     kept = [with_series(r, "train/kept_groups", [8.0 if t % 7 else 10.0 * i + t // 7 for t in r[REWARD].steps],
                         r[REWARD].steps) for i, r in enumerate(runs)]

@@ -46,8 +46,8 @@ from harness.metrics.baseline import (
     algorithm_config,
     default_tolerance,
     despiked,
-    is_share,
     longest_stretch,
+    rest_bounds,
     run_precision,
     run_seed,
     same_value,
@@ -474,7 +474,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     """The metrics the golden's runs move (harness.metrics.baseline.find_moving) against the candidate's, at the steps
     the golden covers (a longer run may converge later, every group solved and nothing left to learn): one failing
     verdict per metric the candidate holds at one value (to float rounding) for stuck_limit steps in a row or more
-    (a share pinned at 0 or 1 aside: harness.metrics.baseline.is_share), naming the value and the stretch; one
+    (a rest at the golden's extremes or a share's bounds aside: harness.metrics.baseline.rest_bounds), naming the
+    value and the stretch; one
     verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps."""
     verdicts, moving, short = [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
@@ -487,8 +488,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             short.append(metric)
             continue
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
-        first, length = longest_stretch(steps, values, stretch_tolerance(low, high),
-                                        (0.0, 1.0) if is_share(metric, low, high) else ())
+        first, length = longest_stretch(steps, values, stretch_tolerance(low, high), rest_bounds(metric, low, high))
         limit = stuck_limit(longest, len(steps))  # a third of the steps judged
         if length < limit:
             moving.append(metric)
