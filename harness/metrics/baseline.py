@@ -389,17 +389,16 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
     return out
 
 
-# Metrics the golden's runs move at (nearly) every step (a continuous measurement: a KL, a loss, a gradient norm, a
-# mean advantage): a candidate that holds one value far longer than any golden run did has a part of its trainer
-# stuck, with no noise to hide in (issue 43: a frozen optimizer's actor/ppo_kl is 0 from the step it froze, a zeroed
-# advantage's actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside the
-# golden's bands). The golden stores each one's range and its runs' longest stretch at one value: a share
-# (is_share) pinned at 0 or 1 is a bound a converged run reaches (nothing clipped, everything agrees), not a stuck
-# trainer. A continuous metric may rest at one value (its only repeated one): a lab seed near convergence trains
-# one on-policy mini batch a step, its KL exactly 0 (on 120 clean 30-step lab seeds: the longest stretch 1 step in
-# 87, 2-4 in 29, 5-10 in 4); a golden run that rested L steps in a row lets a candidate rest up to 2L. Before that
-# stretch rule a golden with one run that logged 0 twice judged no KL at all, and a frozen optimizer passed 5-run
-# lab goldens on it (found in 0 of 800 comparisons).
+# Metrics the golden's runs move (a continuous measurement: a KL, a loss, a gradient norm, a mean advantage): a
+# candidate that holds one value far longer than any golden run did has a part of its trainer stuck, with no noise to
+# hide in (issue 43: a frozen optimizer's actor/ppo_kl is 0 from the step it froze, a zeroed advantage's
+# actor/pg_loss and actor/grad_norm exactly 0; the reward curves of the same runs sat inside the golden's bands). The
+# golden stores each one's range and its runs' longest stretch at one value. A continuous metric may rest at one
+# value: a lab seed near convergence trains one on-policy mini batch a step, its KL exactly 0 (on 120 clean 30-step
+# lab seeds the longest rest was 1 step in 87, 2-4 in 29, 5-10 in 4). Before the stretch was stored, one golden run
+# that logged a KL of 0 twice made the rule judge no KL at all: a frozen optimizer was caught by 54 % of 5-run lab
+# goldens at `baseline record`'s defaults, and a collapsed clean seed's 9-step rest of its mean advantage at 0 was
+# 4.5 points of one-run goldens' 9.5 % false alarms (docs/curves.md).
 STUCK_STEPS = 5
 
 
