@@ -417,11 +417,13 @@ def stretch_tolerance(low: float, high: float) -> float:
     return FLOAT_NOISE * max(abs(low), abs(high))
 
 
-def longest_stretch(steps, values, tol: float, bounds=()) -> tuple[int, int]:
-    """(first index, length) of the longest stretch of consecutive logged steps whose finite values stay within `tol`
-    of the stretch's first value, other than one within `tol` of `bounds` (a share's 0 and 1). A step the series
-    skips (its usual interval, the most common step between two of its values, exceeded: a lab step that kept no
-    group updated nothing and logged no KL) ends a stretch; a NaN (a diverged run) is never one value."""
+def longest_stretch(steps, values, metric: str, low: float, high: float) -> tuple[int, int]:
+    """(first index, length) of the longest stretch of consecutive logged steps whose finite values stay within float
+    rounding (stretch_tolerance) of the stretch's first value, other than a rest at `metric`'s bounds (rest_bounds),
+    for a golden whose runs span `low`..`high`: one computation for the golden's runs and the candidate. A step the
+    series skips (its usual interval, the most common step between two of its values, exceeded: a lab step that kept
+    no group updated nothing and logged no KL) ends a stretch; a NaN (a diverged run) is never one value."""
+    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high)
     gaps = collections.Counter(b - a for a, b in itertools.pairwise(steps))
     interval = gaps.most_common(1)[0][0] if gaps else 1
     start, best = 0, (0, 0)
@@ -482,9 +484,8 @@ def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int
                 or max(map(abs, values)) < FLOAT_NOISE or all(float(v).is_integer() for v in values)):
             continue
         low, high = min(values), max(values)
-        tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high)
-        if rests_at_most_once(values, tol):
-            out[metric] = (low, high, max(1, *(longest_stretch(r[metric].steps, r[metric].values, tol, bounds)[1]
+        if rests_at_most_once(values, stretch_tolerance(low, high)):
+            out[metric] = (low, high, max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
                                                for r in runs)))
     return out
 

@@ -47,13 +47,11 @@ from harness.metrics.baseline import (
     default_tolerance,
     despiked,
     longest_stretch,
-    rest_bounds,
     run_precision,
     run_seed,
     same_value,
     sanity_limits,
     slope,
-    stretch_tolerance,
     stuck_limit,
     window_stat,
     window_steps,
@@ -475,8 +473,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     the golden covers (a longer run may converge later, every group solved and nothing left to learn): one failing
     verdict per metric the candidate holds at one value (to float rounding) for stuck_limit steps in a row or more
     (a rest at the golden's extremes or a share's bounds aside: harness.metrics.baseline.rest_bounds), naming the
-    value and the stretch; one
-    verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps."""
+    value and the stretch; one verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS
+    of those steps."""
     verdicts, moving, short = [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
     for metric, (low, high, longest) in baseline.moving.items():
@@ -488,7 +486,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             short.append(metric)
             continue
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
-        first, length = longest_stretch(steps, values, stretch_tolerance(low, high), rest_bounds(metric, low, high))
+        first, length = longest_stretch(steps, values, metric, low, high)
         limit = stuck_limit(longest, len(steps))  # a third of the steps judged
         if length < limit:
             moving.append(metric)
