@@ -125,7 +125,7 @@ def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
         layer = torch.nn.Linear(2, 1)
         optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
         moved = []
-        for _ in range(2 * FAULT_FROM_STEP + 2):  # two optimizer steps per lab step
+        for _ in range(2 * FAULT_FROM_STEP + 4):  # two optimizer steps per lab step
             before = layer.weight.detach().clone()
             layer(torch.ones(1, 2)).sum().backward()
             optimizer.step()
@@ -136,7 +136,8 @@ def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
                                                            mask, loss_agg_mode="token-mean", config=config)
     assert all(moved[:2 * FAULT_FROM_STEP]), moved  # healthy before its step
     live = {"frozen-optimizer": moved[-2:] == [False, False], "half-updates": moved[-2:] in ([True, False],
-            [False, True]), "zero-advantage": not adv.any(), "dead-loss": float(loss) == 0.0 and bool(adv.any())}
+            [False, True]), "quarter-updates": moved[-4:].count(True) == 1,
+            "zero-advantage": not adv.any(), "dead-loss": float(loss) == 0.0 and bool(adv.any())}
     assert live[fault], (fault, moved, adv, loss)
     assert (core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn,
             torch.optim.AdamW.step) == saved  # undone

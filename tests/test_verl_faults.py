@@ -117,8 +117,8 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
     """A fault patched into verl's code (the real-trainer self-test of a run that stops learning, whichever part
     stops it) is healthy for FAULT_FROM_STEP steps, then does what it says and nothing else: the advantages verl's
     registry computes are 0, or the policy loss it returns is 0, or the actor's optimizer skips every step, or
-    every other one. Patching twice acts once (every verl import runs it). Seeded: an onset off by a step, a
-    fault acting on another part, or a double patch (half-updates skipping 3 of 4) fails."""
+    all but the first of each 2 or 4. Patching twice acts once (every verl import runs it). Seeded: an onset off by
+    a step, a fault acting on another part, or a double patch (half-updates skipping 3 of 4) fails."""
     from verl import DataProto
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.core_algos import AdvantageEstimator
@@ -143,12 +143,14 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
         losses, moved = worker.train_mini_batch()
         seen.append((bool(advantages.any()), all(loss != 0 for loss in losses), moved))
     healthy = (True, True, [True, True])
-    live = {"zero-advantage": (False, True, [True, True]), "dead-loss": (True, False, [True, True]),
-            "frozen-optimizer": (True, True, [False, False]), "half-updates": (True, True, [True, False])}[fault]
-    assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + [live] * 2, seen
+    keep = cpu_tier.UPDATES_KEPT.get(fault, 1)  # the optimizer faults step the first update of each `keep`
+    moved = [keep is not None and i % keep == 0 for i in range(4)]
+    live = [(fault != "zero-advantage", fault != "dead-loss", moved[:2]), (fault != "zero-advantage",
+            fault != "dead-loss", moved[2:])]
+    assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + live, seen
     reinforce, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(  # every other estimator, by registry
         token_level_rewards=rewards, response_mask=mask, config=AlgoConfig())
-    assert bool(reinforce.any()) == live[0]
+    assert bool(reinforce.any()) == live[0][0]
 
 
 def test_the_patched_sites_are_where_verl_runs_them(monkeypatch):

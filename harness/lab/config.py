@@ -29,11 +29,12 @@ FAULTS: dict[str, LabFault] = {
     "wrong-scale": LabFault(engine_fault="scale_v_head"),
     "no-sync": LabFault(sync=False),
     # A run that stops learning, whichever part of the trainer stops it (issue 43): the advantage verl computes,
-    # the policy loss verl returns, the optimizer's step; and one that learns at half speed.
+    # the policy loss verl returns, the optimizer's step; and ones that learn on half or a quarter of the updates.
     "zero-advantage": LabFault(trainer_fault="zero-advantage"),
     "dead-loss": LabFault(trainer_fault="dead-loss"),
     "frozen-optimizer": LabFault(trainer_fault="frozen-optimizer"),
     "half-updates": LabFault(trainer_fault="half-updates"),
+    "quarter-updates": LabFault(trainer_fault="quarter-updates"),
 }
 
 

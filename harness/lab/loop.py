@@ -190,7 +190,7 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         return
     from verl.trainer.ppo import core_algos
 
-    from harness.config.cpu_tier import FAULT_FROM_STEP
+    from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATES_KEPT
 
     steps = {"n": 0}  # optimizer steps taken, `updates_per_step` per lab step
     live = lambda: steps["n"] >= updates_per_step * FAULT_FROM_STEP  # noqa: E731
@@ -209,8 +209,8 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         return dead if trainer_fault == "dead-loss" else loss_fn
 
     def step(self, *args, **kwargs):
-        skip = live() and (trainer_fault == "frozen-optimizer" or
-                           (trainer_fault == "half-updates" and steps["n"] % 2 == 1))
+        keep = UPDATES_KEPT.get(trainer_fault, 1)  # the optimizer faults take the first update of each `keep`
+        skip = live() and (keep is None or steps["n"] % keep != 0)
         steps["n"] += 1
         return None if skip else saved[2](self, *args, **kwargs)
 

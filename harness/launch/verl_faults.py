@@ -90,9 +90,9 @@ def patch_trainer(fault: str, after_import) -> None:
       advantages and returns times 0. An estimator calling another counts one step (the outermost call).
     - dead-loss: the actor's loss (workers/utils/losses.py `ppo_loss`) looks its policy loss up the same way in
       POLICY_LOSS_REGISTRY; every policy loss returns loss times 0 (its metrics untouched).
-    - frozen-optimizer / half-updates: the actor's optimizer (engine/fsdp/transformer_impl.py `optimizer_step`,
-      `self.optimizer.step()` after the grad clip) skips every step, or every other one; the grad norm is still
-      computed and logged.
+    - frozen-optimizer / half-updates / quarter-updates: the actor's optimizer (engine/fsdp/transformer_impl.py
+      `optimizer_step`, `self.optimizer.step()` after the grad clip) takes none of its steps, or the first of each
+      2 or 4 (cpu_tier.UPDATES_KEPT); the grad norm is still computed and logged.
     The worker's steps are counted by `TrainingWorker.train_mini_batch` (workers/engine_workers.py), called once
     per training step for the actor's update (`ActorRolloutRefWorker.update_actor`). `after_import(name, patch)`
     runs `patch` on module `name` once it is imported (harness.launch.verl_cpu._patch_after_import)."""
@@ -145,12 +145,14 @@ def _wrap_attribute(module, name: str, wrap) -> None:
 
 def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
     """Count the actor's training steps in `TrainingWorker.train_mini_batch` (wrapped keeping verl's @register
-    dispatch attributes); with an optimizer fault, skip its optimizer's steps while the fault is live (every one,
-    or every other one)."""
+    dispatch attributes); with an optimizer fault, skip its optimizer's steps while the fault is live (all but the
+    first of each cpu_tier.UPDATES_KEPT[fault], or every one)."""
+    from harness.config.cpu_tier import UPDATES_KEPT
+
     def counted(train):
         def train_mini_batch(self, *args, **kwargs):
-            if onset.live and fault in ("frozen-optimizer", "half-updates"):
-                _skip_steps(self.engine.optimizer, every_other=fault == "half-updates")
+            if onset.live and fault in UPDATES_KEPT:
+                _skip_steps(self.engine.optimizer, keep_one_in=UPDATES_KEPT[fault])
             try:
                 return train(self, *args, **kwargs)
             finally:
@@ -160,14 +162,14 @@ def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
     _wrap_attribute(module.TrainingWorker, "train_mini_batch", counted)
 
 
-def _skip_steps(optimizer, *, every_other: bool) -> None:
+def _skip_steps(optimizer, *, keep_one_in: int | None) -> None:
     if getattr(optimizer.step, "harness_fault", False):
         return
     step, calls = optimizer.step, [0]
 
-    def skipping(*args, **kwargs):  # half-updates: the first of each pair runs, the second is skipped (the lab's)
+    def skipping(*args, **kwargs):  # the first of each `keep_one_in` runs, the others are skipped (the lab's)
         calls[0] += 1
-        return step(*args, **kwargs) if every_other and calls[0] % 2 == 1 else None
+        return step(*args, **kwargs) if keep_one_in and (calls[0] - 1) % keep_one_in == 0 else None
 
     skipping.harness_fault = True
     optimizer.step = skipping
