@@ -713,6 +713,16 @@ def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
         assert load_baseline(golden).metrics[metric].tolerance.spike_limit == limit
     assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
                      "--tolerance", f"{metric}:band_atol=none"]) == 2
+    # the window: the logged steps its statistic covers (a long recipe learns after the nightly's 5-14)
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                     "--tolerance", f"{metric}:window=6-12"]) == 0
+    assert load_baseline(golden).metrics[metric].tolerance.window == (6, 12)
+    for bad in ("12-6", "6", "6.5-12", "0-12"):
+        capsys.readouterr()
+        assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                         "--tolerance", f"{metric}:window={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert f"{metric}:window={bad}" in err and len(err.strip().splitlines()) == 1, err
     # a recipe's calibration (scripts/calibrate-curves --out) sets the inflation of the metrics it calibrated, as the
     # tiny goldens are made; --tolerance wins over it; a file without a usable "inflation" is one line naming it
     calibration = tmp_path / "calibration.json"

@@ -171,7 +171,8 @@ def _tolerances(specs, inflation: dict | None = None, precision: str | None = No
 
     from harness.metrics.baseline import CurveTolerance, default_tolerance
 
-    kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance) if f.type in ("float", "int", "float | None")}
+    kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance)
+             if f.type in ("float", "int", "float | None", "tuple[int, int]")}
     out = {m: default_tolerance(m, precision).with_inflation(f) for m, f in (inflation or {}).items()}
     for spec in specs:
         metric, _, fields = spec.rpartition(":")
@@ -181,17 +182,24 @@ def _tolerances(specs, inflation: dict | None = None, precision: str | None = No
                 raise ValueError
             values = {k: _tolerance_value(kinds[k], v) for k, v in pairs.items()}
             out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric, precision), **values)
-        except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
+        except (ValueError, OverflowError, BadInput):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
-                           f"{', '.join(sorted(kinds))} (spike_limit=none: no spike judged)") from None
+                           f"{', '.join(sorted(kinds))} (spike_limit=none: no spike judged; window=FIRST-LAST "
+                           "logged steps)") from None
     return out
 
 
-def _tolerance_value(kind: str, text: str) -> int | float | None:
-    """A --tolerance field's value as its field's type ("none" where the field takes None: a share's spike_limit);
-    a non-finite or fractional integer is no value."""
+def _tolerance_value(kind: str, text: str) -> int | float | tuple[int, int] | None:
+    """A --tolerance field's value as its field's type ("none" where the field takes None: a share's spike_limit;
+    FIRST-LAST for the window, the logged steps its statistic covers); a non-finite or fractional integer is no
+    value, and CurveTolerance checks the window's range."""
     if kind == "float | None" and text.strip().lower() in ("none", "null"):
         return None
+    if kind == "tuple[int, int]":
+        first, sep, last = text.partition("-")
+        if not sep:
+            raise ValueError(text)
+        return _tolerance_value("int", first), _tolerance_value("int", last)
     value = float(text)
     if not math.isfinite(value) or (kind == "int" and not value.is_integer()):
         raise ValueError(text)
