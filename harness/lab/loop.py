@@ -193,7 +193,8 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
     from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATES_KEPT
 
     steps = {"n": 0}  # optimizer steps taken, `updates_per_step` per lab step
-    live = lambda: steps["n"] >= updates_per_step * FAULT_FROM_STEP  # noqa: E731
+    onset = updates_per_step * FAULT_FROM_STEP
+    live = lambda: steps["n"] >= onset  # noqa: E731
     saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step
 
     def advantage(*args, **kwargs):
@@ -209,8 +210,9 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         return dead if trainer_fault == "dead-loss" else loss_fn
 
     def step(self, *args, **kwargs):
-        keep = UPDATES_KEPT.get(trainer_fault, 1)  # the optimizer faults take the first update of each `keep`
-        skip = live() and (keep is None or steps["n"] % keep != 0)
+        # the optimizer faults take the first update of each `keep` from the onset, as verl's patch does
+        keep = UPDATES_KEPT.get(trainer_fault, 1)
+        skip = live() and (keep is None or (steps["n"] - onset) % keep != 0)
         steps["n"] += 1
         return None if skip else saved[2](self, *args, **kwargs)
 
