@@ -717,7 +717,7 @@ def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
     assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
                      "--tolerance", f"{metric}:window=6-12"]) == 0
     assert load_baseline(golden).metrics[metric].tolerance.window == (6, 12)
-    for bad in ("12-6", "6", "6.5-12", "0-12"):
+    for bad in ("12-6", "6", "6.5-12", "0-12", "-3-5", "1e1-12"):
         capsys.readouterr()
         assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
                          "--tolerance", f"{metric}:window={bad}"]) == 2

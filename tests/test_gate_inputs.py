@@ -332,6 +332,8 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
     (["--golden", "/nonexistent/golden.json"], "/nonexistent/golden.json: no such baseline"),
     (["--spike-metric", "nope"], "--spike-metric nope: not a curve metric"),
     (["--prior", "--golden", "baselines/tiny/dapo_lab.json"], "only a calibration retunes a --golden"),
+    # a window no lab run reaches calibrated to 1.0 and judged nothing
+    (["--tolerance", "critic/rewards/mean:window=21-40"], "window=21-40: past the lab's --steps 30"),
 ])
 def test_calibrate_curves_refuses_bad_input_before_any_lab_run(tmp_path, argv, says):
     """Issue 48: each was a traceback, an endless loop, or found only after the whole calibration."""
@@ -450,6 +452,38 @@ def test_calibrate_curves_from_calibrates_on_given_runs_as_on_lab_runs(tmp_path)
     strip = ("caught_by",)
     assert [{k: v for k, v in row.items() if k not in strip} for row in measured["measurements"]] == \
         [{k: v for k, v in row.items() if k not in strip} for row in lab["measurements"]]
+
+
+def test_calibrate_curves_measures_the_inflation_on_the_window_its_goldens_judge(tmp_path):
+    """A recipe whose goldens judge another window (`--tolerance METRIC:window=FIRST-LAST`, e.g. the late steps of a
+    long run) is calibrated on that window, and a window past its runs is refused naming one. Seeded bug: the
+    nightly's window 5-14 measured whatever window the goldens judge (an 8-step run has none of it: 1.0)."""
+    from harness.cli.compare_cmd import _tolerances
+    from harness.lab import LabConfig, run_lab
+    from harness.metrics.baseline import default_tolerance, measure_inflation, run_precision
+    from harness.metrics.ingest import load_run
+
+    given = tmp_path / "given"
+    for sub in ("calibration", "clean"):
+        (given / sub).mkdir(parents=True)
+    runs = []
+    for seed in range(20, 24):
+        path = run_lab(LabConfig(steps=8, seed=seed), tmp_path / "runs" / f"lab-s{seed}")
+        runs.append(load_run(path))
+        (given / "calibration" / f"s{seed}").symlink_to(path)
+    for i in range(6):  # the clean runs the measurement needs; this test reads the calibration alone
+        (given / "clean" / f"c{i}").symlink_to(tmp_path / "runs" / f"lab-s{20 + i % 4}")
+    reward, out = "critic/rewards/mean", tmp_path / "window.json"
+    proc = _calibrate("--from", str(given), "--tolerance", f"{reward}:window=2-8", "--golden-wise-n", "1",
+                      "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    precision = run_precision(runs[0])
+    late = measure_inflation(runs, reward, _tolerances([f"{reward}:window=2-8"], None, precision)[reward])
+    assert late != measure_inflation(runs, reward, default_tolerance(reward, precision))  # the test can fail
+    assert json.loads(out.read_text())["inflation_measured"][reward] == late
+    proc = _calibrate("--from", str(given), "--tolerance", f"{reward}:window=2-9", "--out", str(out))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "window=2-9: run " in proc.stderr and "fewer steps than the window's last" in proc.stderr
 
 
 def test_calibrate_curves_from_names_a_fault_without_runs_and_a_run_too_short(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 from harness.cli.output import emit, verdict
@@ -182,10 +183,12 @@ def _tolerances(specs, inflation: dict | None = None, precision: str | None = No
                 raise ValueError
             values = {k: _tolerance_value(kinds[k], v) for k, v in pairs.items()}
             out[metric] = dataclasses.replace(out.get(metric) or default_tolerance(metric, precision), **values)
-        except (ValueError, OverflowError, BadInput):  # 1e309 is inf: no tolerance, and int(inf) overflowed
+        except (ValueError, OverflowError):  # 1e309 is inf: no tolerance, and int(inf) overflowed
             raise BadInput(f"--tolerance {spec!r}: use METRIC:FIELD=VALUE[,FIELD=VALUE...] with FIELD one of "
                            f"{', '.join(sorted(kinds))} (spike_limit=none: no spike judged; window=FIRST-LAST "
                            "logged steps)") from None
+        except BadInput as exc:  # a value out of its field's range (CurveTolerance.validate), an unknown metric
+            raise BadInput(f"--tolerance {spec!r}: {exc}") from None
     return out
 
 
@@ -196,10 +199,10 @@ def _tolerance_value(kind: str, text: str) -> int | float | tuple[int, int] | No
     if kind == "float | None" and text.strip().lower() in ("none", "null"):
         return None
     if kind == "tuple[int, int]":
-        first, sep, last = text.partition("-")
-        if not sep:
+        steps = re.fullmatch(r"(\d{1,6})-(\d{1,6})", text)
+        if steps is None:
             raise ValueError(text)
-        return _tolerance_value("int", first), _tolerance_value("int", last)
+        return int(steps[1]), int(steps[2])
     value = float(text)
     if not math.isfinite(value) or (kind == "int" and not value.is_integer()):
         raise ValueError(text)
@@ -305,5 +308,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "for each metric it calibrated; --tolerance wins over it")
     r.add_argument("--tolerance", action="append", metavar="METRIC:FIELD=VALUE[,...]",
                    help="override a metric's default tolerance (repeatable), e.g. "
-                        "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6")
+                        "training/rollout_probs_diff_mean:band_atol=1e-6,window_atol=1e-6 or "
+                        "critic/rewards/mean:window=21-30 (the logged steps the window statistic covers)")
     r.set_defaults(func=cmd_baseline_record)
