@@ -367,3 +367,15 @@ def test_an_interrupted_launch_records_the_signal():
 
     assert signal_name(Terminated(signal.SIGTERM)) == "SIGTERM" and signal_name(Terminated(signal.SIGHUP)) == "SIGHUP"
     assert signal_name(KeyboardInterrupt()) == "SIGINT"
+
+
+def test_a_failed_tool_is_named_by_its_error_line_not_the_log_after_it():
+    """`ray start --head` failed once in a full test session and the refusal quoted the dashboard's INFO line
+    logged after the error: the reason is the last line that reads like an error, else the last line."""
+    from harness.launch.local import _last_line
+
+    ray = ("Local node IP: 127.0.0.1\n!!! Failed to start the dashboard: TimeoutError\n"
+           "2026-12-07 00:37:47,978\tINFO head.py:341 -- Loaded 9 subprocess modules: [...]\n")
+    assert _last_line(ray) == "!!! Failed to start the dashboard: TimeoutError"
+    assert _last_line("RTNETLINK answers: Operation not permitted\n") == "RTNETLINK answers: Operation not permitted"
+    assert _last_line("") == "no output"
