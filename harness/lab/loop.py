@@ -209,9 +209,10 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
             return (loss * 0 if live() else loss), metrics
         return dead if trainer_fault == "dead-loss" else loss_fn
 
+    # the optimizer faults take the first update of each `keep` from the onset, as verl's patch does
+    keep = UPDATES_KEPT.get(trainer_fault, 1)
+
     def step(self, *args, **kwargs):
-        # the optimizer faults take the first update of each `keep` from the onset, as verl's patch does
-        keep = UPDATES_KEPT.get(trainer_fault, 1)
         skip = live() and (keep is None or (steps["n"] - onset) % keep != 0)
         steps["n"] += 1
         return None if skip else saved[2](self, *args, **kwargs)
