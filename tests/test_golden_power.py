@@ -318,7 +318,7 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     # a golden run whose rest jitters by rounding (0, 1e-9, 0, ...) rests at one value: the KL is still judged
     jittered = with_series(runs[0], KL, [v + (1e-9 if i % 2 else 0.0) if v == 0.0 else v
                                          for i, v in enumerate(runs[0][KL].values)])
-    assert find_moving([jittered, *runs[1:]], {})[KL][2] == 4
+    assert find_moving([jittered, *runs[1:]], {}, (5, 14))[KL][2] == 4
     # a run that diverges (NaN from step 10 on) is not stuck at a value it never held
     diverged = with_kl(lab_like("nan", 54), 54)
     diverged = with_series(diverged, KL, [v if t < 10 else math.nan for t, v in zip(
@@ -334,7 +334,63 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     # a count (every value a whole number: groups kept, 8 at most steps) is not a measurement that moves
     kept = [with_series(r, "train/kept_groups", [8.0 if t % 7 else 10.0 * i + t // 7 for t in r[REWARD].steps],
                         r[REWARD].steps) for i, r in enumerate(runs)]
-    assert "train/kept_groups" not in find_moving(kept, {})
+    assert "train/kept_groups" not in find_moving(kept, {}, (5, 14))
+
+
+def test_a_run_that_skips_its_update_at_every_other_step_fails_on_the_steps_it_rests():
+    """Issue 43: verl's quarter-updates fault (one optimizer update in four) logs `actor/ppo_kl` exactly 0 at every
+    step with no update, never two in a row, so no stretch is stuck, and its reward sits inside the golden's bands.
+    The golden stores the most steps of its reward window (steps 5-14 here) any run held one value at; a candidate
+    at one value at more than twice that and at least 5 of them fails, named with the value and the steps. Seeded
+    bugs: judging stretches alone lets the run pass; counting over the whole run fails a clean run that rests once
+    it has learned (lab seed 214: its mean advantage 0 at 13 of 30 steps, 2 of them in the window); a window one step
+    short, shifted, counted by position in a series that skips a step, or anchored on a KL that starts a step after
+    the reward each misplace it. A golden whose runs rest as often in the window lets the run pass, and a golden
+    recorded before the count says it judged stretches only."""
+    from harness.metrics.baseline import find_moving
+
+    def zeros_at(run: Run, at) -> Run:
+        return with_series(run, KL, [0.0 if t in at else v for t, v in zip(run[KL].steps, run[KL].values,
+                                                                           strict=True)])
+
+    def rests(verdict) -> list:
+        return [(v.where, v.value) for v in verdict.failures if v.statistic == "stuck"]
+
+    runs = [with_kl(lab_like(f"r{i}", i), i) for i in range(3)]
+    golden = Baseline.from_runs(runs, (REWARD,))
+    assert golden.moving[KL][2:] == (1, 1)
+    candidate = with_kl(lab_like("q", 60), 60)
+    skipping = zeros_at(candidate, range(5, 31, 2))  # 0 at steps 5, 7, ..., 29: 5 of steps 5-14
+    verdict = curves.compare(skipping, golden)
+    (said,) = [v for v in verdict.failures if v.statistic == "stuck"]
+    assert (said.metric, said.where, said.value) == (KL, "5 of steps 5-14", 0.0) and not verdict.passed
+    assert ("0 at 5 of the 10 steps it logged in 5-14, the window (5, 7, 9, 11, 13; 5 fail); every golden run moved "
+            "it at every step there") in said.detail, said.detail
+    # the window's last step counts, the step before its first does not: 4 of them pass
+    assert rests(curves.compare(zeros_at(candidate, (6, 8, 10, 12, 14)), golden)) == [("5 of steps 5-14", 0.0)]
+    assert curves.compare(zeros_at(candidate, (4, 6, 8, 10, 12)), golden).passed
+    # a run resting at 13 of 30 steps once it has learned, 2 of them in the window, passes
+    late = zeros_at(with_kl(lab_like("late", 61), 61), (*range(11, 31, 2), 16, 22, 28))
+    assert sum(v == 0.0 for v in late[KL].values) == 13 and curves.compare(late, golden).passed
+    # steps, not positions, from the reward's first step: a resumed run (steps 101-130) whose KL skips step 103, and
+    # a KL that starts a step after the reward
+    resumed = [with_kl(lab_like(f"r{i}", i, first=101), i) for i in range(3)]
+    gapped = zeros_at(with_kl(lab_like("q", 60, first=101), 60), (105, 107, 109, 111, 113))
+    gapped = with_series(gapped, KL, gapped[KL].values[:2] + gapped[KL].values[3:],
+                         gapped[KL].steps[:2] + gapped[KL].steps[3:])
+    assert rests(curves.compare(gapped, Baseline.from_runs(resumed, (REWARD,)))) == [("5 of steps 105-114", 0.0)]
+    late_kl = with_series(skipping, KL, skipping[KL].values[1:], skipping[KL].steps[1:])
+    assert rests(curves.compare(late_kl, golden)) == [("5 of steps 5-14", 0.0)]
+    # a golden whose own runs rested at 5 steps of the window allows 10
+    resting = [zeros_at(runs[0], (5, 7, 9, 11, 13)), *runs[1:]]
+    assert find_moving(resting, {}, (5, 14))[KL][2:] == (1, 5)
+    assert curves.compare(skipping, Baseline.from_runs(resting, (REWARD,))).passed
+    # a golden recorded before the count judges stretches only, and says so
+    old = dataclasses.replace(golden, moving={m: (*r[:3], None) for m, r in golden.moving.items()})
+    verdict = curves.compare(skipping, old)
+    assert verdict.passed, verdict.message()
+    assert any(v.passed is None and "the golden predates their count" in v.detail and KL in v.detail
+               for v in verdict.verdicts)
 
 
 def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
@@ -347,11 +403,17 @@ def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
     assert load_baseline(path).moving == {}
     doc["moving"] = {KL: [0.0, 1.0]}  # recorded before the longest stretch: only metrics that never repeated
     path.write_text(json.dumps(doc))
-    assert load_baseline(path).moving == {KL: (0.0, 1.0, 1)}
-    for bad in ([1.0, 0.0], [0.0, 1.0, 1.5], [0.0, 1.0, -1]):
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 1, 1)}
+    doc["moving"] = {KL: [0.0, 1.0, 3]}  # recorded before the count: unknown, and it round-trips as it was
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 3, None)}
+    load_baseline(path).save(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text())["moving"] == {KL: [0.0, 1.0, 3]}
+    for bad in ([1.0, 0.0], [0.0, 1.0, 1.5], [0.0, 1.0, -1], [0.0, 1.0, 3, 0], [0.0, 1.0, 3, None],
+                [0.0, 1.0, 1, 1, 1]):
         doc["moving"] = {KL: bad}
         path.write_text(json.dumps(doc))
-        with pytest.raises(BadInput, match="moving.*lowest, highest, longest stretch"):
+        with pytest.raises(BadInput, match="moving.*lowest, highest, longest stretch, most at one value"):
             load_baseline(path)
 
 

@@ -41,8 +41,8 @@ from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
 # 3: + "constants" (the per-step values of the metrics every reference run logs alike) and "power" (the MDE table),
-# and optionally "moving" (the metrics its runs move, with their longest stretch at one value: find_moving; a golden
-# without it checks none);
+# and optionally "moving" (the metrics its runs move, with their longest stretch at one value and the most steps a run
+# held one value: find_moving; a golden without it checks none, one without the count judges stretches only);
 # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std). Version 2 is still read:
 # its bands are the same, it only lacks the constants (a compare says so: CONSTANTS_MISSING) and the power table.
 SCHEMA_VERSION = 3
@@ -403,10 +403,11 @@ STUCK_STEPS = 5
 
 
 def stuck_limit(longest: int, steps: int) -> int:
-    """Steps in a row at one value that fail a candidate judged on `steps` steps, against a golden whose runs held
-    one value at most `longest` steps in a row: at least STUCK_STEPS (at 3 the lab's clean seeds flagged 40 of 182
-    one-run comparisons), more than twice the golden's own rest, and more than a third of the steps (a clean 30-step
-    lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never rested)."""
+    """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value
+    at most `longest` steps (in a row, or in the window: most_at_one_value): at least STUCK_STEPS (at 3 in a row the
+    lab's clean seeds flagged 40 of 182 one-run comparisons), more than twice the golden's own rest, and more than a
+    third of the steps (a clean 30-step lab seed rested its KL at 0 for 10 steps once it had learned the task,
+    against goldens whose KL never rested)."""
     return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
 
 
@@ -434,6 +435,46 @@ def longest_stretch(steps, values, metric: str, low: float, high: float) -> tupl
                 best = (start, i - start)
             start = i
     return best
+
+
+def most_at_one_value(steps, values, metric: str, low: float, high: float,
+                      first: int, last: int) -> tuple[list[int], int] | None:
+    """(indices into `values` of the largest group at one finite value, in a row or not, to float rounding
+    (stretch_tolerance), other than a rest at `metric`'s bounds (rest_bounds); the count of steps logged) over steps
+    `first`..`last` (window_of), for a golden whose runs span `low`..`high`: one computation for the golden's runs and
+    the candidate. None where the window holds fewer than STUCK_STEPS logged steps. A trainer that skips its update
+    at every other step rests there (issue 43: quarter-updates logs `actor/ppo_kl` exactly 0 at each step with no
+    update, never two in a row, where the golden's runs move it). The window, not the run: a clean lab seed rests
+    once it has learned or collapsed (few groups kept, one on-policy mini batch a step, KL 0; every group alike,
+    mean advantage 0), late; seed 214 held its mean advantage at 0 at 13 of 30 steps, 2 of them in steps 5-14, where
+    quarter-updates holds its KL at 5 of 10."""
+    inside = [i for i, t in enumerate(steps) if first <= t <= last]
+    if len(inside) < STUCK_STEPS:
+        return None
+    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high)
+    best: list[int] = []
+    for i in inside:
+        v = values[i]
+        if math.isfinite(v) and all(abs(v - b) > tol for b in bounds):
+            held = [j for j in inside if abs(values[j] - v) <= tol]
+            if len(held) > len(best):
+                best = held
+    return best, len(inside)
+
+
+def rest_window(metrics) -> tuple[int, int]:
+    """The window (1-based, from a run's first step, as CurveTolerance.window) a count of steps at one value reads:
+    the golden's reward window (the steps it vouches its runs learn in; verl's nightly 5th-14th steps unless
+    --tolerance moved it), or the default one in a golden without a reward."""
+    return (metrics[REWARD].tolerance if REWARD in metrics else default_tolerance(REWARD)).window
+
+
+def window_of(run: Run, metric: str, window: tuple[int, int]) -> tuple[int, int]:
+    """`window` as absolute steps of `run`, anchored where window_steps anchors the reward's: at the run's first
+    reward step (a lab step that kept no group logs no KL: a KL that starts a step late is still counted over the
+    reward's window), or `metric`'s own first step in a run that logs no reward."""
+    anchor = (run[REWARD] if REWARD in run else run[metric]).steps[0]
+    return anchor + window[0] - 1, anchor + window[1] - 1
 
 
 def rests_at_most_once(values, tol: float) -> bool:
@@ -468,12 +509,14 @@ def rest_bounds(metric: str, low: float, high: float) -> tuple[float, ...]:
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
-def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int]]:
-    """metric -> (lowest, highest, longest stretch), for every metric all runs log at STUCK_STEPS steps or more,
-    outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise (FLOAT_NOISE),
-    whose logged values across the runs move, resting at one value at most (rests_at_most_once: a continuous
-    measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at most
-    steps): its range, and the most steps in a row any run held one value (longest_stretch)."""
+def find_moving(runs: list[Run], constants, window: tuple[int, int]) -> dict[str, tuple[float, float, int, int | None]]:
+    """metric -> (lowest, highest, longest stretch, most at one value), for every metric all runs log at STUCK_STEPS
+    steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
+    (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
+    continuous measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at
+    most steps): its range, the most steps in a row any run held one value (longest_stretch), and the most steps of
+    `window` (rest_window) any run held one value at, in a row or not (most_at_one_value; None where no run logs
+    STUCK_STEPS of the window's steps)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -485,20 +528,27 @@ def find_moving(runs: list[Run], constants) -> dict[str, tuple[float, float, int
             continue
         low, high = min(values), max(values)
         if rests_at_most_once(values, stretch_tolerance(low, high)):
-            out[metric] = (low, high, max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
-                                               for r in runs)))
+            counts = [len(found[0]) for r in runs if (found := most_at_one_value(
+                r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, window)))]
+            out[metric] = (low, high,
+                           max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
+                                    for r in runs)),
+                           max(1, *counts) if counts else None)  # None: no run logs enough of the window
     return out
 
 
-def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float, int]]:
-    # [lowest, highest, longest stretch]; a golden recorded before the stretch ([lowest, highest]) stored only metrics
-    # that never repeated a value: their longest stretch is 1
+def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float, int, int | None]]:
+    # [lowest, highest, longest stretch, most at one value in the reward window]; a golden recorded before the stretch
+    # ([lowest, highest]) stored only metrics that never repeated a value: both are 1; one recorded before the count
+    # (three entries) has none, and its runs' count is unknown: it judges stretches only (curves.stuck says so)
     if not isinstance(doc, dict) or not all(
-            isinstance(r, list) and len(r) in (2, 3) and all(type(v) in (int, float) and _finite(v) for v in r[:2])
-            and r[0] <= r[1] and (len(r) == 2 or (type(r[2]) is int and r[2] >= 1)) for r in doc.values()):
-        raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest, longest stretch]; "
-                       "re-record it")
-    return {m: (float(r[0]), float(r[1]), r[2] if len(r) == 3 else 1) for m, r in doc.items()}
+            isinstance(r, list) and 2 <= len(r) <= 4 and all(type(v) in (int, float) and _finite(v) for v in r[:2])
+            and r[0] <= r[1] and all(type(n) is int and n >= 1 for n in r[2:])
+            for r in doc.values()):
+        raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest, longest stretch, most "
+                       "at one value]; re-record it")
+    return {m: (float(r[0]), float(r[1]), *((1, 1) if len(r) == 2 else (r[2], r[3] if len(r) == 4 else None)))
+            for m, r in doc.items()}
 
 
 def _constants_from_json(doc, where: str) -> dict[str, Series]:
@@ -898,9 +948,9 @@ class Baseline:
     constants: dict[str, Series] | None = field(default_factory=dict)
     # the MDE table (harness.metrics.power.power_table) as recorded; None for a golden recorded without it
     power: dict | None = None
-    # metric -> (lowest, highest, longest stretch at one value) of the metrics the runs moved (find_moving); empty
-    # for a golden recorded before them
-    moving: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    # metric -> (lowest, highest, longest stretch at one value, most steps at one value: None for a golden recorded
+    # before the count) of the metrics the runs moved (find_moving); empty for a golden recorded before them
+    moving: dict[str, tuple[float, float, int, int | None]] = field(default_factory=dict)
 
     @property
     def precision(self) -> str | None:
@@ -965,7 +1015,7 @@ class Baseline:
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more", constants=(constants := find_constants(
-                       runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants))
+                       runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants, rest_window(out)))
 
     def retuned(self, inflation: dict[str, tuple[float, ...]]) -> Baseline:
         """The same reference runs judged with another noise inflation per metric (band, window, trend), every other
@@ -1017,7 +1067,8 @@ class Baseline:
         constants = {m: {"steps": list(c.steps), "values": list(c.values)} for m, c in self.constants.items()}
         return versioned(SCHEMA, SCHEMA_VERSION, {"provenance": self.provenance, **(
             {"power": self.power} if self.power is not None else {}), "metrics": metrics, "constants": constants,
-            **({"moving": {m: list(r) for m, r in self.moving.items()}} if self.moving else {})})
+            **({"moving": {m: [x for x in r if x is not None] for m, r in self.moving.items()}} if self.moving
+               else {})})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write atomically; refuse to overwrite an existing baseline unless `force` -- atomic against another

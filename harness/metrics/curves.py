@@ -47,12 +47,15 @@ from harness.metrics.baseline import (
     default_tolerance,
     despiked,
     longest_stretch,
+    most_at_one_value,
+    rest_window,
     run_precision,
     run_seed,
     same_value,
     sanity_limits,
     slope,
     stuck_limit,
+    window_of,
     window_stat,
     window_steps,
 )
@@ -471,13 +474,17 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
 def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     """The metrics the golden's runs move (harness.metrics.baseline.find_moving) against the candidate's, at the steps
     the golden covers (a longer run may converge later, every group solved and nothing left to learn): one failing
-    verdict per metric the candidate holds at one value (to float rounding) for stuck_limit steps in a row or more
-    (a rest at the golden's extremes or a share's bounds aside: harness.metrics.baseline.rest_bounds), naming the
-    value and the stretch; one verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS
-    of those steps."""
-    verdicts, moving, short = [], [], []
+    verdict per metric the candidate holds at one value (to float rounding; a rest at the golden's extremes or a
+    share's bounds aside: harness.metrics.baseline.rest_bounds) for stuck_limit steps in a row or more, or at
+    stuck_limit of the reward window's steps, in a row or not, against the most any golden run held one value there
+    (harness.metrics.baseline.window_of; a trainer that skips its update at every other step: issue 43's
+    quarter-updates; most_at_one_value says why the window), naming the value and the steps; one verdict for all
+    that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps; one saying a golden
+    recorded before the count judges stretches only."""
+    verdicts, moving, short, uncounted = [], [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
-    for metric, (low, high, longest) in baseline.moving.items():
+    window = rest_window(baseline.metrics)
+    for metric, (low, high, longest, most) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
             continue
@@ -488,15 +495,31 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
         first, length = longest_stretch(steps, values, metric, low, high)
         limit = stuck_limit(longest, len(steps))  # a third of the steps judged
-        if length < limit:
+        if most is None:
+            uncounted.append(metric)
+            found = None
+        else:
+            found = most_at_one_value(steps, values, metric, low, high, *window_of(candidate, metric, window))
+        if length >= limit:
+            value, stretch = values[first], steps[first:first + length]
+            held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
+            verdicts.append(CurveVerdict(
+                metric=metric, statistic="stuck", passed=False, where=f"steps {stretch[0]}-{stretch[-1]}",
+                value=value, detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; "
+                                    f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
+                                    "the trainer stopped"))
+        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1])):
+            rests, (start, end) = found[0], window_of(candidate, metric, window)
+            value = values[rests[0]]
+            held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
+            verdicts.append(CurveVerdict(
+                metric=metric, statistic="stuck", passed=False, where=f"{len(rests)} of steps {start}-{end}",
+                value=value, detail=f"{value:.9g} at {len(rests)} of the {found[1]} steps it logged in {start}-{end}, "
+                                    f"the window ({_some([str(steps[i]) for i in rests])}; {count_limit} fail); "
+                                    f"every golden run {held} ({low:.3g} to {high:.3g}): a part of the trainer "
+                                    "stops at some steps"))
+        else:
             moving.append(metric)
-            continue
-        value, stretch = values[first], steps[first:first + length]
-        held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
-        verdicts.append(CurveVerdict(
-            metric=metric, statistic="stuck", passed=False, where=f"steps {stretch[0]}-{stretch[-1]}", value=value,
-            detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; {limit} fail); every "
-                   f"golden run {held} ({low:.3g} to {high:.3g}): a part of the trainer stopped"))
     if moving:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=True, where="every step",
                                      detail=f"{len(moving)} metrics the golden's runs move, move: {_some(moving)}"))
@@ -504,6 +527,12 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
                                      detail=f"not judged: run too short: {len(short)} metrics the golden's runs move "
                                             f"have fewer than {STUCK_STEPS} of the golden's steps"))
+    if uncounted:
+        verdicts.append(CurveVerdict(metric="moving", statistic="stuck", passed=None, where="-",
+                                     detail=f"not judged: repeats of one value in the window, in a row or not: "
+                                            f"the golden predates their count or logs too few of its steps "
+                                            f"({len(uncounted)} metrics judged on stretches in a row only: "
+                                            f"{_some(uncounted)}); re-record it"))
     return verdicts
 
 
