@@ -723,6 +723,13 @@ def test_cli_record_takes_tolerances_as_data(tmp_path, capsys):
                          "--tolerance", f"{metric}:window={bad}"]) == 2
         err = capsys.readouterr().err
         assert f"{metric}:window={bad}" in err and len(err.strip().splitlines()) == 1, err
+    # a window past the runs (30 steps) would judge nothing: refused, naming a run, and the golden is left as it was
+    before = golden.read_bytes()
+    assert cli_main(["baseline", "record", *refs, "--out", str(golden), "--force",
+                     "--tolerance", f"{metric}:window=21-31"]) == 2
+    err = capsys.readouterr().err
+    assert "window=21-31: run gpu0 logs critic/rewards/mean at fewer steps than the window's last" in err, err
+    assert len(err.strip().splitlines()) == 1 and golden.read_bytes() == before
     # a recipe's calibration (scripts/calibrate-curves --out) sets the inflation of the metrics it calibrated, as the
     # tiny goldens are made; --tolerance wins over it; a file without a usable "inflation" is one line naming it
     calibration = tmp_path / "calibration.json"
