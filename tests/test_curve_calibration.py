@@ -233,7 +233,7 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
 # What the tiny verl golden can tell apart on the reward alone (20 noise draws each, step noise 0.15 around the
 # golden's centre with the reward gain cut to a fraction). Recorded with the code's prior (the verl recipe's own
 # clean runs keep its false alarms low: VERL_MEASUREMENT), a run keeping half the gain or less fails every draw,
-# as its power table says (reward-window MDE 0.55, half the gain 0.62); three quarters of it passes. With the lab's
+# as its power table says (reward-window MDE 0.58, half the gain 0.62); three quarters of it passes. With the lab's
 # calibration the micro-batch-1 golden was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20
 # and half of it none. On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails;
 # half-updates keeps 68-88 % and fails 1 of 3.
