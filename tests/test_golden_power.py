@@ -19,7 +19,7 @@ import pytest
 from harness.cli import main as cli_main
 from harness.errors import BadInput
 from harness.metrics import curves, power
-from harness.metrics.baseline import STUCK_STEPS, Baseline, find_constants, load_baseline
+from harness.metrics.baseline import STUCK_STEPS, Baseline, default_tolerance, find_constants, load_baseline
 from harness.metrics.run import Run, RunMeta, Series
 
 REWARD = "critic/rewards/mean"
@@ -318,7 +318,7 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     # a golden run whose rest jitters by rounding (0, 1e-9, 0, ...) rests at one value: the KL is still judged
     jittered = with_series(runs[0], KL, [v + (1e-9 if i % 2 else 0.0) if v == 0.0 else v
                                          for i, v in enumerate(runs[0][KL].values)])
-    assert find_moving([jittered, *runs[1:]], {}, (5, 14))[KL][2] == 4
+    assert find_moving([jittered, *runs[1:]], {}, default_tolerance(REWARD))[KL][2] == 4
     # a run that diverges (NaN from step 10 on) is not stuck at a value it never held
     diverged = with_kl(lab_like("nan", 54), 54)
     diverged = with_series(diverged, KL, [v if t < 10 else math.nan for t, v in zip(
@@ -334,7 +334,7 @@ def test_a_golden_whose_runs_rest_at_one_value_still_judges_a_run_stuck_there():
     # a count (every value a whole number: groups kept, 8 at most steps) is not a measurement that moves
     kept = [with_series(r, "train/kept_groups", [8.0 if t % 7 else 10.0 * i + t // 7 for t in r[REWARD].steps],
                         r[REWARD].steps) for i, r in enumerate(runs)]
-    assert "train/kept_groups" not in find_moving(kept, {}, (5, 14))
+    assert "train/kept_groups" not in find_moving(kept, {}, default_tolerance(REWARD))
 
 
 def test_a_run_that_skips_its_update_at_every_other_step_fails_on_the_steps_it_rests():
@@ -383,7 +383,7 @@ def test_a_run_that_skips_its_update_at_every_other_step_fails_on_the_steps_it_r
     assert rests(curves.compare(late_kl, golden)) == [("5 of steps 5-14", 0.0)]
     # a golden whose own runs rested at 5 steps of the window allows 10
     resting = [zeros_at(runs[0], (5, 7, 9, 11, 13)), *runs[1:]]
-    assert find_moving(resting, {}, (5, 14))[KL][2:] == (1, 5)
+    assert find_moving(resting, {}, default_tolerance(REWARD))[KL][2:] == (1, 5)
     assert curves.compare(skipping, Baseline.from_runs(resting, (REWARD,))).passed
     # a golden recorded before the count judges stretches only, and says so
     old = dataclasses.replace(golden, moving={m: (*r[:3], None) for m, r in golden.moving.items()})

@@ -214,7 +214,13 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
 
     from harness.cli.output import console as output_console
     from harness.metrics import curves, power, stats
-    from harness.metrics.baseline import FAMILY_METRICS, Baseline, default_tolerance, run_precision
+    from harness.metrics.baseline import (
+        FAMILY_METRICS,
+        Baseline,
+        check_windows_reached,
+        default_tolerance,
+        run_precision,
+    )
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
@@ -228,11 +234,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
     tolerances = _tolerances(args.tolerance or (), inflation, run_precision(runs[0]))
-    for metric, tol in tolerances.items():  # a window no run reaches would judge nothing, said only at compare
-        short = [r.name for r in runs if metric in metrics and metric in r and len(r[metric]) < tol.window[1]]
-        if short and tol.window != default_tolerance(metric, run_precision(runs[0])).window:
-            raise BadInput(f"--tolerance {metric}:window={tol.window[0]}-{tol.window[1]}: run {short[0]} logs "
-                           f"{metric} at fewer steps than the window's last; place it within the runs")
+    check_windows_reached(runs, {m: tol for m, tol in tolerances.items() if m in metrics and tol.window != (
+        default_tolerance(m, run_precision(runs[0])).window)})  # the default window on short runs: not judged
     baseline = Baseline.from_runs(runs, metrics, tolerances=tolerances)
     check = curves.self_check(baseline, runs)
     if check is not None and check.flagged and not args.keep_flagged:

@@ -462,19 +462,28 @@ def most_at_one_value(steps, values, metric: str, low: float, high: float,
     return best, len(inside)
 
 
-def rest_window(metrics) -> tuple[int, int]:
-    """The window (1-based, from a run's first step, as CurveTolerance.window) a count of steps at one value reads:
-    the golden's reward window (the steps it vouches its runs learn in; verl's nightly 5th-14th steps unless
-    --tolerance moved it), or the default one in a golden without a reward."""
-    return (metrics[REWARD].tolerance if REWARD in metrics else default_tolerance(REWARD)).window
+def rest_tolerance(metrics) -> CurveTolerance:
+    """The tolerance whose window a count of steps at one value reads: the golden's reward's (the steps it vouches its
+    runs learn in; verl's nightly 5th-14th steps unless --tolerance moved it), or the default one in a golden without
+    a reward."""
+    return metrics[REWARD].tolerance if REWARD in metrics else default_tolerance(REWARD)
 
 
-def window_of(run: Run, metric: str, window: tuple[int, int]) -> tuple[int, int]:
-    """`window` as absolute steps of `run`, anchored where window_steps anchors the reward's: at the run's first
-    reward step (a lab step that kept no group logs no KL: a KL that starts a step late is still counted over the
-    reward's window), or `metric`'s own first step in a run that logs no reward."""
-    anchor = (run[REWARD] if REWARD in run else run[metric]).steps[0]
-    return anchor + window[0] - 1, anchor + window[1] - 1
+def window_of(run: Run, metric: str, tol: CurveTolerance) -> tuple[int, int]:
+    """`tol`'s window as absolute steps of `run` (window_steps), anchored at the run's first reward step, as the
+    reward's window is (a lab step that kept no group logs no KL: a KL that starts a step late is still counted over
+    the reward's window), or at `metric`'s own first step in a run that logs no reward."""
+    return window_steps((run[REWARD] if REWARD in run else run[metric]).steps[0], tol)
+
+
+def check_windows_reached(runs: list[Run], tolerances: dict[str, CurveTolerance]) -> None:
+    """Refuse a --tolerance window some run logs its metric at fewer steps than: its statistic would judge nothing,
+    said only by compare ('not judged'), and a calibration on it would measure nothing."""
+    for metric, tol in tolerances.items():
+        short = [r.name for r in runs if metric in r and len(r[metric]) < tol.window[1]]
+        if short:
+            raise BadInput(f"--tolerance {metric}:window={tol.window[0]}-{tol.window[1]}: run {short[0]} logs "
+                           f"{metric} at fewer steps than the window's last; place it within the runs")
 
 
 def rests_at_most_once(values, tol: float) -> bool:
@@ -509,14 +518,14 @@ def rest_bounds(metric: str, low: float, high: float) -> tuple[float, ...]:
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
-def find_moving(runs: list[Run], constants, window: tuple[int, int]) -> dict[str, tuple[float, float, int, int | None]]:
+def find_moving(runs: list[Run], constants, window: CurveTolerance) -> dict[str, tuple[float, float, int, int | None]]:
     """metric -> (lowest, highest, longest stretch, most at one value), for every metric all runs log at STUCK_STEPS
     steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
     (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
     continuous measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at
     most steps): its range, the most steps in a row any run held one value (longest_stretch), and the most steps of
-    `window` (rest_window) any run held one value at, in a row or not (most_at_one_value; None where no run logs
-    STUCK_STEPS of the window's steps)."""
+    `window`'s window (rest_tolerance) any run held one value at, in a row or not (most_at_one_value; None where no
+    run logs STUCK_STEPS of the window's steps)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -1015,7 +1024,7 @@ class Baseline:
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         return cls(out, provenance, name="+".join(r.name for r in runs) if len(runs) <= 3 else
                    f"{runs[0].name}+{len(runs) - 1} more", constants=(constants := find_constants(
-                       runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants, rest_window(out)))
+                       runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants, rest_tolerance(out)))
 
     def retuned(self, inflation: dict[str, tuple[float, ...]]) -> Baseline:
         """The same reference runs judged with another noise inflation per metric (band, window, trend), every other

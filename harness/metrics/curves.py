@@ -48,7 +48,7 @@ from harness.metrics.baseline import (
     despiked,
     longest_stretch,
     most_at_one_value,
-    rest_window,
+    rest_tolerance,
     run_precision,
     run_seed,
     same_value,
@@ -483,7 +483,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     recorded before the count judges stretches only."""
     verdicts, moving, short, uncounted = [], [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
-    window = rest_window(baseline.metrics)
+    window = rest_tolerance(baseline.metrics)
     for metric, (low, high, longest, most) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
@@ -495,11 +495,12 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
         first, length = longest_stretch(steps, values, metric, low, high)
         limit = stuck_limit(longest, len(steps))  # a third of the steps judged
+        start, end = window_of(candidate, metric, window)
         if most is None:
             uncounted.append(metric)
             found = None
         else:
-            found = most_at_one_value(steps, values, metric, low, high, *window_of(candidate, metric, window))
+            found = most_at_one_value(steps, values, metric, low, high, start, end)
         if length >= limit:
             value, stretch = values[first], steps[first:first + length]
             held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
@@ -509,7 +510,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                                     f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
                                     "the trainer stopped"))
         elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1])):
-            rests, (start, end) = found[0], window_of(candidate, metric, window)
+            rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
             verdicts.append(CurveVerdict(
