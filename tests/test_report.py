@@ -633,6 +633,34 @@ def test_versions_come_from_installed_distributions_not_an_alias(report_factory,
     assert version_changes(stored) == [(), ()]  # reports stored before the fix: no false change either
 
 
+def test_the_job_keeps_the_evidence_of_a_run_in_pytests_temp_directory(pytester: pytest.Pytester):
+    """The tiny verl run lives in pytest's temporary directory, and the property naming it went through the report's
+    host-path redaction before the report set copied it: `<pytest tmp>/...` named no directory, so every report
+    since 2026-12-05 kept an empty evidence/ (found by the main job's own report, 2026-12-07). Run through a real
+    session: the copy is made and no host path is left in the report."""
+    pytester.makepyfile(test_evidence="""
+import pytest
+
+@pytest.mark.tiny
+def test_run(tmp_path, request):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\\n')
+    (tmp_path / "launch.log").write_text("launched\\n")
+    request.node.user_properties.append(("evidence", {"name": "tiny-verl-s1", "run_dir": str(run),
+                                                      "extra": [str(tmp_path / "launch.log")]}))
+""")
+    out = pytester.path / "reports"
+    result = pytester.runpytest_inprocess("--report-dir", str(out), "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    kept = out / "evidence" / "tiny-verl-s1"
+    assert sorted(p.name for p in kept.iterdir()) == ["launch.log", "metrics.jsonl"]
+    doc = json.loads((out / "report.json").read_text())
+    (test,) = doc["tests"]
+    assert test["properties"]["run_dir"] == "evidence/tiny-verl-s1/" and "evidence" not in test["properties"]
+    assert "pytest-of-" not in json.dumps(test)  # the temp path went with the property
+
+
 def test_report_keeps_no_host_paths():
     """Seeded from the newcomer review (round 5): a curves warning held the CI host's pytest temporary path and the
     msprobe row the checkout's absolute path."""

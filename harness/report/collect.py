@@ -27,6 +27,7 @@ from harness.io import exclusive
 from harness.markers import REPORTED_MARKERS, SCALE_KEY
 from harness.redact import redact, redact_argv, redact_doc
 from harness.report.failures import shorten_funcargs
+from harness.report.publish import EVIDENCE_PROPERTY
 from harness.report.schema import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -143,7 +144,10 @@ class ReportCollector:
             entry["log"] = redact("\n".join(f"----- {name} -----\n{text}"
                                              for name, text in report.sections)[-TAIL_CHARS:])
         for name, value in report.user_properties:
-            entry["properties"][name] = without_host_paths(_jsonable(value), self.root)
+            # the evidence property names the run directory to copy (keep_evidence, which replaces it with the
+            # copy's relative path): redacted to `<pytest tmp>/...`, it named nothing and the copy was empty
+            entry["properties"][name] = _jsonable(value) if name == EVIDENCE_PROPERTY \
+                else without_host_paths(_jsonable(value), self.root)
         keywords = getattr(report, "keywords", {}) or {}
         entry["markers"] = tuple(sorted(k for k in keywords if k in REPORTED_MARKERS))
 
