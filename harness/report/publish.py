@@ -221,7 +221,8 @@ def keep_evidence(set_dir: str | Path, tests) -> None:
     run directory, and point the test's `run_dir` property at the copy (relative: it sits beside the page)."""
     kept: dict[str, str] = {}
     for test in tests:
-        doc = test.properties.get(EVIDENCE_PROPERTY)
+        # consumed here, usable or not: it names host paths (harness.report.collect leaves it unredacted for this)
+        doc = test.properties.pop(EVIDENCE_PROPERTY, None)
         if not isinstance(doc, dict) or not isinstance(doc.get("run_dir"), str):
             continue
         name = safe_name(str(doc.get("name") or Path(doc["run_dir"]).name))
@@ -237,7 +238,6 @@ def keep_evidence(set_dir: str | Path, tests) -> None:
                         raise write_error(target, exc) from None
                     raise
             kept[name] = f"{EVIDENCE_DIR}/{name}/"
-        test.properties.pop(EVIDENCE_PROPERTY)
         test.properties["run_dir"] = kept[name]
 
 
