@@ -323,7 +323,8 @@ def test_an_engine_leaves_the_heap_unfrozen(monkeypatch):
     scan only the engine's objects); vLLM's shutdown unfreezes it. An engine that never started must unfreeze it
     too: left frozen, every object of the process, garbage included, stayed out of the collector until some later
     engine's shutdown. Checked after a start that fails at its arguments (which also removes the model directory
-    written for it: each such start left one in the temp directory) and after a real engine's close."""
+    written for it: each such start left one in the temp directory), after a real engine's close, and after an
+    engine that started but failed to bind its route capture (never closed before: nobody held it)."""
     import gc
 
     if importlib.util.find_spec("vllm") is None:
@@ -343,6 +344,19 @@ def test_an_engine_leaves_the_heap_unfrozen(monkeypatch):
     with VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64) as engine:
         assert len(engine.sample([[1, 2, 3]], 1).token_ids[0]) == 1
     assert gc.get_freeze_count() == 0, "the heap stayed frozen after the engine closed"
+    # an engine that started and then failed to bind its route capture (the CPU way of returning routes) is closed
+    # by its constructor: nobody else holds it
+    assert platform_facts("cpu").routes_capture == "bind"
+
+    def unbindable(self, model):
+        raise RuntimeError("seeded: the capturer cannot bind")
+
+    monkeypatch.setattr(VLLMEngine, "_bind_route_capture", unbindable)
+    with pytest.raises(RuntimeError, match="seeded") as failed:
+        VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64, return_routed_experts=True)
+    # while the failure is held (pytest keeps a failed test's traceback, and with it the half-built engine)
+    assert gc.get_freeze_count() == 0, "an engine that failed after it started was left running, the heap frozen"
+    del failed
 
 
 def test_batch_invariance_is_judged_only_where_the_mode_claims_the_model():

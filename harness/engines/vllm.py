@@ -328,7 +328,11 @@ class VLLMEngine(Engine):
             raise
         self._route_steps: list[torch.Tensor] = []
         if self.routes == "bind":
-            self._apply(self._bind_route_capture)
+            try:
+                self._apply(self._bind_route_capture)
+            except BaseException:
+                self.close()  # the engine is up and only the traceback holds it: its shutdown unfreezes the heap
+                raise
 
     def _bind_route_capture(self, model) -> None:
         """Bind vLLM's own RoutedExpertsCapturer to the model (vllm fused_moe/routed_experts_capturer.py
