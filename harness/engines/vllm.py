@@ -322,9 +322,7 @@ class VLLMEngine(Engine):
         except BaseException:
             if frozen:
                 gc.unfreeze()  # an engine that never started never unfreezes
-            self._restore()
-            if self._tmp:  # the model directory written for it
-                shutil.rmtree(self._tmp, ignore_errors=True)
+            self.close()  # no engine to shut down: what it set, and the model directory written for it
             raise
         self._route_steps: list[torch.Tensor] = []
         if self.routes == "bind":
@@ -371,30 +369,30 @@ class VLLMEngine(Engine):
         self._restore_env = {}
 
     def close(self) -> None:
-        if getattr(self, "llm", None) is None:
-            self._restore()
-            return
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        """Shut the engine down if it started and is not closed yet; put back what it set, remove its model
+        directory (also what a failed start calls)."""
+        if getattr(self, "llm", None) is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        core = getattr(self.llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
-        self.llm = None
-        # cleanup_dist_env_and_memory below collects the engine's cycles (gc.unfreeze, then gc.collect): a collect
-        # of our own first scanned the whole heap once more per engine (about 0.3 s on 2 cores)
-        if self.facts.kind == "npu":
-            gc.collect()
-            # vllm-ascend v0.20.2rc1 / v0.23.0 builds its own groups (MC2, MLP TP, ...) in
-            # distributed/parallel_state.py init_ascend_model_parallel, which returns early while they exist, and never
-            # calls its destroy_ascend_model_parallel: the next engine of this process would reuse groups of this
-            # engine's torn-down world.
-            from vllm_ascend.distributed.parallel_state import destroy_ascend_model_parallel
+            core = getattr(self.llm.llm_engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()
+            self.llm = None
+            # cleanup_dist_env_and_memory below collects the engine's cycles (gc.unfreeze, then gc.collect): a
+            # collect of our own first scanned the whole heap once more per engine (about 0.3 s on 2 cores)
+            if self.facts.kind == "npu":
+                gc.collect()
+                # vllm-ascend v0.20.2rc1 / v0.23.0 builds its own groups (MC2, MLP TP, ...) in
+                # distributed/parallel_state.py init_ascend_model_parallel, which returns early while they exist, and
+                # never calls its destroy_ascend_model_parallel: the next engine of this process would reuse groups
+                # of this engine's torn-down world.
+                from vllm_ascend.distributed.parallel_state import destroy_ascend_model_parallel
 
-            destroy_ascend_model_parallel()
-        cleanup_dist_env_and_memory()
-        torch.set_num_threads(self._threads)
+                destroy_ascend_model_parallel()
+            cleanup_dist_env_and_memory()
+            torch.set_num_threads(self._threads)
         self._restore()
-        if self._tmp:
+        if getattr(self, "_tmp", None):  # unset when the start failed before writing it
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     def _apply(self, fn):
