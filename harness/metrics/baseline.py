@@ -518,13 +518,13 @@ def rest_bounds(metric: str, low: float, high: float) -> tuple[float, ...]:
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
-def find_moving(runs: list[Run], constants, window: CurveTolerance) -> dict[str, tuple[float, float, int, int | None]]:
+def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, tuple[float, float, int, int | None]]:
     """metric -> (lowest, highest, longest stretch, most at one value), for every metric all runs log at STUCK_STEPS
     steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
     (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
     continuous measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at
     most steps): its range, the most steps in a row any run held one value (longest_stretch), and the most steps of
-    `window`'s window (rest_tolerance) any run held one value at, in a row or not (most_at_one_value; None where no
+    `rest`'s window (rest_tolerance) any run held one value at, in a row or not (most_at_one_value; None where no
     run logs STUCK_STEPS of the window's steps)."""
     out = {}
     for metric in sorted(runs[0].series):
@@ -538,7 +538,7 @@ def find_moving(runs: list[Run], constants, window: CurveTolerance) -> dict[str,
         low, high = min(values), max(values)
         if rests_at_most_once(values, stretch_tolerance(low, high)):
             counts = [len(found[0]) for r in runs if (found := most_at_one_value(
-                r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, window)))]
+                r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, rest)))]
             out[metric] = (low, high,
                            max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
                                     for r in runs)),

@@ -483,7 +483,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     recorded before the count judges stretches only."""
     verdicts, moving, short, uncounted = [], [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
-    window = rest_tolerance(baseline.metrics)
+    rest = rest_tolerance(baseline.metrics)
     for metric, (low, high, longest, most) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
@@ -495,7 +495,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         steps, values = [t for t, _ in pairs], [v for _, v in pairs]
         first, length = longest_stretch(steps, values, metric, low, high)
         limit = stuck_limit(longest, len(steps))  # a third of the steps judged
-        start, end = window_of(candidate, metric, window)
+        start, end = window_of(candidate, metric, rest)
         if most is None:
             uncounted.append(metric)
             found = None
