@@ -360,6 +360,28 @@ def test_the_background_run_yields_the_cores_to_the_suites(tmp_path):
     assert BACKGROUND_NICE > 0
 
 
+def test_the_suites_run_on_one_thread_while_the_background_run_trains():
+    # seeded by the old session: two torch threads in the suites' process beside the run spun in OpenMP's barrier,
+    # and the main job's tests took 274 s against 218 s on one (fixtures.dapo _share_cores)
+    import types
+
+    import torch
+
+    from fixtures.dapo import _await_quiet, _cores_back, _share_cores
+    from harness.engines.base import torch_threads
+
+    config = types.SimpleNamespace(stash=pytest.Stash(), getoption=lambda name: None)
+    session = types.SimpleNamespace(config=config, items=[])  # its runs have ended
+    with torch_threads(2):
+        _share_cores(config)
+        _share_cores(config)  # a second launch of the session: still one thread, and one count to give back
+        assert torch.get_num_threads() == 1
+        _await_quiet(session)  # what a timed test waits on: it then measures at the host's count
+        assert torch.get_num_threads() == 2
+        _cores_back(config)  # the session's end, after the timed test: nothing left to give back
+        assert torch.get_num_threads() == 2
+
+
 def test_the_tiny_micro_batch_trains_the_loss_of_micro_batches_of_one(tmp_path):
     """The tiny scale trains in micro batches of 8 for speed (harness.config.scales). That is the same DAPO update
     as micro batches of 1, to float rounding, because verl's FSDP engine normalises the token-mean loss by the whole
