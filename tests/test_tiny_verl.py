@@ -360,25 +360,30 @@ def test_the_background_run_yields_the_cores_to_the_suites(tmp_path):
     assert BACKGROUND_NICE > 0
 
 
-def test_the_suites_run_on_one_thread_while_the_background_run_trains():
+def test_the_suites_run_on_one_thread_while_the_background_run_trains(monkeypatch, tmp_path):
     # seeded by the old session: two torch threads in the suites' process beside the run spun in OpenMP's barrier,
     # and the main job's tests took 272-302 s against 213-215 s on one (fixtures.dapo _share_cores)
     import types
 
     import torch
 
-    from fixtures.dapo import _await_quiet, _cores_back, _share_cores
+    import fixtures.dapo as dapo
     from harness.engines.base import torch_threads
 
+    launch = types.SimpleNamespace(home=tmp_path, start=lambda: None)  # no pid file: a run that has ended
+    monkeypatch.setattr(dapo, "_session_launches", lambda session: [launch])
     config = types.SimpleNamespace(stash=pytest.Stash(), getoption=lambda name: None)
-    session = types.SimpleNamespace(config=config, items=[])  # its runs have ended
+    session = types.SimpleNamespace(config=config)  # no _tmp_path_factory: the session's end stops no launcher
     with torch_threads(2):
-        _share_cores(config)
-        _share_cores(config)  # a second launch of the session: still one thread, and one count to give back
+        dapo.pytest_collection_finish(session)
         assert torch.get_num_threads() == 1
-        _await_quiet(session)  # what a timed test waits on: it then measures at the host's count
+        dapo._await_quiet(session)  # what a timed test waits on: it then measures at the host's count
         assert torch.get_num_threads() == 2
-        _cores_back(config)  # the session's end, after the timed test: nothing left to give back
+        torch._C.set_num_threads(1)  # an engine opened on one thread, closed after the first timed test
+        dapo._await_quiet(session)  # the next timed test
+        assert torch.get_num_threads() == 2
+        torch._C.set_num_threads(1)
+        dapo.pytest_sessionfinish(session)
         assert torch.get_num_threads() == 2
 
 
