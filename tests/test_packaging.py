@@ -12,6 +12,7 @@ reason where the index cannot be reached.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -249,3 +250,62 @@ def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel,
     packages = report["machine"]["packages"]
     assert {name: packages.get(name) for name in FOREIGN} == FOREIGN, packages
     assert report["summary"]["passed"] >= 80, report["summary"]  # the tier ran, not a skip of it
+
+
+def _checkout(dst: Path) -> Path:
+    """What an editable install and scripts/bootstrap read of a checkout (pyproject's packages, the stamp's inputs)."""
+    for name in ("pyproject.toml", "README.md", "conftest.py", "requirements", "scripts", "harness", "fixtures",
+                 "suites"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / name)
+    return dst
+
+
+def _harness_of(python: Path) -> str:
+    done = _run([python, "-I", "-c", "import harness; print(harness.__file__)"], timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(Path(done.stdout.strip()).resolve().parent.parent)
+
+
+def test_bootstrap_points_a_shared_venv_at_its_own_checkout(tmp_path):
+    """A venv shared between checkouts (HARNESS_VENV) kept the editable harness of the checkout that installed it: its
+    stamp made bootstrap skip all work, so `scripts/job` in another checkout ran the first one's harness/ under its own
+    suites, silently. Bootstrap now installs its own checkout's harness where the venv finds another's, and stays a
+    no-op where it finds its own."""
+    first, second = _checkout(tmp_path / "first"), _checkout(tmp_path / "second")
+    venv = tmp_path / "venv"
+    assert _run([sys.executable, "-m", "venv", venv], timeout=300).returncode == 0
+    python = venv / "bin" / "python"
+    _skip_if_offline(_pip(python, "install", "-q", "--no-compile", "--no-deps", "-e", first),
+                     "installing the first checkout's harness")
+    assert _harness_of(python) == str(first.resolve())
+    # the stack is in place: the stamp scripts/bootstrap writes after it installed the tier, for the second checkout
+    inputs = b"".join((second / f).read_bytes() for f in ("requirements/cpu.txt", "requirements/base.txt",
+                                                          "pyproject.toml", "scripts/bootstrap"))
+    stamp = hashlib.sha256(inputs + b" 0\n").hexdigest()[:16]  # HARNESS_PINS empty, HARNESS_STACK_ONLY 0
+    (venv / f".bootstrap-{stamp}").touch()
+
+    def bootstrap() -> subprocess.CompletedProcess:
+        # its own session: should the stamp's inputs have changed (a full install), the timeout stops pip too
+        with subprocess.Popen(["bash", str(second / "scripts" / "bootstrap")], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                              env={**CLEAN_ENV, "HARNESS_VENV": str(venv)}) as proc:
+            try:
+                out, err = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                raise AssertionError("bootstrap did not find its stamp (its inputs changed?) and installed the tier")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    done = bootstrap()
+    _skip_if_offline(done, "installing the second checkout's harness")
+    assert "creating" not in done.stderr, "the stamp's inputs changed: update this test's copy of them"
+    assert "another checkout's harness" in done.stderr, done.stderr
+    assert _harness_of(python) == str(second.resolve())
+    again = bootstrap()
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert _harness_of(python) == str(second.resolve())
