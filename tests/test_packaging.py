@@ -298,7 +298,7 @@ def test_bootstrap_points_a_shared_venv_at_its_own_checkout(tmp_path):
                 out, err = proc.communicate(timeout=300)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
-                raise AssertionError("bootstrap did not find its stamp (its inputs changed?) and installed the tier")
+                raise AssertionError("bootstrap missed its stamp (its inputs changed?): installing the tier") from None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     done = bootstrap()
