@@ -7,7 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from harness.cli.args import SEED, whole
+from harness.cli.args import SEED, real, whole
 from harness.config.scales import SCALES
 from harness.errors import BadInput
 from harness.lab import FAULTS, LabConfig
@@ -50,12 +50,15 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")
+    p.add_argument("--format-credit", type=real(0.0, 2.0), default=LabConfig.format_credit, metavar="CREDIT",
+                   help="a graded reward: a wrong answer in the task's format scores -1 + this (default %(default)s: "
+                        "math_dapo's -1)")
 
 
 def recipe(args: argparse.Namespace) -> dict:
     """LabConfig's fields for add_recipe_arguments' options."""
     return {"gbs": args.gbs, "n": args.n, "ppo_mini_batch_size": args.mini_batch, "warm_start": args.warm_start,
-            "init_seed": args.init_seed}
+            "init_seed": args.init_seed, "format_credit": args.format_credit}
 
 
 def check_out(out: str) -> Path:

@@ -60,6 +60,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return math_dapo.compute_score("Answer: " + solution_str, ground_truth)
 
 
+def graded_score(data_source, solution_str, ground_truth, extra_info=None, *, format_credit: float):
+    """compute_score, with -1 + `format_credit` for a wrong answer in the task's format (one digit, then EOS)."""
+    result = compute_score(data_source, solution_str, ground_truth, extra_info)
+    if not result["acc"] and len(solution_str.rstrip(VOCAB[EOS_ID])) == 1 and solution_str[0] in DIGITS:
+        result["score"] = -1.0 + format_credit
+    return result
+
+
 def build_tokenizer():
     """A transformers fast tokenizer over VOCAB (one token per character, the model's whole vocabulary: verl masks
     rollout logits at or above len(tokenizer)), EOS = pad = "\\n", a plain chat template."""

@@ -70,12 +70,18 @@ class LabConfig:
     # real RL starts from a pretrained model. 0: RL from the random init.
     warm_start: int = 0
     warm_start_correct: float = 0.2
+    # A graded reward (issue 43's lever): a wrong answer in the task's format (one digit, then EOS) scores
+    # -1 + this, not math_dapo's -1. A clean seed that stops at once (an empty answer, no overlong penalty) then
+    # sees a gradient out of that trap from its first in-format samples, not only from the 1 in 4 that are right.
+    format_credit: float = 0.0
 
     def __post_init__(self):
         if self.fault not in FAULTS:
             raise BadInput(f"--fault {self.fault!r}: use one of {', '.join(FAULTS)}")
         if self.steps < 1 or self.gbs < 1 or self.n < 2:
             raise BadInput("--steps and --gbs must be >= 1 and --n >= 2 (GRPO needs a group)")
+        if not 0.0 <= self.format_credit <= 2.0:
+            raise BadInput("--format-credit must be in [0, 2]: a wrong answer in format scores -1 + it, a right one +1")
         if self.warm_start < 0 or not 0.0 <= self.warm_start_correct <= 1.0:
             raise BadInput("--warm-start must be >= 0 steps, and its share of right answers in [0, 1]")
 

@@ -20,6 +20,7 @@ Faults (seed 001) map onto the engine's fault options:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -237,7 +238,7 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, actor, 
 
     from harness.config.hardware import package_versions
     from harness.config.host import fingerprint
-    from harness.config.task import EOS_ID, CharTokenizer, compute_score, make_prompts
+    from harness.config.task import EOS_ID, CharTokenizer, graded_score, make_prompts
 
     rng = np.random.default_rng(config.seed)
     # `fault` only for an injected fault: other engines (--engine) take the plain factory signature.
@@ -252,7 +253,8 @@ def _run(config: LabConfig, out: Path, fault: LabFault, spec: ModelSpec, actor, 
     policy_loss = get_policy_loss_fn("vanilla")
     overlong = dataclasses.make_dataclass("Overlong", ["enable", "len", "penalty_factor", "log"])(
         True, config.overlong_buffer_len, config.overlong_penalty_factor, False)
-    reward_fn = DAPORewardManager(CharTokenizer(), num_examine=0, compute_score=compute_score,
+    score = functools.partial(graded_score, format_credit=config.format_credit)  # 0: math_dapo's score
+    reward_fn = DAPORewardManager(CharTokenizer(), num_examine=0, compute_score=score,
                                   max_resp_len=config.max_response_length, overlong_buffer_cfg=overlong)
     R = config.max_response_length
     meta = {"name": out.name, "scale": "tiny", "hardware": "cpu", "devices": N_DEVICES, "versions": package_versions(),
