@@ -525,6 +525,29 @@ def test_rollout_probs_diff_floors_and_limits_follow_the_precision():
     assert any("precision bf16 differs from the baseline's fp32" in n for n in mixed.notes)
 
 
+def test_a_lab_option_the_golden_predates_is_named():
+    """A lab run with an option the golden's config never held (a graded reward, --format-credit, against the lab
+    golden recorded before the option) is told its recipe differs; one at the option's default is not, and a golden
+    that holds the option names it as before."""
+    from fixtures.dapo import TINY_LAB_GOLDEN
+
+    golden = load_baseline(TINY_LAB_GOLDEN)
+    run = golden.as_runs()[0]
+
+    def with_lab(**lab):
+        config = {k: v for k, v in golden.provenance["config"].items() if k != "format_credit"}  # the old golden's
+        return dataclasses.replace(run, meta=dataclasses.replace(run.meta, extra={**run.meta.extra, "lab": {
+            **config, "seed": 9, "steps": 30, **lab}}))
+
+    old = dataclasses.replace(golden, provenance={**golden.provenance, "config": {
+        k: v for k, v in golden.provenance["config"].items() if k != "format_credit"}})
+    (note,) = [n for n in curves.compare(with_lab(format_credit=0.5), old).notes if "config differs" in n]
+    assert "format_credit 0.5 vs 'unset'" in note, note
+    assert not [n for n in curves.compare(with_lab(format_credit=0.0), golden).notes if "config differs" in n]
+    (note,) = [n for n in curves.compare(with_lab(format_credit=0.5), golden).notes if "config differs" in n]
+    assert "format_credit 0.5 vs 0.0" in note and "seed" not in note, note
+
+
 def test_a_sanity_limit_every_golden_run_breaks_is_left_to_the_band():
     """A recipe whose clean runs sit outside a sanity limit (seed 002's rollout top_p 0.9: rollout_probs_diff ~0.05 in
     fp32) is judged by its golden's band there, not failed on every night; a golden inside the limit keeps it

@@ -102,12 +102,13 @@ def test_the_mini_batch_sets_the_updates_per_step(tmp_path):
 
 def test_the_format_credit_grades_wrong_answers_in_format(tmp_path):
     """`--format-credit` (issue 43's graded reward): a wrong digit then EOS scores -1 + the credit, a right one +1
-    and anything else math_dapo's -1; and the flag reaches the lab's reward, so step 1's rollouts (the same samples:
-    the reward does not steer them) score higher. Seeded: the flag parsed and dropped scores both runs alike."""
+    and anything else math_dapo's -1; and the flag reaches the lab's reward, so step 1 (the same first rollout: the
+    reward does not steer it) scores higher. Seeded: the flag parsed and dropped scores both runs alike."""
     from harness.config.task import graded_score
 
-    scores = {s: graded_score("tiny", s, "3", format_credit=0.5)["score"] for s in ("3\n", "2\n", "\n", "32\n", "=\n")}
-    assert scores == {"3\n": 1.0, "2\n": -0.5, "\n": -1.0, "32\n": -1.0, "=\n": -1.0}
+    # as DAPORewardManager passes them: the response without its EOS ("" is an EOS alone; "32=" ran to the cap)
+    scores = {s: graded_score("tiny", s, "3", format_credit=0.5)["score"] for s in ("3", "2", "", "32", "=", "32=")}
+    assert scores == {"3": 1.0, "2": -0.5, "": -1.0, "32": -1.0, "=": -1.0, "32=": -1.0}
     reward = {}
     for credit in ("0", "1"):
         assert main(["lab", "--steps", "1", "--seed", "7", "--format-credit", credit,

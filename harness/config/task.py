@@ -61,7 +61,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def graded_score(data_source, solution_str, ground_truth, extra_info=None, *, format_credit: float):
-    """compute_score, with -1 + `format_credit` for a wrong answer in the task's format (one digit, then EOS)."""
+    """compute_score, with -1 + `format_credit` for a wrong answer in the task's format: one digit, then EOS (which
+    verl's DAPORewardManager strips before it scores; a lone digit without one cannot be sampled below the length
+    cap of 4)."""
     result = compute_score(data_source, solution_str, ground_truth, extra_info)
     if not result["acc"] and len(solution_str.rstrip(VOCAB[EOS_ID])) == 1 and solution_str[0] in DIGITS:
         result["score"] = -1.0 + format_credit

@@ -223,6 +223,7 @@ EXTRA_TOLERANCES: dict[str, CurveTolerance] = {
 # perf/total_num_tokens: it counts the batch DAPO trains on, 0 at a step whose groups all agreed (nothing to
 # update): clean lab seed 3 has 7 such steps in 30, and its band flagged it against seeds 0-4 at recording.
 FAMILY_METRICS = ALIGN_METRICS + tuple(EXTRA_TOLERANCES)
+RUN_ONLY_LAB_KEYS = frozenset({"seed", "steps"})  # a lab golden's config leaves them out: its runs differ in them
 # One false-alarm budget for every judged statistic (band, window, trend of each metric): what the five metrics' 15
 # statistics spent at confidence 0.998 each. A comparison of m statistics judges each at alpha x FAMILY_ALPHA / (sum
 # of the alphas): Bonferroni, whose any-failure event is Holm's (Holm's step-down fails the family iff its smallest
@@ -1015,7 +1016,7 @@ class Baseline:
                       # bit only on a host with the same; None when the runs disagree or do not say
                       "host": _common_host(runs),
                       # what the runs shared (a candidate that differs is told so); seed and length may differ
-                      "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in ("seed", "steps")},
+                      "config": {k: v for k, v in (first.extra.get("lab") or {}).items() if k not in RUN_ONLY_LAB_KEYS},
                       # verl's resolved algorithm settings (ALGORITHM_KEYS); a candidate that differs fails on them
                       "algorithm": algorithms[0],
                       # the settings judged: a key the golden's verl lacked is judged too (a candidate whose verl

@@ -39,6 +39,7 @@ from harness.metrics.baseline import (
     CONSTANTS_MISSING,
     EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
+    RUN_ONLY_LAB_KEYS,
     STUCK_STEPS,
     Baseline,
     MetricBaseline,
@@ -383,6 +384,9 @@ def _sanity_against(candidate: Run, baseline: Baseline, metrics: tuple[str, ...]
     return out
 
 
+UNSET = "unset"  # a lab option one side's lab did not have yet
+
+
 def _notes(candidate: Run, baseline: Baseline) -> tuple[str, ...]:
     notes = []
     mine, theirs = run_precision(candidate), baseline.precision
@@ -391,10 +395,13 @@ def _notes(candidate: Run, baseline: Baseline) -> tuple[str, ...]:
                      "floors and limits differ by precision; record a baseline in the candidate's precision")
     config, lab = baseline.provenance.get("config") or {}, candidate.meta.extra.get("lab")
     if config and isinstance(lab, dict):
-        differ = sorted(k for k in config if k in lab and lab[k] != config[k])
+        # both sides' keys: a graded-reward run (format_credit) against a golden recorded before the option existed
+        # was judged with no note
+        keys = (set(config) | set(lab)) - RUN_ONLY_LAB_KEYS
+        differ = sorted(k for k in keys if lab.get(k, UNSET) != config.get(k, UNSET))
         if differ:
             notes.append(f"note: candidate config differs from the baseline's in {', '.join(differ)} "
-                         f"({', '.join(f'{k} {lab[k]!r} vs {config[k]!r}' for k in differ[:3])})")
+                         f"({', '.join(f'{k} {lab.get(k, UNSET)!r} vs {config.get(k, UNSET)!r}' for k in differ[:3])})")
     return tuple(notes)
 
 
