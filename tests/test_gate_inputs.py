@@ -422,6 +422,9 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
         [{k: v for k, v in row.items() if k not in strip} for row in doc["measurements"]]
     for row in measured["measurements"]:  # every caught fault named, with how many statistics at least
         assert set(row["fewest_statistics"]) == {f for f, rate in row["detection"].items() if rate > 0}
+        # and every false alarm, by at least one statistic each
+        alarms = round(row["false_alarm_mean"] * row["goldens"] * row["candidates_per_golden"])
+        assert (alarms == 0) == (not row["false_alarms_by"]) and sum(row["false_alarms_by"].values()) >= alarms
 
 
 def test_calibrate_curves_from_calibrates_on_given_runs_as_on_lab_runs(tmp_path):
