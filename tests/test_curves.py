@@ -533,14 +533,13 @@ def test_a_lab_option_the_golden_predates_is_named():
 
     golden = load_baseline(TINY_LAB_GOLDEN)
     run = golden.as_runs()[0]
+    before = {k: v for k, v in golden.provenance["config"].items() if k != "format_credit"}  # the old golden's
 
     def with_lab(**lab):
-        config = {k: v for k, v in golden.provenance["config"].items() if k != "format_credit"}  # the old golden's
         return dataclasses.replace(run, meta=dataclasses.replace(run.meta, extra={**run.meta.extra, "lab": {
-            **config, "seed": 9, "steps": 30, **lab}}))
+            **before, "seed": 9, "steps": 30, **lab}}))
 
-    old = dataclasses.replace(golden, provenance={**golden.provenance, "config": {
-        k: v for k, v in golden.provenance["config"].items() if k != "format_credit"}})
+    old = dataclasses.replace(golden, provenance={**golden.provenance, "config": before})
     (note,) = [n for n in curves.compare(with_lab(format_credit=0.5), old).notes if "config differs" in n]
     assert "format_credit 0.5 vs 'unset'" in note, note
     assert not [n for n in curves.compare(with_lab(format_credit=0.0), golden).notes if "config differs" in n]

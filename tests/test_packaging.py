@@ -80,15 +80,22 @@ def _base_pins() -> list[Requirement]:
     return [Requirement(line) for line in lines if line and not line.startswith("-")]
 
 
+def _sources(dst: Path, *trees: str) -> Path:
+    """A copy of what the package is built from (and `trees` more of the checkout): the harness and what ships with
+    it (the suites, pyproject.toml [tool.setuptools])."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", "README.md", "conftest.py"):
+        shutil.copy(ROOT / name, dst / name)
+    for tree in ("harness", *SHIPPED, *trees):
+        shutil.copytree(ROOT / tree, dst / tree, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # built from a copy of what the wheel holds: setuptools writes its egg-info beside the sources it builds
-    src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md", "conftest.py"):
-        shutil.copy(ROOT / name, src / name)
-    for tree in ("harness", *SHIPPED):  # the suites ship with the package (pyproject.toml [tool.setuptools])
-        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
+    src = _sources(tmp_path_factory.mktemp("src"))
     done = _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(out), str(src))
     _skip_if_offline(done, "building the harness wheel")
     return next(out.glob("ascend_rl_harness-*.whl"))
@@ -252,19 +259,6 @@ def test_the_tiny_tier_passes_in_an_image_of_another_stack(foreign_stack, wheel,
     assert report["summary"]["passed"] >= 80, report["summary"]  # the tier ran, not a skip of it
 
 
-def _checkout(dst: Path) -> Path:
-    """What an editable install and scripts/bootstrap read of a checkout (pyproject's packages, the stamp's inputs)."""
-    for name in ("pyproject.toml", "README.md", "conftest.py", "requirements", "scripts", "harness", "fixtures",
-                 "suites"):
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / name)
-    return dst
-
-
 def _harness_of(python: Path) -> str:
     done = _run([python, "-I", "-c", "import harness; print(harness.__file__)"], timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -276,7 +270,8 @@ def test_bootstrap_points_a_shared_venv_at_its_own_checkout(tmp_path):
     stamp made bootstrap skip all work, so `scripts/job` in another checkout ran the first one's harness/ under its own
     suites, silently. Bootstrap now installs its own checkout's harness where the venv finds another's, and stays a
     no-op where it finds its own."""
-    first, second = _checkout(tmp_path / "first"), _checkout(tmp_path / "second")
+    # what an editable install and scripts/bootstrap read of a checkout (the stamp's inputs)
+    first, second = (_sources(tmp_path / name, "requirements", "scripts") for name in ("first", "second"))
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-m", "venv", venv], timeout=300).returncode == 0
     python = venv / "bin" / "python"
