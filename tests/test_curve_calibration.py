@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +265,50 @@ def test_the_verl_golden_fails_a_run_keeping_half_its_gain_and_passes_one_keepin
             assert {v.metric for v in alignment.failures} == {REWARD}, alignment.message()
             failed.append(alignment)
     assert len(failed) == flagged, [a.message() for a in failed[:2]]
+
+
+def test_the_verl_measurements_runs_are_made_once_each_and_resumed(tmp_path):
+    """scripts/tiny-verl-runs makes VERL_MEASUREMENT's runs (21 clean seeds, every patched fault on seeds 700-702) in
+    the layout `calibrate-curves --from` reads. It takes about 2.5 hours, so a stopped one resumes: a finished run is
+    never made again, the one that failed is made again from scratch. The launcher is a stand-in `python` that
+    records each launch, refuses a run directory that exists (as `launch --run-dir` does) and fails the 7th; `-c`
+    (the fault list) goes to this interpreter."""
+    from harness.config.cpu_tier import PATCHED_FAULTS
+
+    root = Path(__file__).resolve().parents[1]
+    log, runs = tmp_path / "launches", tmp_path / "runs"
+    shim = tmp_path / "python"
+    shim.write_text(f"""#!/bin/sh
+[ "$1" = -c ] && exec {sys.executable} "$@"
+echo "$*" >> {log}
+for last; do :; done
+[ -e "$last" ] && echo "$last: already holds a run" >&2 && exit 4
+mkdir -p "$last" && echo half-written > "$last/metrics.jsonl"
+[ "$(wc -l < {log})" -eq 7 ] && [ ! -e {tmp_path}/failed-once ] && touch {tmp_path}/failed-once && exit 3
+exit 0
+""")
+    shim.chmod(0o755)
+
+    def make() -> subprocess.CompletedProcess:
+        return subprocess.run([str(root / "scripts" / "tiny-verl-runs"), str(runs)], cwd=root, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHON": str(shim)})
+
+    first = make()
+    assert first.returncode == 3, first.stderr  # the 7th launch failed: the script stops there
+    assert len(log.read_text().splitlines()) == 7
+    again = make()
+    assert again.returncode == 0, again.stderr
+    launches = log.read_text().splitlines()
+    expected = [("clean", s) for s in (0, 1, 2, 3, 4, *range(700, 715), 1234)]
+    expected += [(f, s) for f in PATCHED_FAULTS for s in (700, 701, 702)]
+    made = [(line.split("--run-dir ")[1].split("/")[-2], int(line.split("--seed ")[1].split()[0])) for line in launches]
+    made_of = dict(zip(made, launches, strict=True)).get
+    assert made == expected[:7] + expected[6:], "every run once, the failed 7th again"
+    for (kind, _), line in zip(made, launches, strict=True):
+        assert ("--fault " + kind in line) is (kind != "clean") and "--scale tiny --local" in line
+    assert sorted(p.name for p in runs.iterdir()) == sorted({"clean", *PATCHED_FAULTS})
+    assert make().returncode == 0 and len(log.read_text().splitlines()) == len(launches)  # all done: nothing rerun
+    shutil.rmtree(runs / "clean" / "verl-s1234")
+    (runs / "clean" / ".verl-s1234.done").unlink()
+    rerun = make()  # one run removed: that one alone is made again
+    assert rerun.returncode == 0 and log.read_text().splitlines()[len(launches):] == [made_of(("clean", 1234))]
