@@ -12,6 +12,7 @@ from harness.launch import verl_faults
 
 torch = pytest.importorskip("torch")
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+LR = 0.1  # the stand-in worker's learning rate: a full step moves each weight by it
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,9 @@ def _worker_module():
     class TrainingWorker:
         def __init__(self):
             self.logp = torch.zeros(2, 1, requires_grad=True)
-            self.engine = SimpleNamespace(optimizer=torch.optim.AdamW([self.logp], lr=0.1))
+            # at ratio 1 the policy loss's gradient is the constant -advantage / 2, so each Adam step (no weight
+            # decay) moves every weight by exactly the learning rate: a step's size is its share of a full one
+            self.engine = SimpleNamespace(optimizer=torch.optim.AdamW([self.logp], lr=LR, weight_decay=0.0))
 
         def train_mini_batch(self):
             losses, moved = [], []
@@ -106,7 +109,7 @@ def _worker_module():
                 self.engine.optimizer.step()
                 self.engine.optimizer.zero_grad()
                 losses.append(float(loss.detach()))
-                moved.append(not torch.equal(before, self.logp))
+                moved.append(round(float((self.logp.detach() - before).abs().max()) / LR, 4))
             return losses, moved
 
     return SimpleNamespace(TrainingWorker=TrainingWorker)
@@ -117,8 +120,9 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
     """A fault patched into verl's code (the real-trainer self-test of a run that stops learning, whichever part
     stops it) is healthy for FAULT_FROM_STEP steps, then does what it says and nothing else: the advantages verl's
     registry computes are 0, or the policy loss it returns is 0, or the actor's optimizer skips every step, or
-    all but the first of each 2 or 4. Patching twice acts once (every verl import runs it). Seeded: an onset off by
-    a step, a fault acting on another part, or a double patch (half-updates skipping 3 of 4) fails."""
+    all but the first of each 2 or 4, or moves the weights a quarter of each step's way. Patching twice acts once
+    (every verl import runs it). Seeded: an onset off by a step, a fault acting on another part, or a double patch
+    (half-updates skipping 3 of 4, damped-updates moving a sixteenth) fails."""
     from verl import DataProto
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.core_algos import AdvantageEstimator
@@ -142,9 +146,13 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
         advantages = compute_advantage(data, AdvantageEstimator.GRPO).batch["advantages"]
         losses, moved = worker.train_mini_batch()
         seen.append((bool(advantages.any()), all(loss != 0 for loss in losses), moved))
-    healthy = (True, True, [True, True])
+    healthy = (True, True, [1.0, 1.0])
     keep = cpu_tier.UPDATES_KEPT.get(fault, 1)  # the optimizer faults step the first update of each `keep`
-    moved = [keep is not None and i % keep == 0 for i in range(4)]
+    scale = cpu_tier.UPDATE_SCALE.get(fault, 1.0)  # or each a share of its way
+    moved = [scale if keep is not None and i % keep == 0 else 0.0 for i in range(4)]
+    if fault in ("zero-advantage", "dead-loss"):  # Adam's momentum still moves the weights, less each step
+        seen = [(a, nonzero, [m > 0 for m in moves]) for a, nonzero, moves in seen]
+        healthy, moved = (True, True, [True, True]), [True] * 4
     live = [(fault != "zero-advantage", fault != "dead-loss", moved[:2]), (fault != "zero-advantage",
             fault != "dead-loss", moved[2:])]
     assert seen == [healthy] * cpu_tier.FAULT_FROM_STEP + live, seen

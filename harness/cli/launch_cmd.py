@@ -275,7 +275,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "frozen-rollout), an algorithmic regression as overrides (harness.config.cpu_tier "
                                    "TRAINER_FAULTS, e.g. no-optimizer-step) or patched into verl's code "
                                    "(PATCHED_FAULTS: zero-advantage, dead-loss, frozen-optimizer, half-updates, "
-                                   "quarter-updates)")
+                                   "quarter-updates, damped-updates)")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--force", action="store_true",
                    help="book a job `plan` calls INVALID because its memory does not fit (a broken plan rule is "

@@ -93,6 +93,8 @@ def patch_trainer(fault: str, after_import) -> None:
     - frozen-optimizer / half-updates / quarter-updates: the actor's optimizer (engine/fsdp/transformer_impl.py
       `optimizer_step`, `self.optimizer.step()` after the grad clip) takes none of its steps, or the first of each
       2 or 4 (cpu_tier.UPDATES_KEPT); the grad norm is still computed and logged.
+    - damped-updates: the same optimizer takes every step, and each moves the weights a quarter of its way
+      (cpu_tier.UPDATE_SCALE).
     The worker's steps are counted by `TrainingWorker.train_mini_batch` (workers/engine_workers.py), called once
     per training step for the actor's update (`ActorRolloutRefWorker.update_actor`). `after_import(name, patch)`
     runs `patch` on module `name` once it is imported (harness.launch.verl_cpu._patch_after_import)."""
@@ -146,13 +148,15 @@ def _wrap_attribute(module, name: str, wrap) -> None:
 def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
     """Count the actor's training steps in `TrainingWorker.train_mini_batch` (wrapped keeping verl's @register
     dispatch attributes); with an optimizer fault, skip its optimizer's steps while the fault is live (all but the
-    first of each cpu_tier.UPDATES_KEPT[fault], or every one)."""
-    from harness.config.cpu_tier import UPDATES_KEPT
+    first of each cpu_tier.UPDATES_KEPT[fault], or every one), or damp each (cpu_tier.UPDATE_SCALE[fault])."""
+    from harness.config.cpu_tier import UPDATE_SCALE, UPDATES_KEPT
 
     def counted(train):
         def train_mini_batch(self, *args, **kwargs):
             if onset.live and fault in UPDATES_KEPT:
                 _skip_steps(self.engine.optimizer, keep_one_in=UPDATES_KEPT[fault])
+            if onset.live and fault in UPDATE_SCALE:
+                _damp_steps(self.engine.optimizer, scale=UPDATE_SCALE[fault])
             try:
                 return train(self, *args, **kwargs)
             finally:
@@ -173,3 +177,26 @@ def _skip_steps(optimizer, *, keep_one_in: int | None) -> None:
 
     skipping.harness_fault = True
     optimizer.step = skipping
+
+
+def _damp_steps(optimizer, *, scale: float) -> None:
+    """Each step of `optimizer` moves its parameters `scale` of the way it would: old + scale x (new - old), in
+    place (mul_ and add_, which FSDP2's DTensor parameters take shard by shard)."""
+    import torch
+
+    if getattr(optimizer.step, "harness_fault", False):
+        return
+    step = optimizer.step
+
+    def damped(*args, **kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        with torch.no_grad():
+            old = [p.detach().clone() for p in params]
+        out = step(*args, **kwargs)
+        with torch.no_grad():
+            for p, before in zip(params, old, strict=True):
+                p.mul_(scale).add_(before, alpha=1 - scale)
+        return out
+
+    damped.harness_fault = True
+    optimizer.step = damped
