@@ -390,7 +390,9 @@ class VLLMEngine(Engine):
 
                 destroy_ascend_model_parallel()
             cleanup_dist_env_and_memory()
-            # the public torch.set_num_threads is vLLM CPU's warning-only no-op by now (base.set_torch_threads)
+        # the public torch.set_num_threads is vLLM CPU's warning-only no-op by now (base.set_torch_threads); a start
+        # that failed after vLLM's worker set its own count is put back too (one before the count was read is not)
+        if getattr(self, "_threads", None):
             set_torch_threads(self._threads)
         self._restore()
         if getattr(self, "_tmp", None):  # unset when the start failed before writing it
