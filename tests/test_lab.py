@@ -125,14 +125,14 @@ def test_lab_cli_rejects_bad_input(capsys):
 
 @pytest.mark.parametrize("fault", [f for f, how in FAULTS.items() if how.trainer_fault])
 def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
-    """The trainer faults (issue 43: a run that stops learning, or learns on fewer updates) act on the code the lab
-    trains with from FAULT_FROM_STEP on, and on nothing after the run. Seeded: a patch that never engages (its
-    step count off) or that outlives its run (the next clean run would stop learning too)."""
+    """The trainer faults (issue 43: a run that stops learning, or learns on fewer or smaller updates) act on the code
+    the lab trains with from FAULT_FROM_STEP on, and on nothing after the run. Seeded: a patch that never engages
+    (its step count off), damps by another share, or outlives its run (the next clean run would stop learning too)."""
     import torch
     from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig
 
-    from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATES_KEPT
+    from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATE_SCALE, UPDATES_KEPT
     from harness.lab.loop import _patched
 
     saved = core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn, torch.optim.AdamW.step
@@ -141,21 +141,25 @@ def test_each_trainer_fault_is_live_from_its_step_and_undone_after(fault):
     logp = torch.zeros(2, 1, requires_grad=True)
     with _patched(FAULTS[fault].trainer_fault):
         layer = torch.nn.Linear(2, 1)
-        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+        # a constant gradient (a linear layer's sum) and no weight decay: each Adam step moves every weight by
+        # exactly the learning rate, so a step's size over it is its share of a full one
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.0)
         moved = []
         for _ in range(2 * FAULT_FROM_STEP + 4):  # two optimizer steps per lab step
             before = layer.weight.detach().clone()
             layer(torch.ones(1, 2)).sum().backward()
             optimizer.step()
-            moved.append(not torch.equal(before, layer.weight))
+            optimizer.zero_grad()
+            moved.append(round(float((layer.weight.detach() - before).abs().max()) / 0.1, 4))
         adv, _ = core_algos.compute_grpo_outcome_advantage(reward, mask, uid)
         config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=2)
         loss, _ = core_algos.get_policy_loss_fn("vanilla")(logp.detach(), logp, torch.tensor([[1.0], [1.0]]),
                                                            mask, loss_agg_mode="token-mean", config=config)
-    assert all(moved[:2 * FAULT_FROM_STEP]), moved  # healthy before its step
+    assert moved[:2 * FAULT_FROM_STEP] == [1.0] * 2 * FAULT_FROM_STEP, moved  # healthy before its step
     keep = UPDATES_KEPT.get(fault, 1)  # the optimizer faults: the first update of each `keep` from the onset, as
     # verl's patch (tests/test_verl_faults.py); seeded: an onset a lab step late, or groups counted from step 1
-    updates = [keep is not None and i % keep == 0 for i in range(4)]
+    scale = UPDATE_SCALE.get(fault, 1.0)  # or each at a share of its move
+    updates = [scale if keep is not None and i % keep == 0 else 0.0 for i in range(4)]
     live = moved[2 * FAULT_FROM_STEP:] == updates and {
         "zero-advantage": not adv.any(), "dead-loss": float(loss) == 0.0 and bool(adv.any())}.get(fault, True)
     assert live, (fault, moved, adv, loss)

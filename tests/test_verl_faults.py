@@ -150,7 +150,7 @@ def test_each_patched_fault_acts_on_verls_code_from_its_step(fault, registries, 
     keep = cpu_tier.UPDATES_KEPT.get(fault, 1)  # the optimizer faults step the first update of each `keep`
     scale = cpu_tier.UPDATE_SCALE.get(fault, 1.0)  # or each a share of its way
     moved = [scale if keep is not None and i % keep == 0 else 0.0 for i in range(4)]
-    if fault in ("zero-advantage", "dead-loss"):  # Adam's momentum still moves the weights, less each step
+    if fault == "dead-loss":  # Adam's momentum still moves the weights, less each step
         seen = [(a, nonzero, [m > 0 for m in moves]) for a, nonzero, moves in seen]
         healthy, moved = (True, True, [True, True]), [True] * 4
     live = [(fault != "zero-advantage", fault != "dead-loss", moved[:2]), (fault != "zero-advantage",

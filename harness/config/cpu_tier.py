@@ -45,7 +45,7 @@ ROLLOUT_FAULTS = ("stale-absorbed", "frozen-rollout")
 # Seeded trainer faults patched into verl's own code in every verl process (harness.launch.verl_faults
 # `patch_trainer`, read from this variable): the resolved config is the clean run's, so only the curves can tell.
 # The lab's names and onset (harness.lab.config FAULTS): a run that learns, then stops, whichever
-# part stops it, and runs that go on learning on fewer optimizer updates.
+# part stops it, and runs that go on learning on fewer or smaller optimizer updates.
 TRAINER_PATCH_ENV = "HARNESS_TRAINER_PATCH"
 # The optimizer faults: the optimizer takes one update in K (None: none), the first of each K, the grad norm still
 # computed and logged. Half-updates keeps 68-88 % of the tiny verl run's reward gain (docs/curves.md), more than
@@ -56,8 +56,9 @@ UPDATES_KEPT: dict[str, int | None] = {"frozen-optimizer": None, "half-updates":
 # the lab it keeps about 67 % of the reward gain over steps 5-14, as half-updates does (docs/curves.md, "A slower
 # learner that never rests").
 UPDATE_SCALE: dict[str, float] = {"damped-updates": 0.25}
+assert not set(UPDATES_KEPT) & set(UPDATE_SCALE), "an optimizer fault skips or damps its steps, not both"
 PATCHED_FAULTS = ("zero-advantage", "dead-loss", *UPDATES_KEPT, *UPDATE_SCALE)
-# The ones that stop learning (every golden must catch them); the others learn on fewer updates
+# The ones that stop learning (every golden must catch them); the others learn on fewer or smaller updates
 STOP_LEARNING_FAULTS = ("zero-advantage", "dead-loss", "frozen-optimizer")
 FAULT_FROM_STEP = 3  # healthy steps before a trainer fault starts (the lab's and the tiny verl run's)
 # Seeded algorithmic regressions (harness.launch.verl_faults): verl overrides appended after the recipe's (the last
@@ -164,3 +165,21 @@ def cpu_recipe(recipe):
         out.append(replacements.pop(_key(override), override))
     out.extend(replacements.values())
     return dataclasses.replace(recipe, overrides=tuple(out), env={**recipe.env, **ENV})
+
+
+def damped_step(optimizer, step, scale: float):
+    """Run `step()` (the optimizer's own), then move each of the optimizer's parameters back to old + scale x (new -
+    old) (UPDATE_SCALE), in place: mul_ and add_, which FSDP2's DTensor parameters take shard by shard. The lab's and
+    verl's damped-updates. A copy of the weights, not a lower `lr` for the step: the learning rate verl logs (and a
+    scheduler's next value) must stay the clean run's, so only the curves can tell; the copy doubles the weights'
+    memory for the step, which the CPU tier's tiny models afford."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():
+        old = [p.detach().clone() for p in params]
+    out = step()
+    with torch.no_grad():
+        for p, before in zip(params, old, strict=True):
+            p.mul_(scale).add_(before, alpha=1 - scale)
+    return out

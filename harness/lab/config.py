@@ -29,12 +29,14 @@ FAULTS: dict[str, LabFault] = {
     "wrong-scale": LabFault(engine_fault="scale_v_head"),
     "no-sync": LabFault(sync=False),
     # A run that stops learning, whichever part of the trainer stops it (issue 43): the advantage verl computes,
-    # the policy loss verl returns, the optimizer's step; and ones that learn on half or a quarter of the updates.
+    # the policy loss verl returns, the optimizer's step; and ones that learn on half or a quarter of the updates, or
+    # on every update at a quarter of its size (no step left out, so no KL rest).
     "zero-advantage": LabFault(trainer_fault="zero-advantage"),
     "dead-loss": LabFault(trainer_fault="dead-loss"),
     "frozen-optimizer": LabFault(trainer_fault="frozen-optimizer"),
     "half-updates": LabFault(trainer_fault="half-updates"),
     "quarter-updates": LabFault(trainer_fault="quarter-updates"),
+    "damped-updates": LabFault(trainer_fault="damped-updates"),
 }
 
 

@@ -191,7 +191,7 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
         return
     from verl.trainer.ppo import core_algos
 
-    from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATES_KEPT
+    from harness.config.cpu_tier import FAULT_FROM_STEP, UPDATE_SCALE, UPDATES_KEPT, damped_step
 
     steps = {"n": 0}  # optimizer steps taken, `updates_per_step` per lab step
     onset = updates_per_step * FAULT_FROM_STEP
@@ -210,13 +210,19 @@ def _patched(trainer_fault: str | None, updates_per_step: int = 2):
             return (loss * 0 if live() else loss), metrics
         return dead if trainer_fault == "dead-loss" else loss_fn
 
-    # the optimizer faults take the first update of each `keep` from the onset, as verl's patch does
-    keep = UPDATES_KEPT.get(trainer_fault, 1)
+    # the optimizer faults take the first update of each `keep` from the onset, or each at `scale` of its move, as
+    # verl's patch does
+    keep, scale = UPDATES_KEPT.get(trainer_fault, 1), UPDATE_SCALE.get(trainer_fault)
 
     def step(self, *args, **kwargs):
         skip = live() and (keep is None or (steps["n"] - onset) % keep != 0)
+        damp = live() and scale is not None
         steps["n"] += 1
-        return None if skip else saved[2](self, *args, **kwargs)
+        if skip:
+            return None
+        if damp:
+            return damped_step(self, lambda: saved[2](self, *args, **kwargs), scale)
+        return saved[2](self, *args, **kwargs)
 
     core_algos.compute_grpo_outcome_advantage, core_algos.get_policy_loss_fn = advantage, policy_loss_fn
     torch.optim.AdamW.step = step

@@ -166,37 +166,30 @@ def _count_worker_steps(module, *, fault: str, onset: _Onset) -> None:
     _wrap_attribute(module.TrainingWorker, "train_mini_batch", counted)
 
 
-def _skip_steps(optimizer, *, keep_one_in: int | None) -> None:
+def _wrap_step(optimizer, wrap) -> None:
+    """optimizer.step = wrap(optimizer.step), once (every train_mini_batch of a live fault calls this)."""
     if getattr(optimizer.step, "harness_fault", False):
         return
-    step, calls = optimizer.step, [0]
+    wrapped = wrap(optimizer.step)
+    wrapped.harness_fault = True
+    optimizer.step = wrapped
 
-    def skipping(*args, **kwargs):  # the first of each `keep_one_in` runs, the others are skipped (the lab's)
-        calls[0] += 1
-        return step(*args, **kwargs) if keep_one_in and (calls[0] - 1) % keep_one_in == 0 else None
 
-    skipping.harness_fault = True
-    optimizer.step = skipping
+def _skip_steps(optimizer, *, keep_one_in: int | None) -> None:
+    def wrap(step):
+        calls = [0]
+
+        def skipping(*args, **kwargs):  # the first of each `keep_one_in` runs, the others are skipped (the lab's)
+            calls[0] += 1
+            return step(*args, **kwargs) if keep_one_in and (calls[0] - 1) % keep_one_in == 0 else None
+        return skipping
+
+    _wrap_step(optimizer, wrap)
 
 
 def _damp_steps(optimizer, *, scale: float) -> None:
-    """Each step of `optimizer` moves its parameters `scale` of the way it would: old + scale x (new - old), in
-    place (mul_ and add_, which FSDP2's DTensor parameters take shard by shard)."""
-    import torch
+    """Each step of `optimizer` moves its parameters `scale` of the way it would (cpu_tier.damped_step)."""
+    from harness.config.cpu_tier import damped_step
 
-    if getattr(optimizer.step, "harness_fault", False):
-        return
-    step = optimizer.step
-
-    def damped(*args, **kwargs):
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        with torch.no_grad():
-            old = [p.detach().clone() for p in params]
-        out = step(*args, **kwargs)
-        with torch.no_grad():
-            for p, before in zip(params, old, strict=True):
-                p.mul_(scale).add_(before, alpha=1 - scale)
-        return out
-
-    damped.harness_fault = True
-    optimizer.step = damped
+    _wrap_step(optimizer, lambda step: lambda *args, **kwargs: damped_step(
+        optimizer, lambda: step(*args, **kwargs), scale))
