@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from harness.cli.output import emit, verdict
+from harness.config.cpu_tier import PATCHED_FAULTS
 from harness.errors import BadInput
 
 
@@ -274,8 +275,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault", help="tiny: seed a rollout fault (the vLLM worker extension: stale-absorbed, "
                                    "frozen-rollout), an algorithmic regression as overrides (harness.config.cpu_tier "
                                    "TRAINER_FAULTS, e.g. no-optimizer-step) or patched into verl's code "
-                                   "(PATCHED_FAULTS: zero-advantage, dead-loss, frozen-optimizer, half-updates, "
-                                   "quarter-updates, damped-updates)")
+                                   f"(PATCHED_FAULTS: {', '.join(PATCHED_FAULTS)})")
     p.add_argument("--resume", action="store_true", help="resume the run in --run-dir from its checkpoints")
     p.add_argument("--force", action="store_true",
                    help="book a job `plan` calls INVALID because its memory does not fit (a broken plan rule is "
