@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.cpu_tier import STOP_LEARNING_FAULTS
+from harness.config.cpu_tier import PATCHED_FAULTS, STOP_LEARNING_FAULTS
 from harness.lab import FAULTS, LabConfig, run_lab
 from harness.metrics import curves
 from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, load_baseline
@@ -162,10 +162,11 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
     """The same held-out lab seeds and fault seeds, goldens as `baseline record` makes them for a recipe nobody
     calibrated (`calibrate-curves --prior`): a run that stops learning, whichever part of the trainer stops it, fails
     every golden at every N (seeded bug: the stuck rule that judged no KL once a golden run rested at 0 caught a
-    frozen optimizer in 78 / 70 / 69 / 54 %), every rollout fault too, and false alarms stay within 5 % from N = 2 on,
-    with and without seeded spikes. Not met, and said in docs/curves.md: 5.3 % at N = 1, and a golden of the
-    recipe's fast seeds flags more than 2 slow ones in 10 at N = 1 and 2 (1 of 20 and 2 of 40), and the run that
-    learns on half of the updates is caught by 21-25 % of goldens, the one on damped updates by 1-4 %. The run on a
+    frozen optimizer in 78 / 70 / 69 / 54 %), every rollout fault too, and false alarms stay within 5 % at every N,
+    with and without seeded spikes (seeded bug: the prior's grad-norm trend inflation at 1.0, not 1.7: 5.3 % at
+    N = 1). Not met, and said in docs/curves.md: a golden of the recipe's fast seeds flags more than 2 slow ones in
+    10 at N = 1 and 2 (1 of 20, 1 of 40), and the run that learns on half of the updates is caught by 20-24 % of
+    goldens, the one on damped updates by 0-4 %. The run on a
     quarter of them is caught by every golden, on the steps of the window its KL rests at (seeded bug: judging rests
     in a row only caught it in 18-21 %)."""
     doc = json.loads(LAB_PRIOR_MEASUREMENT.read_text())
@@ -179,8 +180,7 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
             assert all(row["detection"][f] == 1.0 for f in (*rollout, *STOP_LEARNING_FAULTS)), (key, n, row)
             assert row["detection"]["quarter-updates"] >= 0.8, (key, n, row)
             assert set(row["detection"]) == set(FAULTS) - {"none"}  # every lab fault measured
-            if n >= 2:
-                assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
+            assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
 
 
 @pytest.mark.parametrize("fault, reproduces", [("none", True), ("stale-absorbed", False)])
@@ -219,19 +219,20 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
     stats.EFFECTIVE_DF: one of 21 one-run goldens flagged 7 of 20; spikes measured against the run's own noise
     alone, stats.SPIKE_NOISE_CONFIDENCE: with seeded spikes one golden of 210 and one of 300 flagged 4 seeds of 19
     and 18); every golden catches every run that stops learning, zero-advantage and dead-loss by at least 2
-    statistics. What it does not meet is in docs/curves.md: a frozen optimizer is sometimes named by one statistic
-    alone, and half-updates (68-88 % of the gain kept) is caught by 8-45 % of goldens."""
+    statistics, and every run on a quarter of the updates. What it does not meet is in docs/curves.md: a frozen
+    optimizer is sometimes named by one statistic alone, half-updates (88-92 % of the gain kept on the runs
+    measured, the clean seeds' own 83-124 %) is caught by 2-4 % of goldens, damped-updates (62-83 %) by 50-76 %."""
     doc = json.loads(VERL_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["inflation_measured"] is None and doc["inflation_from_prior"]
     assert len(doc["runs_from"]["clean"]) >= 20
-    assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in STOP_LEARNING_FAULTS)
+    assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in PATCHED_FAULTS)  # scripts/tiny-verl-runs makes each
     for key in ("measurements", "measurements_spiked"):
         rows = {row["n_runs"]: row for row in doc[key]}
         assert sorted(rows) == [1, 2, 3, 5]
         for n, row in rows.items():
             assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
             assert row["goldens_above_2_in_10"] == 0, (key, n, row)
-            assert all(row["detection"][f] == 1.0 for f in STOP_LEARNING_FAULTS), (key, n, row["detection"])
+            assert all(row["detection"][f] == 1.0 for f in (*STOP_LEARNING_FAULTS, "quarter-updates")), (key, n, row)
             assert all(row["fewest_statistics"][f] >= 2 for f in ("zero-advantage", "dead-loss")), (key, n, row)
 
 
