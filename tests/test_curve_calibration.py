@@ -89,7 +89,7 @@ def test_each_tiny_golden_judges_with_its_recipes_measured_inflation():
     host failed that trend by 0.0006). The lab golden carries the lab's calibration (curve_calibration.json,
     measured on seeds the held-out ones are not; scripts/calibrate-curves --golden retunes it). The verl golden
     carries the code's prior: measured on the verl recipe's own 21 clean runs (VERL_MEASUREMENT) it false-alarms
-    0.1 % with 5 runs, while (measured at micro batch 1) the lab's calibration -- a recipe whose seeds take off at
+    0.7 % with 5 runs, while (measured at micro batch 1) the lab's calibration -- a recipe whose seeds take off at
     different steps -- widened the reward window until a frozen optimizer passed it (caught on its stuck KL alone),
     and a calibration on 11 verl runs false-alarmed more than the prior on the 10 others."""
     from fixtures.dapo import TINY_GOLDEN, TINY_LAB_GOLDEN
@@ -171,6 +171,7 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
     in a row only caught it in 18-21 %)."""
     doc = json.loads(LAB_PRIOR_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["applied"] is None and doc["inflation_measured"] is None
+    assert all(doc["inflation"][m] == list(NOISE_INFLATION[m]) for m in NOISE_INFLATION if m in doc["inflation"])
     assert not set(doc["held_out_seeds"]) & set(doc["fault_seeds"]) and len(doc["fault_seeds"]) >= 20
     rollout = [f for f, spec in FAULTS.items() if f != "none" and spec.trainer_fault is None]
     for key in ("measurements", "measurements_spiked"):
@@ -242,7 +243,7 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
 # as its power table says (reward-window MDE 0.58, half the gain 0.62); three quarters of it passes. With the lab's
 # calibration the micro-batch-1 golden was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20
 # and half of it none. On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails;
-# half-updates keeps 68-88 % and fails 1 of 3.
+# half-updates keeps 68-92 % and failed the goldens of 2026-12-06 and 2026-12-07 on 1 of the 9 runs judged.
 @pytest.mark.parametrize("learned, flagged", [(0.0, 20), (0.25, 20), (0.5, 20), (0.75, 0), (1.0, 0)])
 def test_the_verl_golden_fails_a_run_keeping_half_its_gain_and_passes_one_keeping_three_quarters(learned, flagged):
     """The tiny verl golden against its own centre curve with the reward gain cut to `learned` plus seeded step

@@ -275,8 +275,9 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
 @pytest.mark.cpu
 # half-updates keeps 68-92 % of the gain, and drawn goldens catch it 2-45 % of the time; damped-updates keeps 62-83 %
 # and is caught by 50-76 % (baselines/tiny/verl_prior_measurement.json): one run of either cannot be asserted either
-# way. quarter-updates (57-96 % kept) failed every drawn golden on the runs of 2026-12-07, on its KL's rests, but the
-# committed golden of 2026-12-06 passed 2 of 3 of the same day's runs (docs/curves.md): not asserted here yet
+# way. quarter-updates (57-96 % kept) failed every drawn golden and the committed golden on the tiny-verl-runs set
+# (2026-12-07), mostly on its KL's rests, but the golden before it (2026-12-06) passed 3 of its 6 runs: asserting it
+# here waits for more goldens' evidence (docs/curves.md)
 @pytest.mark.parametrize("fault", cpu_tier.STOP_LEARNING_FAULTS)
 def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged(fault, regression_verl_run,
                                                                                    record_property):

@@ -48,8 +48,8 @@ ROLLOUT_FAULTS = ("stale-absorbed", "frozen-rollout")
 # part stops it, and runs that go on learning on fewer or smaller optimizer updates.
 TRAINER_PATCH_ENV = "HARNESS_TRAINER_PATCH"
 # The optimizer faults: the optimizer takes one update in K (None: none), the first of each K, the grad norm still
-# computed and logged. Half-updates keeps 68-88 % of the tiny verl run's reward gain (docs/curves.md), more than
-# the half issue 43 asks a golden to catch; quarter-updates learns on one update in four and keeps 57-85 %.
+# computed and logged. Half-updates keeps 68-92 % of the tiny verl run's reward gain (docs/curves.md), more than
+# the half issue 43 asks a golden to catch; quarter-updates learns on one update in four and keeps 57-96 %.
 UPDATES_KEPT: dict[str, int | None] = {"frozen-optimizer": None, "half-updates": 2, "quarter-updates": 4}
 # Every update taken, each moving the weights this share of its way (as if the learning rate silently fell 4x): a
 # run that learns slower with no step left out, so its KL never rests at 0 the way the skipping faults' does. In
