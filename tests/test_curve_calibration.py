@@ -166,12 +166,11 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
     with and without seeded spikes (seeded bug: the prior's grad-norm trend inflation at 1.0, not 1.7: 5.3 % at
     N = 1). Not met, and said in docs/curves.md: a golden of the recipe's fast seeds flags more than 2 slow ones in
     10 at N = 1 and 2 (1 of 20, 1 of 40), and the run that learns on half of the updates is caught by 20-24 % of
-    goldens, the one on damped updates by 0-4 %. The run on a
-    quarter of them is caught by every golden, on the steps of the window its KL rests at (seeded bug: judging rests
-    in a row only caught it in 18-21 %)."""
+    goldens, the one on damped updates by 0-4 %. The run on a quarter of them is caught by every golden, on the steps
+    of the window its KL rests at (seeded bug: judging rests in a row only caught it in 18-21 %)."""
     doc = json.loads(LAB_PRIOR_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["applied"] is None and doc["inflation_measured"] is None
-    assert all(doc["inflation"][m] == list(NOISE_INFLATION[m]) for m in NOISE_INFLATION if m in doc["inflation"])
+    assert {m: doc["inflation"][m] for m in NOISE_INFLATION} == {m: list(v) for m, v in NOISE_INFLATION.items()}
     assert not set(doc["held_out_seeds"]) & set(doc["fault_seeds"]) and len(doc["fault_seeds"]) >= 20
     rollout = [f for f, spec in FAULTS.items() if f != "none" and spec.trainer_fault is None]
     for key in ("measurements", "measurements_spiked"):
