@@ -89,9 +89,9 @@ def test_each_tiny_golden_judges_with_its_recipes_measured_inflation():
     host failed that trend by 0.0006). The lab golden carries the lab's calibration (curve_calibration.json,
     measured on seeds the held-out ones are not; scripts/calibrate-curves --golden retunes it). The verl golden
     carries the code's prior: measured on the verl recipe's own 21 clean runs (VERL_MEASUREMENT) it false-alarms
-    0.7 % with 5 runs, while (measured at micro batch 1) the lab's calibration -- a recipe whose seeds take off at
-    different steps -- widened the reward window until a frozen optimizer passed it (caught on its stuck KL alone),
-    and a calibration on 11 verl runs false-alarmed more than the prior on the 10 others."""
+    0.7 % with 5 runs and 0.06 % with 10, while (measured at micro batch 1) the lab's calibration -- a recipe whose
+    seeds take off at different steps -- widened the reward window until a frozen optimizer passed it (caught on its
+    stuck KL alone), and a calibration on 11 verl runs false-alarmed more than the prior on the 10 others."""
     from fixtures.dapo import TINY_GOLDEN, TINY_LAB_GOLDEN
 
     doc = json.loads(CALIBRATION.read_text())
@@ -221,14 +221,18 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
     and 18); every golden catches every run that stops learning, zero-advantage and dead-loss by at least 2
     statistics, and every run on a quarter of the updates. What it does not meet is in docs/curves.md: a frozen
     optimizer is sometimes named by one statistic alone, half-updates (88-92 % of the gain kept on the runs
-    measured, the clean seeds' own 83-124 %) is caught by 2-4 % of goldens, damped-updates (62-83 %) by 50-76 %."""
+    measured, the clean seeds' own 83-124 %) is caught by 0-4 % of goldens, damped-updates (62-83 %) by 35-76 %."""
     doc = json.loads(VERL_MEASUREMENT.read_text())
     assert doc["prior"] is True and doc["inflation_measured"] is None and doc["inflation_from_prior"]
     assert len(doc["runs_from"]["clean"]) >= 20
     assert all(len(doc["runs_from"]["faults"][f]) >= 3 for f in PATCHED_FAULTS)  # scripts/tiny-verl-runs makes each
+    from fixtures.dapo import TINY_GOLDEN
+
     for key in ("measurements", "measurements_spiked"):
         rows = {row["n_runs"]: row for row in doc[key]}
-        assert sorted(rows) == [1, 2, 3, 5]
+        # what users record, and the committed golden's own size (the seeded bug: a golden re-recorded from another
+        # number of runs than its false alarms were measured at)
+        assert sorted(rows) == sorted({1, 2, 3, 5, load_baseline(TINY_GOLDEN).n_runs})
         for n, row in rows.items():
             assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
             assert row["goldens_above_2_in_10"] == 0, (key, n, row)
@@ -239,7 +243,7 @@ def test_the_verl_goldens_prior_holds_on_verls_own_runs():
 # What the tiny verl golden can tell apart on the reward alone (20 noise draws each, step noise 0.15 around the
 # golden's centre with the reward gain cut to a fraction). Recorded with the code's prior (the verl recipe's own
 # clean runs keep its false alarms low: VERL_MEASUREMENT), a run keeping half the gain or less fails every draw,
-# as its power table says (reward-window MDE 0.58, half the gain 0.62); three quarters of it passes. With the lab's
+# as its power table says (reward-window MDE 0.47, half the gain 0.67); three quarters of it passes. With the lab's
 # calibration the micro-batch-1 golden was WEAK (window tolerance 0.85): a quarter of the gain failed 4 draws of 20
 # and half of it none. On the real trainer (docs/curves.md) frozen-optimizer keeps 41-58 % of the gain and fails;
 # half-updates keeps 68-92 % and failed the goldens of 2026-12-06 and 2026-12-07 on 1 of the 9 runs judged.

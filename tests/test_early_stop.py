@@ -35,7 +35,7 @@ def _golden_runs(path) -> list[Run]:
 @pytest.mark.parametrize("path", [TINY_GOLDEN, TINY_LAB_GOLDEN], ids=["verl-golden", "lab-golden"])
 def test_no_clean_golden_run_is_stopped(path):
     runs = _golden_runs(path)
-    assert len(runs) == 5
+    assert len(runs) == load_baseline(path).n_runs >= 5  # every run of it
     for run in runs:
         # fp32 rules (the tighter ones) and the bf16 ones: neither stops a clean run
         for precision in ("fp32", "bf16"):
@@ -43,7 +43,7 @@ def test_no_clean_golden_run_is_stopped(path):
 
 
 def test_a_run_the_full_verdict_passes_is_never_stopped():
-    """Leave-one-out: each clean verl golden run aligns with the other four (curves.compare, the full verdict) and
+    """Leave-one-out: each clean verl golden run aligns with the others (curves.compare, the full verdict) and
     the early-stop rules leave it alone -- an early stop never ends a run the full verdict would pass."""
     golden = load_baseline(TINY_GOLDEN)
     for i, run in enumerate(_golden_runs(TINY_GOLDEN)):

@@ -7,7 +7,7 @@ training/rollout_probs_diff_mean): per-step band (Student-t prediction interval 
 pooled spread) with a stretch of outliers allowed, windowed mean over the 5th-14th logged steps (verl's Ascend
 nightly), early-steps slope, and the precision's absolute sanity limits. The run comes from `dapo_run` (tiny:
 verl's real main_ppo on CPU; larger: --run-dir or --ray-address), the baseline from `alignment_baseline` (tiny:
-baselines/tiny/dapo_verl.json, five real verl runs), or --baseline naming verl's nightly baseline summary
+baselines/tiny/dapo_verl.json, ten real verl runs), or --baseline naming verl's nightly baseline summary
 (`key: value`). Fewer than 3 reference runs give an UNCALIBRATED verdict (floors only): reported, not failed.
 tests/test_tiny_verl.py proves it fails on the real trainer with a seeded rollout fault.
 
