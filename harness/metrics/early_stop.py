@@ -83,7 +83,7 @@ class StopDecision:
 
 
 # rollout vs actor probabilities of the sampled tokens, per precision. fp32: healthy <= 6.5e-9 (probs_diff_max of
-# the tiny verl run, DESIGN) and 0.0 in all five golden runs; the curves band's floor is 1e-4
+# the tiny verl run, DESIGN) and 3.6e-7 to 1.1e-6 in the ten golden runs; the curves band's floor is 1e-4
 # (harness.metrics.baseline PRECISION_TOLERANCES); the real trainer's stale-absorbed fault logs ~5e-4 from step 1.
 # bf16: healthy ~4.4e-3 on a real Ascend run, band floor 2e-3 + 5 %; 0.05 (the sanity limit, NeMo-RL's
 # token_mult_prob_error < 1.1 scale) is an order of magnitude beyond healthy.
