@@ -421,6 +421,7 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
     golden.write_text(json.dumps(stale))
     proc = _calibrate("--from", str(given), "--out", str(out_from), "--golden", str(golden))
     assert proc.returncode == 0 and f"retuned {golden} to the code's prior" in proc.stdout, proc.stderr
+    assert "its size was not measured" not in proc.stdout  # one run, among the sizes measured
     for metric, entry in json.loads(golden.read_text())["metrics"].items():
         tol = entry["tolerance"]
         assert doc["inflation"][metric] == [tol["band_inflation"], tol["window_inflation"], tol["trend_inflation"]]
