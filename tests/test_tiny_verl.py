@@ -276,8 +276,9 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
 # half-updates keeps 81-85 % of the golden's gain, and drawn goldens catch it 0-4 % of the time; damped-updates keeps
 # 57-77 % and is caught by 35-76 % (baselines/tiny/verl_prior_measurement.json): one run of either cannot be asserted
 # either way. quarter-updates (65-88 % kept) fails every drawn golden of 1-10 runs and both committed goldens on every
-# run of the tiny-verl-runs set, at least on its KL's rests (`actor/ppo_kl` 0 at the steps it skips; the rule of
-# harness.metrics.baseline.find_moving): a verl whose actor stops logging that 0 would pass it unseen (docs/curves.md)
+# run of the tiny-verl-runs set, at least on its KL's rests (`actor/ppo_kl` 0 at the steps it skips; counted by
+# harness.metrics.baseline.most_at_one_value): a verl whose actor stops logging that 0 would pass it unseen
+# (docs/curves.md)
 @pytest.mark.parametrize("fault", (*cpu_tier.STOP_LEARNING_FAULTS, "quarter-updates"))
 def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged(fault, regression_verl_run,
                                                                                    record_property):
