@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import fractions
 import itertools
 import math
 import statistics
@@ -406,13 +407,21 @@ def find_constants(runs: list[Run], judged) -> dict[str, Series]:
 STUCK_STEPS = 5
 
 
-def stuck_limit(longest: int, steps: int) -> int:
+# The share of the window's logged steps the update's clip fraction must rest at 0 at to fail (rest_bounds says why it
+# counts): calibrated on the lab's calibration seeds 0-99, whose clean runs clipped nothing at 0-5 of steps 5-14 and
+# two at 7; a beta-binomial fitted to those counts puts a clean seed at 8 of 10 or more at 0.16 % (7: 0.6 %; 7 of 8,
+# a regression run's 12 steps, 0.11 %), and at STUCK_STEPS one-run goldens of those seeds flagged 2.6 % of the others
+# on it (docs/curves.md, "The clip fraction's rests").
+CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
+
+
+def stuck_limit(longest: int, steps: int, fewest: int = STUCK_STEPS) -> int:
     """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value
-    at most `longest` steps (in a row, or in the window: most_at_one_value): at least STUCK_STEPS (at 3 in a row the
-    lab's clean seeds flagged 40 of 182 one-run comparisons), more than twice the golden's own rest, and more than a
-    third of the steps (a clean 30-step lab seed rested its KL at 0 for 10 steps once it had learned the task,
-    against goldens whose KL never rested)."""
-    return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
+    at most `longest` steps (in a row, or in the window: most_at_one_value): at least `fewest` (STUCK_STEPS: at 3 in
+    a row the lab's clean seeds flagged 40 of 182 one-run comparisons; CLIP_REST_SHARE of them for the update's clip
+    fraction at 0), more than twice the golden's own rest, and more than a third of the steps (a clean 30-step lab
+    seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never rested)."""
+    return max(fewest, 2 * longest + 1, steps // 3 + 1)
 
 
 def stretch_tolerance(low: float, high: float) -> float:
@@ -444,18 +453,18 @@ def longest_stretch(steps, values, metric: str, low: float, high: float) -> tupl
 def most_at_one_value(steps, values, metric: str, low: float, high: float,
                       first: int, last: int) -> tuple[list[int], int] | None:
     """(indices into `values` of the largest group at one finite value, in a row or not, to float rounding
-    (stretch_tolerance), other than a rest at `metric`'s bounds (rest_bounds); the count of steps logged) over steps
-    `first`..`last` (window_of), for a golden whose runs span `low`..`high`: one computation for the golden's runs and
-    the candidate. None where the window holds fewer than STUCK_STEPS logged steps. A trainer that skips its update
-    at every other step rests there (issue 43: quarter-updates logs `actor/ppo_kl` exactly 0 at each step with no
-    update, never two in a row, where the golden's runs move it). The window, not the run: a clean lab seed rests
-    once it has learned or collapsed (few groups kept, one on-policy mini batch a step, KL 0; every group alike,
-    mean advantage 0), late; seed 214 held its mean advantage at 0 at 13 of 30 steps, 2 of them in steps 5-14, where
+    (stretch_tolerance), other than a rest at `metric`'s bounds in the window (rest_bounds); the count of steps logged)
+    over steps `first`..`last` (window_of), for a golden whose runs span `low`..`high`: one computation for the golden's
+    runs and the candidate. None where the window holds fewer than STUCK_STEPS logged steps. A trainer that skips its
+    update at every other step rests there (issue 43: quarter-updates logs `actor/ppo_kl` exactly 0 at each step with no
+    update, never two in a row, where the golden's runs move it). The window, not the run: a clean lab seed rests once
+    it has learned or collapsed (few groups kept, one on-policy mini batch a step, KL 0; every group alike, mean
+    advantage 0), late; seed 214 held its mean advantage at 0 at 13 of 30 steps, 2 of them in steps 5-14, where
     quarter-updates holds its KL at 5 of 10."""
     inside = [i for i, t in enumerate(steps) if first <= t <= last]
     if len(inside) < STUCK_STEPS:
         return None
-    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high)
+    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high, window=True)
     best: list[int] = []
     for i in inside:
         v = values[i]
@@ -514,11 +523,27 @@ def is_share(metric: str, low: float, high: float) -> bool:
     return any(word in metric.rsplit("/", 1)[-1] for word in SHARE_NAMES) and 0.0 <= low and high <= 1.0
 
 
-def rest_bounds(metric: str, low: float, high: float) -> tuple[float, ...]:
+# The update's clip fraction by its name (verl's and the lab's actor/pg_clipfrac): the share of tokens whose
+# probability ratio the PPO clip cut, not a share generation produces (response_length/clip_ratio).
+UPDATE_CLIP_NAMES = ("clipfrac", "clip_fraction")
+
+
+def is_update_clip(metric: str, low: float, high: float) -> bool:
+    """Whether `metric` is the policy update's clip fraction (UPDATE_CLIP_NAMES), a share by its golden values."""
+    return any(word in metric.rsplit("/", 1)[-1] for word in UPDATE_CLIP_NAMES) and 0.0 <= low and high <= 1.0
+
+
+def rest_bounds(metric: str, low: float, high: float, window: bool = False) -> tuple[float, ...]:
     """The values a metric may rest at without a stuck trainer: the golden's own lowest and highest (a bound the
     metric saturates at: a batch's largest GRPO advantage is 2.4749 whenever one sample of 8 alone succeeds, and
     clean tiny verl runs held it there 7 steps in a row, where the golden's runs held it 3), and a share's 0 and 1
-    (a converged run clips nothing)."""
+    (a converged run clips nothing). In the reward window (`window`: most_at_one_value) the update's clip fraction
+    (is_update_clip) may not rest at 0 uncounted (CLIP_REST_SHARE): a damped update (issue 43's
+    damped-updates, every AdamW step a quarter of its move) rarely moves a token's ratio past the clip, and clipped
+    nothing at 7-10 of the lab's window steps and 8-9 of the tiny verl run's, where clean seeds did at 0-7 and 0-2
+    (docs/curves.md, "The clip fraction's rests"); a run that has converged does so after the window."""
+    if window and is_update_clip(metric, low, high):
+        return (high, 1.0)
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
@@ -526,7 +551,8 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
     """metric -> (lowest, highest, longest stretch, most at one value), for every metric all runs log at STUCK_STEPS
     steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
     (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
-    continuous measurement and its rest value), and are not all whole numbers (a count: the lab's kept groups, 8 at
+    continuous measurement and its rest value; or the update's clip fraction, is_update_clip), and are not all whole
+    numbers (a count: the lab's kept groups, 8 at
     most steps): its range, the most steps in a row any run held one value (longest_stretch), and the most steps of
     `rest`'s window (rest_tolerance) any run held one value at, in a row or not (most_at_one_value; None where no
     run logs STUCK_STEPS of the window's steps)."""
@@ -540,7 +566,8 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
                 or max(map(abs, values)) < FLOAT_NOISE or all(float(v).is_integer() for v in values)):
             continue
         low, high = min(values), max(values)
-        if rests_at_most_once(values, stretch_tolerance(low, high)):
+        # the update's clip fraction repeats its quantized shares (13/256 of the tokens) but is judged for its rests
+        if rests_at_most_once(values, stretch_tolerance(low, high)) or is_update_clip(metric, low, high):
             counts = [len(found[0]) for r in runs if (found := most_at_one_value(
                 r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, rest)))]
             out[metric] = (low, high,

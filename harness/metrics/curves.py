@@ -36,6 +36,7 @@ from harness.findings import Finding
 from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
+    CLIP_REST_SHARE,
     CONSTANTS_MISSING,
     EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
@@ -47,6 +48,7 @@ from harness.metrics.baseline import (
     algorithm_config,
     default_tolerance,
     despiked,
+    is_update_clip,
     longest_stretch,
     most_at_one_value,
     rest_tolerance,
@@ -55,6 +57,7 @@ from harness.metrics.baseline import (
     same_value,
     sanity_limits,
     slope,
+    stretch_tolerance,
     stuck_limit,
     window_of,
     window_stat,
@@ -485,7 +488,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     share's bounds aside: harness.metrics.baseline.rest_bounds) for stuck_limit steps in a row or more, or at
     stuck_limit of the reward window's steps, in a row or not, against the most any golden run held one value there
     (harness.metrics.baseline.window_of; a trainer that skips its update at every other step: issue 43's
-    quarter-updates; most_at_one_value says why the window), naming the value and the steps; one verdict for all
+    quarter-updates; most_at_one_value says why the window; the update's clip fraction at 0 counts there: issue
+    43's damped-updates, rest_bounds), naming the value and the steps; one verdict for all
     that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps; one saying a golden
     recorded before the count judges stretches only."""
     verdicts, moving, short, uncounted = [], [], [], []
@@ -508,6 +512,9 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             found = None
         else:
             found = most_at_one_value(steps, values, metric, low, high, start, end)
+        # the update's clip fraction at 0 fails from CLIP_REST_SHARE of the window's steps (rest_bounds)
+        clipped_none = bool(found and found[0]) and is_update_clip(metric, low, high) and abs(
+            values[found[0][0]]) <= stretch_tolerance(low, high)
         if length >= limit:
             value, stretch = values[first], steps[first:first + length]
             held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
@@ -516,16 +523,18 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                 value=value, detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; "
                                     f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
                                     "the trainer stopped"))
-        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1])):
+        elif found and len(found[0]) >= (count_limit := stuck_limit(
+                most, found[1], math.ceil(CLIP_REST_SHARE * found[1]) if clipped_none else STUCK_STEPS)):
             rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
+            why = ("the update moved no token's ratio past the clip there: a damped or skipped update"
+                   if clipped_none else "a part of the trainer stops at some steps")
             verdicts.append(CurveVerdict(
                 metric=metric, statistic="stuck", passed=False, where=f"{len(rests)} of steps {start}-{end}",
                 value=value, detail=f"{value:.9g} at {len(rests)} of the {found[1]} steps it logged in {start}-{end}, "
                                     f"the window ({_some([str(steps[i]) for i in rests])}; {count_limit} fail); "
-                                    f"every golden run {held} ({low:.3g} to {high:.3g}): a part of the trainer "
-                                    "stops at some steps"))
+                                    f"every golden run {held} ({low:.3g} to {high:.3g}): {why}"))
         else:
             moving.append(metric)
     if moving:
