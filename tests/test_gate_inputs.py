@@ -330,6 +330,7 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
     (["--held-out", "200-204"], "--held-out: 5 seed(s); at least 6"),
     (["--n-runs", "1,10", "--held-out", "200-209"], "--held-out: 10 seed(s); at least 11 (goldens of up to 10"),
     (["--n-runs", "0-2"], "--n-runs 0: a golden holds at least 1 run"),
+    (["--n-runs", "5-3"], "--n-runs 5-3: must be a range LOW-HIGH, low first"),
     (["--steps", "0"], "--steps 0: must be a whole number"),
     (["--golden", "/nonexistent/golden.json"], "/nonexistent/golden.json: no such baseline"),
     (["--spike-metric", "nope"], "--spike-metric nope: not a curve metric"),
