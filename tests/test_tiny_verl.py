@@ -273,19 +273,20 @@ def test_the_alignment_fails_a_seeded_regression_on_the_real_trainer(fault, regr
 @pytest.mark.regression
 @pytest.mark.tiny
 @pytest.mark.cpu
-# half-updates keeps 81-85 % of the golden's gain, and drawn goldens catch it 0-4 % of the time; damped-updates keeps
-# 57-77 % and is caught by 35-76 % (baselines/tiny/verl_prior_measurement.json): one run of either cannot be asserted
-# either way. quarter-updates (65-88 % kept) fails every drawn golden of 1-10 runs and both committed goldens on every
-# run of the tiny-verl-runs set, at least on its KL's rests (`actor/ppo_kl` 0 at the steps it skips; counted by
-# harness.metrics.baseline.most_at_one_value): a verl whose actor stops logging that 0 would pass it unseen
-# (docs/curves.md)
-@pytest.mark.parametrize("fault", (*cpu_tier.STOP_LEARNING_FAULTS, "quarter-updates"))
+# half-updates keeps 81-85 % of the golden's gain, and drawn goldens catch it 0-4 % of the time
+# (baselines/tiny/verl_prior_measurement.json): one run cannot be asserted either way. quarter-updates (65-88 % kept)
+# fails every drawn golden of 1-10 runs and both committed goldens on every run of the tiny-verl-runs set, at least on
+# its KL's rests (`actor/ppo_kl` 0 at the steps it skips; counted by harness.metrics.baseline.most_at_one_value), and
+# damped-updates (57-77 % kept) on its clip fraction's rests (`actor/pg_clipfrac` 0 at 8-9 of steps 5-14): a verl
+# whose actor stops logging either 0 would pass them unseen (docs/curves.md)
+@pytest.mark.parametrize("fault", (*cpu_tier.STOP_LEARNING_FAULTS, "quarter-updates", "damped-updates"))
 def test_a_fault_patched_into_verl_fails_the_alignment_with_its_config_unchanged(fault, regression_verl_run,
                                                                                    record_property):
     """A fault patched into verl's own code from step 4 (harness.launch.verl_faults.patch_trainer) leaves verl's
     resolved config the clean run's, so the config verdict passes and the curves alone must fail it: on seeds
     700-702 each fault that stops learning was caught by 5 or more statistics, quarter-updates (one update in four)
-    by 1-3 (docs/curves.md, "Faults patched into verl's trainer")."""
+    by 1-3, damped-updates (each update a quarter of its move) by 1-3; on seed 7 damped-updates by the reward window
+    and its clip fraction at 0 at 9 of steps 5-14 (docs/curves.md, "Faults patched into verl's trainer")."""
     from fixtures.dapo import TINY_GOLDEN
     from harness.metrics import curves
     from harness.metrics.baseline import load_baseline
