@@ -423,6 +423,9 @@ def test_a_run_whose_update_clips_nothing_at_most_window_steps_fails(monkeypatch
     slow = clip_zero_at(lab_like("c", 71), CLIP, (5, 6, 8, 9, 11, 12, 14))
     assert curves.compare(slow, golden).passed
     assert curves.compare(clip_zero_at(lab_like("c", 72), CLIP, range(11, 31)), golden).passed
+    # a run stopped at step 9 logged 5 of the window's steps: four fifths of them (4) is not enough, STUCK_STEPS is
+    short = curves.compare(clip_zero_at(lab_like("c", 74, steps=9), CLIP, (5, 6, 7, 8)), golden)
+    assert not [v for v in short.failures if v.statistic == "stuck"], short.message()
     # the response length's clip ratio resting at 0 is what generation made, not what the update did
     ratio = "response_length/clip_ratio"
     gen = [clip_zero_at(r, ratio, (6, 20)) for r in runs]
