@@ -409,18 +409,19 @@ STUCK_STEPS = 5
 
 # The share of the window's logged steps the update's clip fraction must rest at 0 at to fail (rest_bounds says why it
 # counts): calibrated on the lab's calibration seeds 0-99, whose clean runs clipped nothing at 0-5 of steps 5-14 and
-# two at 7; a beta-binomial fitted to those counts puts a clean seed at 8 of 10 or more at 0.16 % (7: 0.6 %; 7 of 8,
-# a regression run's 12 steps, 0.11 %), and at STUCK_STEPS one-run goldens of those seeds flagged 2.6 % of the others
-# on it (docs/curves.md, "The clip fraction's rests").
+# two at 7; a beta-binomial fitted to those counts by moments puts a clean seed at 8 of 10 or more at 0.16 % (7: 0.6
+# %; 7 of 8, a 12-step run's window, 0.11 %), and at STUCK_STEPS one-run goldens of those seeds flagged 2.6 % of the
+# others on it (docs/curves.md, "The clip fraction's rests").
 CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
 
 
 def stuck_limit(longest: int, steps: int, fewest: int = STUCK_STEPS) -> int:
-    """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value
-    at most `longest` steps (in a row, or in the window: most_at_one_value): at least `fewest` (STUCK_STEPS: at 3 in
-    a row the lab's clean seeds flagged 40 of 182 one-run comparisons; CLIP_REST_SHARE of them for the update's clip
-    fraction at 0), more than twice the golden's own rest, and more than a third of the steps (a clean 30-step lab
-    seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never rested)."""
+    """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value at
+    most `longest` steps (in a row, or in the window: most_at_one_value): at least `fewest` (STUCK_STEPS: at 3 in a row
+    the lab's clean seeds flagged 40 of 182 one-run comparisons; CLIP_REST_SHARE of the window's logged steps for the
+    update's clip fraction at 0), more than twice the golden's own rest, and more than a third of the steps (a clean
+    30-step lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never
+    rested)."""
     return max(fewest, 2 * longest + 1, steps // 3 + 1)
 
 
@@ -450,10 +451,10 @@ def longest_stretch(steps, values, metric: str, low: float, high: float) -> tupl
     return best
 
 
-def most_at_one_value(steps, values, metric: str, low: float, high: float,
-                      first: int, last: int) -> tuple[list[int], int] | None:
+def most_at_one_value(steps, values, metric: str, low: float, high: float, first: int, last: int,
+                      clip_rests: bool = False) -> tuple[list[int], int] | None:
     """(indices into `values` of the largest group at one finite value, in a row or not, to float rounding
-    (stretch_tolerance), other than a rest at `metric`'s bounds in the window (rest_bounds); the count of steps logged)
+    (stretch_tolerance), other than a rest at `metric`'s bounds (rest_bounds, `clip_rests`); the count of steps logged)
     over steps `first`..`last` (window_of), for a golden whose runs span `low`..`high`: one computation for the golden's
     runs and the candidate. None where the window holds fewer than STUCK_STEPS logged steps. A trainer that skips its
     update at every other step rests there (issue 43: quarter-updates logs `actor/ppo_kl` exactly 0 at each step with no
@@ -464,7 +465,7 @@ def most_at_one_value(steps, values, metric: str, low: float, high: float,
     inside = [i for i, t in enumerate(steps) if first <= t <= last]
     if len(inside) < STUCK_STEPS:
         return None
-    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high, window=True)
+    tol, bounds = stretch_tolerance(low, high), rest_bounds(metric, low, high, clip_rests)
     best: list[int] = []
     for i in inside:
         v = values[i]
@@ -523,27 +524,34 @@ def is_share(metric: str, low: float, high: float) -> bool:
     return any(word in metric.rsplit("/", 1)[-1] for word in SHARE_NAMES) and 0.0 <= low and high <= 1.0
 
 
-# The update's clip fraction by its name (verl's and the lab's actor/pg_clipfrac): the share of tokens whose
-# probability ratio the PPO clip cut, not a share generation produces (response_length/clip_ratio).
-UPDATE_CLIP_NAMES = ("clipfrac", "clip_fraction")
+# The policy update's clip fraction by its name (verl's and the lab's actor/pg_clipfrac): the share of tokens whose
+# probability ratio the PPO clip cut. Not a value function's (critic/vf_clipfrac: its 0 says nothing of the policy),
+# not dual-clip's lower clip (actor/pg_clipfrac_lower: 0 at most steps of clean runs), not a share generation
+# produces (response_length/clip_ratio).
+UPDATE_CLIP_NAMES = ("pg_clipfrac", "clipfrac", "clip_fraction")
+VALUE_PREFIXES = ("critic/", "val/", "value/")
+# The reward window CLIP_REST_SHARE was calibrated on (CurveTolerance's default): a window moved later (--tolerance
+# ...:window=21-30) holds seeds that have converged and clip nothing, and counts no rest at the clip fraction's 0.
+CLIP_REST_WINDOW = (5, 14)
 
 
 def is_update_clip(metric: str, low: float, high: float) -> bool:
     """Whether `metric` is the policy update's clip fraction (UPDATE_CLIP_NAMES), a share by its golden values."""
-    return any(word in metric.rsplit("/", 1)[-1] for word in UPDATE_CLIP_NAMES) and 0.0 <= low and high <= 1.0
+    return (metric.rsplit("/", 1)[-1] in UPDATE_CLIP_NAMES and not metric.startswith(VALUE_PREFIXES)
+            and 0.0 <= low and high <= 1.0)
 
 
-def rest_bounds(metric: str, low: float, high: float, window: bool = False) -> tuple[float, ...]:
+def rest_bounds(metric: str, low: float, high: float, clip_rests: bool = False) -> tuple[float, ...]:
     """The values a metric may rest at without a stuck trainer: the golden's own lowest and highest (a bound the
     metric saturates at: a batch's largest GRPO advantage is 2.4749 whenever one sample of 8 alone succeeds, and
     clean tiny verl runs held it there 7 steps in a row, where the golden's runs held it 3), and a share's 0 and 1
-    (a converged run clips nothing). In the reward window (`window`: most_at_one_value) the update's clip fraction
-    (is_update_clip) may not rest at 0 uncounted (CLIP_REST_SHARE): a damped update (issue 43's
-    damped-updates, every AdamW step a quarter of its move) rarely moves a token's ratio past the clip, and clipped
-    nothing at 7-10 of the lab's window steps and 8-9 of the tiny verl run's, where clean seeds did at 0-7 and 0-2
-    (docs/curves.md, "The clip fraction's rests"); a run that has converged does so after the window."""
-    if window and is_update_clip(metric, low, high):
-        return (high, 1.0)
+    (a converged run clips nothing). With `clip_rests` (most_at_one_value in the calibrated reward window,
+    CLIP_REST_WINDOW) the update's clip fraction (is_update_clip) resting at 0 is counted (CLIP_REST_SHARE): a damped
+    update (issue 43's damped-updates, every AdamW step a quarter of its move) rarely moves a token's ratio past the
+    clip, and clipped nothing at 7-10 of the lab's window steps and 8-9 of the tiny verl run's, where clean seeds did
+    at 0-7 and 0-2 (docs/curves.md, "The clip fraction's rests"); a clean run converges after that window."""
+    if clip_rests and is_update_clip(metric, low, high):
+        return (*((low,) if low > 0.0 else ()), high, 1.0)
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
@@ -552,10 +560,9 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
     steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
     (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
     continuous measurement and its rest value; or the update's clip fraction, is_update_clip), and are not all whole
-    numbers (a count: the lab's kept groups, 8 at
-    most steps): its range, the most steps in a row any run held one value (longest_stretch), and the most steps of
-    `rest`'s window (rest_tolerance) any run held one value at, in a row or not (most_at_one_value; None where no
-    run logs STUCK_STEPS of the window's steps)."""
+    numbers (a count: the lab's kept groups, 8 at most steps): its range, the most steps in a row any run held one value
+    (longest_stretch), and the most steps of `rest`'s window (rest_tolerance) any run held one value at, in a row or not
+    (most_at_one_value; None where no run logs STUCK_STEPS of the window's steps)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -569,7 +576,8 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
         # the update's clip fraction repeats its quantized shares (13/256 of the tokens) but is judged for its rests
         if rests_at_most_once(values, stretch_tolerance(low, high)) or is_update_clip(metric, low, high):
             counts = [len(found[0]) for r in runs if (found := most_at_one_value(
-                r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, rest)))]
+                r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, rest),
+                clip_rests=rest.window == CLIP_REST_WINDOW))]
             out[metric] = (low, high,
                            max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
                                     for r in runs)),

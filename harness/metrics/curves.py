@@ -37,6 +37,7 @@ from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
     CLIP_REST_SHARE,
+    CLIP_REST_WINDOW,
     CONSTANTS_MISSING,
     EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
@@ -484,14 +485,14 @@ def constants(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
 def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     """The metrics the golden's runs move (harness.metrics.baseline.find_moving) against the candidate's, at the steps
     the golden covers (a longer run may converge later, every group solved and nothing left to learn): one failing
-    verdict per metric the candidate holds at one value (to float rounding; a rest at the golden's extremes or a
-    share's bounds aside: harness.metrics.baseline.rest_bounds) for stuck_limit steps in a row or more, or at
-    stuck_limit of the reward window's steps, in a row or not, against the most any golden run held one value there
+    verdict per metric the candidate holds at one value (to float rounding; a rest at the golden's extremes or a share's
+    bounds aside: harness.metrics.baseline.rest_bounds) for stuck_limit steps in a row or more, or at stuck_limit of the
+    reward window's steps, in a row or not, against the most any golden run held one value there
     (harness.metrics.baseline.window_of; a trainer that skips its update at every other step: issue 43's
-    quarter-updates; most_at_one_value says why the window; the update's clip fraction at 0 counts there: issue
-    43's damped-updates, rest_bounds), naming the value and the steps; one verdict for all
-    that move; one, not judged, for those logged at fewer than STUCK_STEPS of those steps; one saying a golden
-    recorded before the count judges stretches only."""
+    quarter-updates; most_at_one_value says why the window; the update's clip fraction at 0 counts there: issue 43's
+    damped-updates, rest_bounds), naming the value and the steps; one verdict for all that move; one, not judged, for
+    those logged at fewer than STUCK_STEPS of those steps; one saying a golden recorded before the count judges
+    stretches only."""
     verdicts, moving, short, uncounted = [], [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
     rest = rest_tolerance(baseline.metrics)
@@ -511,7 +512,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             uncounted.append(metric)
             found = None
         else:
-            found = most_at_one_value(steps, values, metric, low, high, start, end)
+            found = most_at_one_value(steps, values, metric, low, high, start, end,
+                                      clip_rests=rest.window == CLIP_REST_WINDOW)
         # the update's clip fraction at 0 fails from CLIP_REST_SHARE of the window's steps, and at least STUCK_STEPS
         # of a short window's (rest_bounds)
         clipped_none = bool(found and found[0]) and is_update_clip(metric, low, high) and abs(
@@ -529,7 +531,8 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
-            why = ("the update moved no token's ratio past the clip there: a damped or skipped update"
+            why = ("the update moved no token's ratio past the clip there: the policy barely moved (a damped, "
+                   "skipped or frozen update, or no gradient)"
                    if clipped_none else "a part of the trainer stops at some steps")
             verdicts.append(CurveVerdict(
                 metric=metric, statistic="stuck", passed=False, where=f"{len(rests)} of steps {start}-{end}",
