@@ -532,7 +532,13 @@ UPDATE_CLIP_NAMES = ("pg_clipfrac", "clipfrac", "clip_fraction")
 VALUE_PREFIXES = ("critic/", "val/", "value/")
 # The reward window CLIP_REST_SHARE was calibrated on (CurveTolerance's default): a window moved later (--tolerance
 # ...:window=21-30) holds seeds that have converged and clip nothing, and counts no rest at the clip fraction's 0.
-CLIP_REST_WINDOW = (5, 14)
+CLIP_REST_WINDOW = CurveTolerance.window
+
+
+def counts_clip_rests(rest: CurveTolerance) -> bool:
+    """Whether `rest`'s window (rest_tolerance) counts the update's clip fraction's rests at 0 (rest_bounds): the one
+    golden and candidate alike are judged on, so both decide here."""
+    return rest.window == CLIP_REST_WINDOW
 
 
 def is_update_clip(metric: str, low: float, high: float) -> bool:
@@ -577,7 +583,7 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
         if rests_at_most_once(values, stretch_tolerance(low, high)) or is_update_clip(metric, low, high):
             counts = [len(found[0]) for r in runs if (found := most_at_one_value(
                 r[metric].steps, r[metric].values, metric, low, high, *window_of(r, metric, rest),
-                clip_rests=rest.window == CLIP_REST_WINDOW))]
+                clip_rests=counts_clip_rests(rest)))]
             out[metric] = (low, high,
                            max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
                                     for r in runs)),

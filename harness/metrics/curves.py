@@ -37,7 +37,6 @@ from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
     CLIP_REST_SHARE,
-    CLIP_REST_WINDOW,
     CONSTANTS_MISSING,
     EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
@@ -47,6 +46,7 @@ from harness.metrics.baseline import (
     MetricBaseline,
     SanityLimit,
     algorithm_config,
+    counts_clip_rests,
     default_tolerance,
     despiked,
     is_update_clip,
@@ -513,7 +513,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
             found = None
         else:
             found = most_at_one_value(steps, values, metric, low, high, start, end,
-                                      clip_rests=rest.window == CLIP_REST_WINDOW)
+                                      clip_rests=counts_clip_rests(rest))
         # the update's clip fraction at 0 fails from CLIP_REST_SHARE of the window's steps, and at least STUCK_STEPS
         # of a short window's (rest_bounds)
         clipped_none = bool(found and found[0]) and is_update_clip(metric, low, high) and abs(
