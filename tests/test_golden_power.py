@@ -359,7 +359,7 @@ def test_a_run_that_skips_its_update_at_every_other_step_fails_on_the_steps_it_r
 
     runs = [with_kl(lab_like(f"r{i}", i), i) for i in range(3)]
     golden = Baseline.from_runs(runs, (REWARD,))
-    assert golden.moving[KL][2:] == (1, 1)
+    assert golden.moving[KL][2:] == (1, 1, 1)
     candidate = with_kl(lab_like("q", 60), 60)
     skipping = zeros_at(candidate, range(5, 31, 2))  # 0 at steps 5, 7, ..., 29: 5 of steps 5-14
     verdict = curves.compare(skipping, golden)
@@ -384,10 +384,12 @@ def test_a_run_that_skips_its_update_at_every_other_step_fails_on_the_steps_it_r
     assert rests(curves.compare(late_kl, golden)) == [("5 of steps 5-14", 0.0)]
     # a golden whose own runs rested at 5 steps of the window allows 10
     resting = [zeros_at(runs[0], (5, 7, 9, 11, 13)), *runs[1:]]
-    assert find_moving(resting, {}, default_tolerance(REWARD))[KL][2:] == (1, 5)
+    assert find_moving(resting, {}, default_tolerance(REWARD))[KL][2:] == (1, 5, 1)
     assert curves.compare(skipping, Baseline.from_runs(resting, (REWARD,))).passed
+    # twice the most, not the median run's: STUCK_STEPS is no calibrated tail (the clip fraction's share is)
+    assert curves.compare(zeros_at(candidate, (5, 6, 7, 9, 11, 12, 13)), Baseline.from_runs(resting, (REWARD,))).passed
     # a golden recorded before the count judges stretches only, and says so
-    old = dataclasses.replace(golden, moving={m: (*r[:3], None) for m, r in golden.moving.items()})
+    old = dataclasses.replace(golden, moving={m: (*r[:3], None, None) for m, r in golden.moving.items()})
     verdict = curves.compare(skipping, old)
     assert verdict.passed, verdict.message()
     assert any(v.passed is None and "the golden predates their count" in v.detail and KL in v.detail
@@ -440,7 +442,26 @@ def test_a_run_whose_update_clips_nothing_at_most_window_steps_fails(monkeypatch
     moved = {REWARD: dataclasses.replace(default_tolerance(REWARD), window=(21, 30))}
     late = zero_at(lab_like("late", 75), CLIP, range(21, 29))
     assert curves.compare(late, Baseline.from_runs(runs, (REWARD,), moved)).passed
+    # the golden's runs: twice the median run's count and more than the most. A golden of more runs holds a slow seed
+    # more often (one at 4 of 10 among runs at 2): twice the most (9) let the damped run pass
+    slow_one = [zero_at(lab_like("s0", 10), CLIP, (5, 6, 8, 9)), *runs,
+                *(zero_at(lab_like(f"s{i}", 10 + i), CLIP, (6, 9)) for i in (1, 2))]
+    wider = Baseline.from_runs(slow_one, (REWARD,))
+    assert wider.moving[CLIP][3:] == (4, 2)
+    said = [v for v in curves.compare(damped, wider).failures if v.statistic == "stuck"]
+    assert [v.metric for v in said] == [CLIP] and "at most 4 of them, the median run 2" in said[0].detail, said
+    # a recipe whose runs rest more (the median run at 4 of 10) allows 8; a golden run at 8 allows 8
+    often = Baseline.from_runs([zero_at(r, CLIP, (5, 6, 8, 9, 20)) for r in runs], (REWARD,))
+    assert often.moving[CLIP][3:] == (4, 4) and curves.compare(damped, often).passed
+    assert not curves.compare(zero_at(lab_like("d9", 76), CLIP, range(5, 14)), often).passed
+    eight = Baseline.from_runs([zero_at(lab_like("s8", 11), CLIP, (5, 6, 8, 9, 10, 11, 12, 14)), *runs], (REWARD,))
+    assert eight.moving[CLIP][3:] == (8, 2) and curves.compare(damped, eight).passed
     # seeded bugs
+    limit = bl.stuck_limit
+    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, fewest=bl.STUCK_STEPS, typical=None:
+                        limit(longest, steps, fewest))  # twice the most, as for the other rests
+    assert curves.compare(damped, wider).passed
+    monkeypatch.undo()
     monkeypatch.setattr(curves, "CLIP_REST_SHARE", fractions.Fraction(bl.STUCK_STEPS, 10))
     assert not curves.compare(slow, golden).passed
     monkeypatch.undo()
@@ -465,14 +486,17 @@ def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):
     assert load_baseline(path).moving == {}
     doc["moving"] = {KL: [0.0, 1.0]}  # recorded before the longest stretch: only metrics that never repeated
     path.write_text(json.dumps(doc))
-    assert load_baseline(path).moving == {KL: (0.0, 1.0, 1, 1)}
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 1, 1, None)}
     doc["moving"] = {KL: [0.0, 1.0, 3]}  # recorded before the count: unknown, and it round-trips as it was
     path.write_text(json.dumps(doc))
-    assert load_baseline(path).moving == {KL: (0.0, 1.0, 3, None)}
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 3, None, None)}
     load_baseline(path).save(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text())["moving"] == {KL: [0.0, 1.0, 3]}
+    doc["moving"] = {KL: [0.0, 1.0, 3, 4]}  # recorded before the median: judged against twice the most, as it was
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path).moving == {KL: (0.0, 1.0, 3, 4, None)}
     for bad in ([1.0, 0.0], [0.0, 1.0, 1.5], [0.0, 1.0, -1], [0.0, 1.0, 3, 0], [0.0, 1.0, 3, None],
-                [0.0, 1.0, 1, 1, 1]):
+                [0.0, 1.0, 1, 1, 2], [0.0, 1.0, 1, 2, -1], [0.0, 1.0, 1, 2, None], [0.0, 1.0, 1, 2, 1, 1]):
         doc["moving"] = {KL: bad}
         path.write_text(json.dumps(doc))
         with pytest.raises(BadInput, match="moving.*lowest, highest, longest stretch, most at one value"):

@@ -42,8 +42,9 @@ from harness.numeric import MAX_STEP, METRIC_LIMIT, is_metric_value
 
 SCHEMA = "ascend-rl-harness/baseline"
 # 3: + "constants" (the per-step values of the metrics every reference run logs alike) and "power" (the MDE table),
-# and optionally "moving" (the metrics its runs move, with their longest stretch at one value and the most steps a run
-# held one value: find_moving; a golden without it checks none, one without the count judges stretches only);
+# and optionally "moving" (the metrics its runs move, with their longest stretch at one value, the most steps a run
+# held one value and the median run's: find_moving; a golden without it checks none, one without the count judges
+# stretches only, one without the median judges the clip fraction's rests against twice the most);
 # 2: per-run curves + derived robust/pooled Student-t bands (1: per-step mean/std, k*std). Version 2 is still read:
 # its bands are the same, it only lacks the constants (a compare says so: CONSTANTS_MISSING) and the power table.
 SCHEMA_VERSION = 3
@@ -413,16 +414,27 @@ STUCK_STEPS = 5
 # %; 7 of 8, a 12-step run's window, 0.11 %), and at STUCK_STEPS one-run goldens of those seeds flagged 2.6 % of the
 # others on it (docs/curves.md, "The clip fraction's rests").
 CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
+# A moving metric as a golden stores it (find_moving): lowest, highest, longest stretch at one value, the most steps of
+# the window a run held one value at, and the median run's (None: the golden predates the count, or the median)
+Moving = tuple[float, float, int, int | None, float | None]
 
 
-def stuck_limit(longest: int, steps: int, fewest: int = STUCK_STEPS) -> int:
+def stuck_limit(longest: int, steps: int, fewest: int = STUCK_STEPS, typical: float | None = None) -> int:
     """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value at
     most `longest` steps (in a row, or in the window: most_at_one_value): at least `fewest` (STUCK_STEPS: at 3 in a row
     the lab's clean seeds flagged 40 of 182 one-run comparisons; CLIP_REST_SHARE of the window's logged steps for the
     update's clip fraction at 0), more than twice the golden's own rest, and more than a third of the steps (a clean
     30-step lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never
-    rested)."""
-    return max(fewest, 2 * longest + 1, steps // 3 + 1)
+    rested).
+
+    The update's clip fraction at 0 (`typical`: the golden runs' median count) doubles the median run's count, not
+    the most's, and exceeds the most: its floor is the recipe's calibrated tail (CLIP_REST_SHARE), and the most of more
+    runs holds a slow seed more often, so twice the most made the count weaker as the golden grew (issue 43: lab
+    damped-updates caught by 64 / 55 / 47 / 38 / 24 % of goldens of 1 / 2 / 3 / 5 / 10 runs on the count alone, with
+    the median 64 / 69 / 69 / 71 / 75 %; no false alarm either way on the lab's or verl's clean seeds)."""
+    if typical is None:
+        return max(fewest, 2 * longest + 1, steps // 3 + 1)
+    return max(fewest, math.floor(2 * typical) + 1, longest + 1, steps // 3 + 1)
 
 
 def stretch_tolerance(low: float, high: float) -> float:
@@ -561,14 +573,16 @@ def rest_bounds(metric: str, low: float, high: float, clip_rests: bool = False) 
     return (low, high, *((0.0, 1.0) if is_share(metric, low, high) else ()))
 
 
-def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, tuple[float, float, int, int | None]]:
-    """metric -> (lowest, highest, longest stretch, most at one value), for every metric all runs log at STUCK_STEPS
+def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, Moving]:
+    """metric -> (lowest, highest, longest stretch, most at one value, the median run's), for every metric all runs log
+    at STUCK_STEPS
     steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
     (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
     continuous measurement and its rest value; or the update's clip fraction, is_update_clip), and are not all whole
     numbers (a count: the lab's kept groups, 8 at most steps): its range, the most steps in a row any run held one value
     (longest_stretch), and the most steps of `rest`'s window (rest_tolerance) any run held one value at, in a row or not
-    (most_at_one_value; None where no run logs STUCK_STEPS of the window's steps)."""
+    (most_at_one_value; None where no run logs STUCK_STEPS of the window's steps), and that count's median over the
+    runs (the update's clip fraction is judged against it: stuck_limit)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
@@ -587,21 +601,25 @@ def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, t
             out[metric] = (low, high,
                            max(1, *(longest_stretch(r[metric].steps, r[metric].values, metric, low, high)[1]
                                     for r in runs)),
-                           max(1, *counts) if counts else None)  # None: no run logs enough of the window
+                           max(1, *counts) if counts else None,  # None: no run logs enough of the window
+                           float(statistics.median(counts)) if counts else None)
     return out
 
 
-def _moving_from_json(doc, where: str) -> dict[str, tuple[float, float, int, int | None]]:
-    # [lowest, highest, longest stretch, most at one value in the reward window]; a golden recorded before the stretch
-    # ([lowest, highest]) stored only metrics that never repeated a value: both are 1; one recorded before the count
-    # (three entries) has none, and its runs' count is unknown: it judges stretches only (curves.stuck says so)
-    if not isinstance(doc, dict) or not all(
-            isinstance(r, list) and 2 <= len(r) <= 4 and all(type(v) in (int, float) and _finite(v) for v in r[:2])
-            and r[0] <= r[1] and all(type(n) is int and n >= 1 for n in r[2:])
-            for r in doc.values()):
+def _moving_from_json(doc, where: str) -> dict[str, Moving]:
+    # [lowest, highest, longest stretch, most at one value in the reward window, the median run's]; a golden recorded
+    # before the stretch ([lowest, highest]) stored only metrics that never repeated a value: both are 1; one recorded
+    # before the count (three entries) has none, and its runs' count is unknown: it judges stretches only
+    # (curves.stuck says so); one recorded before the median (four) judges against twice the most, as it did
+    def valid(r) -> bool:
+        return (isinstance(r, list) and 2 <= len(r) <= 5 and all(type(v) in (int, float) and _finite(v) for v in r)
+                and r[0] <= r[1] and all(type(n) is int and n >= 1 for n in r[2:4])
+                and (len(r) < 5 or 0 <= r[4] <= r[3]))
+    if not isinstance(doc, dict) or not all(map(valid, doc.values())):
         raise BadInput(f"{where}: \"moving\" must be an object of metric -> [lowest, highest, longest stretch, most "
-                       "at one value]; re-record it")
-    return {m: (float(r[0]), float(r[1]), *((1, 1) if len(r) == 2 else (r[2], r[3] if len(r) == 4 else None)))
+                       "at one value, the median run's]; re-record it")
+    return {m: (float(r[0]), float(r[1]), *((1, 1) if len(r) == 2 else (r[2], r[3] if len(r) >= 4 else None)),
+                r[4] if len(r) == 5 else None)
             for m, r in doc.items()}
 
 
@@ -1002,9 +1020,10 @@ class Baseline:
     constants: dict[str, Series] | None = field(default_factory=dict)
     # the MDE table (harness.metrics.power.power_table) as recorded; None for a golden recorded without it
     power: dict | None = None
-    # metric -> (lowest, highest, longest stretch at one value, most steps at one value: None for a golden recorded
-    # before the count) of the metrics the runs moved (find_moving); empty for a golden recorded before them
-    moving: dict[str, tuple[float, float, int, int | None]] = field(default_factory=dict)
+    # metric -> Moving (lowest, highest, longest stretch at one value, most steps at one value and the median run's:
+    # None for a golden recorded before them) of the metrics the runs moved (find_moving); empty for a golden recorded
+    # before them
+    moving: dict[str, Moving] = field(default_factory=dict)
 
     @property
     def precision(self) -> str | None:

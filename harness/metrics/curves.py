@@ -490,13 +490,13 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
     reward window's steps, in a row or not, against the most any golden run held one value there
     (harness.metrics.baseline.window_of; a trainer that skips its update at every other step: issue 43's
     quarter-updates; most_at_one_value says why the window; the update's clip fraction at 0 counts there: issue 43's
-    damped-updates, rest_bounds), naming the value and the steps; one verdict for all that move; one, not judged, for
-    those logged at fewer than STUCK_STEPS of those steps; one saying a golden recorded before the count judges
-    stretches only."""
+    damped-updates, rest_bounds; its limit reads the median golden run's count too: stuck_limit), naming the value
+    and the steps; one verdict for all that move; one, not judged, for those logged at fewer than STUCK_STEPS of those
+    steps; one saying a golden recorded before the count judges stretches only."""
     verdicts, moving, short, uncounted = [], [], [], []
     last = max((b.steps[-1] for b in baseline.metrics.values() if b.steps), default=0)
     rest = rest_tolerance(baseline.metrics)
-    for metric, (low, high, longest, most) in baseline.moving.items():
+    for metric, (low, high, longest, most, typical) in baseline.moving.items():
         cand = candidate.series.get(metric)
         if cand is None:
             continue
@@ -527,10 +527,13 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                 value=value, detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; "
                                     f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
                                     "the trainer stopped"))
-        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], fewest)):
+        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], fewest,
+                                                                     typical if clipped_none else None)):
             rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
+            if clipped_none and typical is not None and most > 1:
+                held += f", the median run {typical:g}"
             why = ("the update moved no token's ratio past the clip there: the policy barely moved (a damped, "
                    "skipped or frozen update, or no gradient)"
                    if clipped_none else "a part of the trainer stops at some steps")
