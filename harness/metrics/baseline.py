@@ -575,14 +575,13 @@ def rest_bounds(metric: str, low: float, high: float, clip_rests: bool = False) 
 
 def find_moving(runs: list[Run], constants, rest: CurveTolerance) -> dict[str, Moving]:
     """metric -> (lowest, highest, longest stretch, most at one value, the median run's), for every metric all runs log
-    at STUCK_STEPS
-    steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and float noise
-    (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most (rests_at_most_once: a
-    continuous measurement and its rest value; or the update's clip fraction, is_update_clip), and are not all whole
-    numbers (a count: the lab's kept groups, 8 at most steps): its range, the most steps in a row any run held one value
-    (longest_stretch), and the most steps of `rest`'s window (rest_tolerance) any run held one value at, in a row or not
-    (most_at_one_value; None where no run logs STUCK_STEPS of the window's steps), and that count's median over the
-    runs (the update's clip fraction is judged against it: stuck_limit)."""
+    at STUCK_STEPS steps or more, outside `constants`, the machine's measurements (a worker's actor/perf/* too) and
+    float noise (FLOAT_NOISE), whose logged values across the runs move, resting at one value at most
+    (rests_at_most_once: a continuous measurement and its rest value; or the update's clip fraction, is_update_clip),
+    and are not all whole numbers (a count: the lab's kept groups, 8 at most steps): its range, the most steps in a row
+    any run held one value (longest_stretch), the most steps of `rest`'s window (rest_tolerance) any run held one value
+    at, in a row or not (most_at_one_value; None where no run logs STUCK_STEPS of the window's steps), and that count's
+    median over the runs (the update's clip fraction is judged against it: stuck_limit)."""
     out = {}
     for metric in sorted(runs[0].series):
         if (metric in constants or metric.startswith(NOT_CONSTANT_PREFIXES) or "/perf/" in metric
