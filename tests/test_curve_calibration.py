@@ -137,9 +137,10 @@ def test_the_measured_calibration_meets_the_targets():
     every N, on the steps of the window its KL rests at (seeded bug: judging rests in a row only caught it in 16-18 %).
     Not met, and said in docs/curves.md: half-updates (about 78 % of the gain) is caught by 20-24 % of goldens (the
     lab's slow clean seeds stay near -0.95 through the window). damped-updates (every update a quarter of its size,
-    about two thirds of the gain, no KL rest) is caught by 35-64 %, on its clip fraction's rests at 0 (seeded bug:
-    that 0 a bound, as a converged run's: at most 0.3 %). Every lab fault has a row: a fault added later is
-    measured, not left out."""
+    about two thirds of the gain, no KL rest) is caught by 64-68 % at every N, on its clip fraction's rests at 0
+    (seeded bugs: that 0 a bound, as a converged run's: at most 0.3 %; the count's limit at twice the most golden
+    run's, not its median: 35 % at N = 5). Every lab fault has a row: a fault added later is measured, not left
+    out."""
     doc = json.loads(CALIBRATION.read_text())
     # issue 31: the same targets with one seeded spike (3-10x the median) in 1 of 5 runs, and over the spiked
     # candidates alone (one grad-norm spike made 40 % of them false-alarm at N=5)
@@ -155,7 +156,7 @@ def test_the_measured_calibration_meets_the_targets():
         caught = (*rollout, *STOP_LEARNING_FAULTS)
         assert all(rows[n]["detection"][f] == 1.0 for n in rows for f in caught), (key, rows)
         assert all(row["detection"]["quarter-updates"] >= 0.8 for row in rows.values()), (key, rows)
-        assert all(row["detection"]["damped-updates"] >= 0.3 for row in rows.values()), (key, rows)
+        assert all(row["detection"]["damped-updates"] >= 0.6 for row in rows.values()), (key, rows)
         assert all(set(row["detection"]) == set(FAULTS) - {"none"} for row in rows.values())  # every fault measured
     assert doc["spikes"]["seeded"] and all(3 <= s["factor"] <= 10 for s in doc["spikes"]["seeded"])
 
@@ -168,8 +169,9 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
     with and without seeded spikes (seeded bug: the prior's grad-norm trend inflation at 1.0, not 1.7: 5.3 % at
     N = 1). Not met, and said in docs/curves.md: a golden of the recipe's fast seeds flags more than 2 slow ones in
     10 at N = 1 and 2 (1 of 20, 1 of 40), the run that learns on half of the updates is caught by 20-24 % of
-    goldens, and the one on damped updates by 35-64 %, fewer the more runs a golden holds, on its clip fraction's rests
-    at 0 (seeded bug: that 0 a bound, as a converged run's: 0.5-3.5 %). The run on a quarter of them is caught by
+    goldens, and the one on damped updates by 64-68 %, on its clip fraction's rests at 0 (seeded bugs: that 0 a bound,
+    as a converged run's: 0.5-3.5 %; the count's limit at twice the most golden run's, not its median: 35 % at N = 5,
+    fewer the more runs a golden holds). The run on a quarter of them is caught by
     every golden, on the steps of the window its KL rests at (seeded bug: judging rests in a row only caught it in
     18-21 %)."""
     doc = json.loads(LAB_PRIOR_MEASUREMENT.read_text())
@@ -183,7 +185,7 @@ def test_the_labs_goldens_at_the_defaults_catch_every_run_that_stops_learning():
         for n, row in rows.items():
             assert all(row["detection"][f] == 1.0 for f in (*rollout, *STOP_LEARNING_FAULTS)), (key, n, row)
             assert row["detection"]["quarter-updates"] >= 0.8, (key, n, row)
-            assert row["detection"]["damped-updates"] >= 0.3, (key, n, row)
+            assert row["detection"]["damped-updates"] >= 0.6, (key, n, row)
             assert set(row["detection"]) == set(FAULTS) - {"none"}  # every lab fault measured
             assert row["false_alarm_mean"] <= HELD_OUT_MAX_FALSE_ALARM_RATE, (key, n, row)
 
