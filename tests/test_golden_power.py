@@ -460,11 +460,11 @@ def test_a_run_whose_update_clips_nothing_at_most_window_steps_fails(monkeypatch
     assert eight.moving[CLIP][3:] == (8, 2) and curves.compare(damped, eight).passed
     # seeded bugs
     limit = bl.stuck_limit
-    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, fewest=bl.STUCK_STEPS, typical=None:
-                        limit(longest, steps, fewest))  # twice the most, as for the other rests
+    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, clip_rests=False, typical=None:
+                        limit(longest, steps, clip_rests))  # twice the most, as before the median
     assert curves.compare(damped, wider).passed
     monkeypatch.undo()
-    monkeypatch.setattr(curves, "CLIP_REST_SHARE", fractions.Fraction(bl.STUCK_STEPS, 10))
+    monkeypatch.setattr(bl, "CLIP_REST_SHARE", fractions.Fraction(bl.STUCK_STEPS, 10))
     assert not curves.compare(slow, golden).passed
     monkeypatch.undo()
     monkeypatch.setattr(bl, "CLIP_REST_WINDOW", (21, 30))

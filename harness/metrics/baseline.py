@@ -419,22 +419,24 @@ CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
 Moving = tuple[float, float, int, int | None, float | None]
 
 
-def stuck_limit(longest: int, steps: int, fewest: int = STUCK_STEPS, typical: float | None = None) -> int:
+def stuck_limit(longest: int, steps: int, clip_rests: bool = False, typical: float | None = None) -> int:
     """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value at
-    most `longest` steps (in a row, or in the window: most_at_one_value): at least `fewest` (STUCK_STEPS: at 3 in a row
-    the lab's clean seeds flagged 40 of 182 one-run comparisons; CLIP_REST_SHARE of the window's logged steps for the
-    update's clip fraction at 0), more than twice the golden's own rest, and more than a third of the steps (a clean
-    30-step lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens whose KL never
-    rested).
+    most `longest` steps (in a row, or in the window: most_at_one_value): at least STUCK_STEPS (at 3 in a row the lab's
+    clean seeds flagged 40 of 182 one-run comparisons), more than twice the golden's own rest, and more than a third of
+    the steps (a clean 30-step lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens
+    whose KL never rested).
 
-    The update's clip fraction at 0 (`typical`: the golden runs' median count) doubles the median run's count, not
-    the most's, and exceeds the most: its floor is the recipe's calibrated tail (CLIP_REST_SHARE), and the most of more
-    runs holds a slow seed more often, so twice the most made the count weaker as the golden grew (issue 43: lab
-    damped-updates caught by 64 / 55 / 47 / 38 / 24 % of goldens of 1 / 2 / 3 / 5 / 10 runs on the count alone, with
-    the median 64 / 69 / 69 / 71 / 75 %; no false alarm either way on the lab's or verl's clean seeds)."""
-    if typical is None:
-        return max(fewest, 2 * longest + 1, steps // 3 + 1)
-    return max(fewest, math.floor(2 * typical) + 1, longest + 1, steps // 3 + 1)
+    The update's clip fraction at 0 in the window (`clip_rests`: rest_bounds) fails from CLIP_REST_SHARE of the
+    window's logged steps (at least STUCK_STEPS), and with the golden runs' median count (`typical`; None for a golden
+    recorded before it: twice the most, as before) at more than twice the median run's and more than the most: its
+    floor is the recipe's calibrated tail, and the most of more runs holds a slow seed more often, so twice the most
+    made the count weaker as the golden grew (issue 43: lab damped-updates caught by 64 / 55 / 47 / 38 / 24 % of
+    goldens of 1 / 2 / 3 / 5 / 10 runs on the count alone, with the median 64 / 69 / 69 / 71 / 75 %; no false alarm
+    either way on the lab's or verl's clean seeds)."""
+    if not clip_rests:
+        return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
+    golden = 2 * longest + 1 if typical is None else max(math.floor(2 * typical) + 1, longest + 1)
+    return max(STUCK_STEPS, math.ceil(CLIP_REST_SHARE * steps), golden, steps // 3 + 1)
 
 
 def stretch_tolerance(low: float, high: float) -> float:

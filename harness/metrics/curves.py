@@ -36,7 +36,6 @@ from harness.findings import Finding
 from harness.metrics import stats
 from harness.metrics.baseline import (
     ALIGN_METRICS,
-    CLIP_REST_SHARE,
     CONSTANTS_MISSING,
     EARLIER_ALGORITHM_KEYS,
     FAMILY_METRICS,
@@ -514,11 +513,9 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         else:
             found = most_at_one_value(steps, values, metric, low, high, start, end,
                                       clip_rests=counts_clip_rests(rest))
-        # the update's clip fraction at 0 fails from CLIP_REST_SHARE of the window's steps, and at least STUCK_STEPS
-        # of a short window's (rest_bounds)
+        # the update's clip fraction at 0 has its own limit (stuck_limit)
         clipped_none = bool(found and found[0]) and is_update_clip(metric, low, high) and abs(
             values[found[0][0]]) <= stretch_tolerance(low, high)
-        fewest = max(STUCK_STEPS, math.ceil(CLIP_REST_SHARE * found[1])) if clipped_none else STUCK_STEPS
         if length >= limit:
             value, stretch = values[first], steps[first:first + length]
             held = "moved it at every step" if longest == 1 else f"held one value at most {longest} steps in a row"
@@ -527,8 +524,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                 value=value, detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; "
                                     f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
                                     "the trainer stopped"))
-        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], fewest,
-                                                                     typical if clipped_none else None)):
+        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], clipped_none, typical)):
             rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
