@@ -23,7 +23,7 @@ import pytest
 from harness.config.cpu_tier import PATCHED_FAULTS, STOP_LEARNING_FAULTS
 from harness.lab import FAULTS, LabConfig, run_lab
 from harness.metrics import curves
-from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, load_baseline
+from harness.metrics.baseline import EXTRA_INFLATION, NOISE_INFLATION, Baseline, fit_clip_rest_share, load_baseline
 from harness.metrics.ingest import load_run
 
 # The targets the calibration is held to (scripts/calibrate-curves measures them on 25 held-out seeds): mean false
@@ -100,9 +100,15 @@ def test_each_tiny_golden_judges_with_its_recipes_measured_inflation():
         # the metrics judged beside the five (EXTRA_TOLERANCES) keep the widest prior until they are calibrated
         expected = doc["inflation"].get(metric, list(EXTRA_INFLATION))
         assert list(ref.tolerance.inflation) == expected, (metric, ref.tolerance)
+        # and its clip-rest floor, the fit of the calibration seeds' counts it records (fit_clip_rest_share)
+        assert ref.tolerance.rest_share == doc["rest_share"].get(metric), metric
+    for metric, share in doc["rest_share"].items():
+        counts = [int(c) for c, runs in doc["rest_counts"][metric].items() for _ in range(runs)]
+        assert len(counts) == len(doc["calibration_seeds"]) and float(fit_clip_rest_share(counts, 10)) == share, metric
     measured = json.loads(VERL_MEASUREMENT.read_text())
     for metric, ref in load_baseline(TINY_GOLDEN).metrics.items():
         assert list(ref.tolerance.inflation) == list(NOISE_INFLATION.get(metric, EXTRA_INFLATION)), metric
+        assert ref.tolerance.rest_share is None, metric  # nobody calibrated the verl recipe: the prior
         assert measured["inflation"][metric] == list(ref.tolerance.inflation), metric
 
 

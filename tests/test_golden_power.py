@@ -460,7 +460,7 @@ def test_a_run_whose_update_clips_nothing_at_most_window_steps_fails(monkeypatch
     assert eight.moving[CLIP][3:] == (8, 2) and curves.compare(damped, eight).passed
     # seeded bugs
     limit = bl.stuck_limit
-    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, clip_rests=False, typical=None:
+    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, clip_rests=False, typical=None, share=None:
                         limit(longest, steps, clip_rests))  # twice the most, as before the median
     assert curves.compare(damped, wider).passed
     monkeypatch.undo()
@@ -476,6 +476,82 @@ def test_a_run_whose_update_clips_nothing_at_most_window_steps_fails(monkeypatch
     monkeypatch.undo()
     monkeypatch.setattr(bl, "is_update_clip", lambda metric, low, high: False)
     assert CLIP not in Baseline.from_runs(runs, (REWARD,)).moving
+
+
+def test_a_recipe_calibrates_its_own_clip_rest_floor(monkeypatch, tmp_path, capsys):
+    """The clip fraction's floor (CLIP_REST_SHARE, 8 of the window's 10 steps) is the lab's calibrated tail; a recipe
+    whose clean runs clip nothing more often (false alarms of 2-11 % at one reference run, simulated) or less often
+    (the graded-reward lab, no clean seed above 5 of 10, where damped-updates rests at 6 or more in 18 of 20 seeds)
+    fits its own: scripts/calibrate-curves fits a beta-binomial to its calibration runs' counts (fit_clip_rest_share)
+    and writes the share into the calibration, `baseline record --calibration` into the golden's clip-fraction
+    tolerance (`rest_share`), and curves.stuck judges with it. Seeded bug: the golden's share ignored, so a run at 6
+    of 10 passes a recipe whose floor is 6."""
+    from harness.metrics import baseline as bl
+
+    fit = bl.fit_clip_rest_share
+    # the lab's calibration seeds 0-99 (docs/curves.md "The clip fraction's rests"): the prior, at 0.16 %
+    lab = [0] * 31 + [1] * 31 + [2] * 15 + [3] * 14 + [4] * 6 + [5] + [7] * 2
+    assert fit(lab, 10) == bl.CLIP_REST_SHARE
+    # the graded-reward lab (--format-credit 0.5 --init-seed 0), its seeds 0-99: 6 of 10
+    assert fit([0] * 46 + [1] * 31 + [2] * 18 + [3] * 4 + [5], 10) == fractions.Fraction(6, 10)
+    # a recipe whose clean runs clip nothing at 3-6 of 10: nothing below 10 of 10 holds the tail
+    assert fit([3, 4, 5, 6] * 10, 10) > bl.CLIP_REST_SHARE
+    assert fit([8, 9, 10] * 10, 10) == fractions.Fraction(11, 10)  # above 1: the count never fails
+    assert fit([0] * 20, 10) == fractions.Fraction(bl.STUCK_STEPS, 10)  # never at rest: the least count judged
+    assert fit(lab[:bl.CLIP_REST_MIN_RUNS - 1], 10) is None  # too few runs: the prior
+
+    def zero_at(run: Run, at) -> Run:
+        rng = random.Random(run.name)
+        steps = run[REWARD].steps
+        return with_series(run, CLIP, [0.0 if t in at else round((0.2 + rng.gauss(0, 0.02)) * 256) / 256
+                                       for t in steps], steps)
+
+    runs = [zero_at(lab_like(f"r{i}", i), (6, 9, 20, 21)) for i in range(3)]
+    own = {CLIP: dataclasses.replace(default_tolerance(CLIP), rest_share=0.6)}
+    golden = Baseline.from_runs(runs, (REWARD, CLIP), own)
+    prior = Baseline.from_runs(runs, (REWARD, CLIP))
+    six = zero_at(lab_like("six", 80), (5, 7, 8, 10, 12, 13))
+
+    def stuck(candidate, against):
+        return [v for v in curves.compare(candidate, against).failures if v.statistic == "stuck"]
+    said = stuck(six, golden)
+    assert [(v.metric, v.where) for v in said] == [(CLIP, "6 of steps 5-14")] and "6 fail" in said[0].detail, said
+    assert not stuck(six, prior) and not stuck(zero_at(lab_like("five", 81), (5, 7, 8, 10, 12)), golden)
+    never = Baseline.from_runs(runs, (REWARD, CLIP), {CLIP: dataclasses.replace(own[CLIP], rest_share=1.1)})
+    assert not stuck(zero_at(lab_like("all", 82), range(5, 15)), never)
+    # stored with the golden, absent from one without it (a harness before the field reads it), checked on load
+    path = golden.save(tmp_path / "g.json")
+    assert load_baseline(path).metrics[CLIP].tolerance.rest_share == 0.6
+    assert "rest_share" not in json.loads(prior.save(tmp_path / "p.json").read_text())["metrics"][CLIP]["tolerance"]
+    doc = json.loads(path.read_text())
+    for bad in (0, -0.5, 2.5, "0.6"):
+        doc["metrics"][CLIP]["tolerance"]["rest_share"] = bad
+        path.write_text(json.dumps(doc))
+        with pytest.raises(BadInput, match="rest_share"):
+            load_baseline(path)
+    # baseline record takes it from a calibration, or from --tolerance
+    logs = [_write(tmp_path / f"r{i}.jsonl", r) for i, r in enumerate(runs)]
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"inflation": {REWARD: [2.0, 2.2, 1.4]}, "rest_share": {CLIP: 0.6}}))
+    assert cli_main(["baseline", "record", *logs, "--out", str(tmp_path / "c.json"), "--calibration", str(cal)]) == 0
+    assert load_baseline(tmp_path / "c.json").metrics[CLIP].tolerance.rest_share == 0.6
+    assert cli_main(["baseline", "record", *logs, "--out", str(tmp_path / "t.json"),
+                     "--tolerance", f"{CLIP}:rest_share=0.7"]) == 0
+    assert load_baseline(tmp_path / "t.json").metrics[CLIP].tolerance.rest_share == 0.7
+    capsys.readouterr()
+    for bad in ({CLIP: 3}, {REWARD: 0.6}):  # out of range; not the update's clip fraction
+        cal.write_text(json.dumps({"inflation": {REWARD: [2.0, 2.2, 1.4]}, "rest_share": bad}))
+        assert cli_main(["baseline", "record", *logs, "--out", str(tmp_path / "x.json"), "--calibration",
+                         str(cal)]) == 2
+        assert "rest_share" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    assert cli_main(["baseline", "record", *logs, "--out", str(tmp_path / "x.json"),
+                     "--tolerance", f"{REWARD}:rest_share=0.7"]) == 2
+    assert "other metrics have none" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    # seeded bug: the golden's share ignored
+    limit = bl.stuck_limit
+    monkeypatch.setattr(curves, "stuck_limit", lambda longest, steps, clip_rests=False, typical=None, share=None:
+                        limit(longest, steps, clip_rests, typical))
+    assert not stuck(six, golden)
 
 
 def test_the_moving_metrics_round_trip_and_older_goldens_check_none(tmp_path):

@@ -147,14 +147,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if alignment.passed else 1
 
 
-def _calibrated(path: str | None) -> dict:
-    """`--calibration FILE` (what scripts/calibrate-curves --out writes) -> {metric: (band, window, trend)}: the
-    file's measured noise inflation of each metric it calibrated."""
+def _calibrated(path: str | None) -> tuple[dict, dict]:
+    """`--calibration FILE` (what scripts/calibrate-curves --out writes) -> ({metric: (band, window, trend)}, {metric:
+    rest share}): the file's measured noise inflation of each metric it calibrated, and the update's clip fraction's
+    floor where it measured one (CurveTolerance.rest_share; a calibration written before it has none)."""
     from harness.io import read_json
-    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS
+    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS, UPDATE_CLIP_NAMES
 
     if path is None:
-        return {}
+        return {}, {}
     doc = read_json(path, missing="no such calibration; write one with scripts/calibrate-curves --out FILE")
     inflation = doc.get("inflation") if isinstance(doc, dict) else None
     if not isinstance(inflation, dict) or not inflation or not all(
@@ -162,20 +163,32 @@ def _calibrated(path: str | None) -> dict:
             and all(type(x) in (int, float) and 1 <= x < math.inf for x in f) for m, f in inflation.items()):
         raise BadInput(f"--calibration {path}: needs \"inflation\": metric -> [band, window, trend] factors >= 1 "
                        "for judged metrics (scripts/calibrate-curves --out writes it)")
-    return {m: tuple(map(float, f)) for m, f in inflation.items()}
+    shares = doc.get("rest_share") or {}
+    if not isinstance(shares, dict) or not all(m in FAMILY_METRICS and m.rsplit("/", 1)[-1] in UPDATE_CLIP_NAMES
+                                               and type(v) in (int, float) and 0 < v <= 2 for m, v in shares.items()):
+        raise BadInput(f"--calibration {path}: \"rest_share\" must be the update's clip fraction -> the share of the "
+                       "reward window's steps in (0, 2] (scripts/calibrate-curves --out writes it)")
+    return {m: tuple(map(float, f)) for m, f in inflation.items()}, {m: float(v) for m, v in shares.items()}
 
 
-def _tolerances(specs, inflation: dict | None = None, precision: str | None = None) -> dict:
+def _tolerances(specs, inflation: dict | None = None, precision: str | None = None,
+                rest_shares: dict | None = None) -> dict:
     """`--tolerance METRIC:FIELD=VALUE[,FIELD=VALUE...]` -> {metric: CurveTolerance} over the metric's defaults at
-    the runs' `precision` (the rollout/actor agreement's floors follow it), with a calibration's `inflation`."""
+    the runs' `precision` (the rollout/actor agreement's floors follow it), with a calibration's `inflation` and
+    `rest_shares` (_calibrated)."""
     import dataclasses
 
-    from harness.metrics.baseline import CurveTolerance, default_tolerance
+    from harness.metrics.baseline import UPDATE_CLIP_NAMES, CurveTolerance, default_tolerance
 
     kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance)
              if f.type in ("float", "int", "float | None", "tuple[int, int]")}
     out = {m: default_tolerance(m, precision).with_inflation(f) for m, f in (inflation or {}).items()}
+    for m, share in (rest_shares or {}).items():
+        out[m] = dataclasses.replace(out.get(m) or default_tolerance(m, precision), rest_share=share)
     for spec in specs:
+        if "rest_share=" in spec and spec.rpartition(":")[0].rsplit("/", 1)[-1] not in UPDATE_CLIP_NAMES:
+            raise BadInput(f"--tolerance {spec!r}: rest_share is the policy update's clip fraction's floor "
+                           f"({', '.join(UPDATE_CLIP_NAMES)}); other metrics have none")
         metric, _, fields = spec.rpartition(":")
         try:
             pairs = dict(item.split("=", 1) for item in fields.split(","))
@@ -224,8 +237,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
 
     console = output_console(stderr=args.json)  # --json: stdout carries only the JSON
     out = refuse_input(output_file(args.out, "--out"), args.runs, "--out")  # even with --force
-    inflation = _calibrated(args.calibration)
-    _tolerances(args.tolerance or (), inflation)  # bad input before the (possibly long) ingest
+    inflation, rest_shares = _calibrated(args.calibration)
+    _tolerances(args.tolerance or (), inflation, rest_shares=rest_shares)  # bad input before the (long) ingest
     if out.exists() and not args.force:  # check before the (possibly long) ingest
         raise BadInput(f"{out}: a baseline already exists; pass --force to replace it")
     with console.status("loading reference runs") as status:
@@ -233,7 +246,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
     metrics = tuple(args.metric) if args.metric else tuple(m for m in FAMILY_METRICS if all(m in r for r in runs))
     if not metrics:
         raise BadInput(f"{args.runs[0]}: the runs share none of the alignment metrics; choose some with --metric")
-    tolerances = _tolerances(args.tolerance or (), inflation, run_precision(runs[0]))
+    tolerances = _tolerances(args.tolerance or (), inflation, run_precision(runs[0]), rest_shares)
     check_windows_reached(runs, {m: tol for m, tol in tolerances.items() if m in metrics and tol.window != (
         default_tolerance(m, run_precision(runs[0])).window)})  # the default window on short runs: not judged
     baseline = Baseline.from_runs(runs, metrics, tolerances=tolerances)

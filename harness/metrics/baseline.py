@@ -116,6 +116,10 @@ class CurveTolerance:
     # burst 5 times in 28 steps against none in its golden's 59: the 2-seed goldens it met flagged it on that alone).
     # Its bursts are steps like any other, in its band, window and trend.
     spike_limit: float | None = stats.SPIKE_SIZE_LIMIT
+    # The update's clip fraction only (is_update_clip): the share of the reward window's logged steps at 0 that fails
+    # (stuck_limit), as the recipe's calibration measured it (fit_clip_rest_share); None: CLIP_REST_SHARE, the lab's.
+    # Above 1 it never fails: a recipe whose clean runs clip nothing at most steps.
+    rest_share: float | None = None
 
     def __post_init__(self):
         self.validate(dataclasses.asdict(self), "tolerance")
@@ -138,6 +142,8 @@ class CurveTolerance:
                            "1 <= first <= last (verl's nightly: [5, 14])")
         if doc["spike_limit"] is not None:
             _number(doc, "spike_limit", where, low=1.0)
+        if doc.get("rest_share") is not None:
+            _number(doc, "rest_share", where, low=0.0, high=2.0, low_open=True)
         if doc["window_stat"] not in ("mean", "median"):
             raise BadInput(f"{where}: tolerance window_stat {doc['window_stat']!r}: use mean or median")
 
@@ -167,7 +173,10 @@ class CurveTolerance:
         return cls(**{**full, "window": tuple(full["window"])})
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "window": list(self.window)}
+        doc = {**dataclasses.asdict(self), "window": list(self.window)}
+        if self.rest_share is None:  # a golden without it reads as before, in a harness that predates the field too
+            del doc["rest_share"]
+        return doc
 
     @property
     def inflation(self) -> tuple[float, float, float]:
@@ -419,24 +428,81 @@ CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
 Moving = tuple[float, float, int, int | None, float | None]
 
 
-def stuck_limit(longest: int, steps: int, clip_rests: bool = False, typical: float | None = None) -> int:
+def stuck_limit(longest: int, steps: int, clip_rests: bool = False, typical: float | None = None,
+                share: float | None = None) -> int:
     """Steps at one value that fail a candidate judged on `steps` steps, against a golden whose runs held one value at
     most `longest` steps (in a row, or in the window: most_at_one_value): at least STUCK_STEPS (at 3 in a row the lab's
     clean seeds flagged 40 of 182 one-run comparisons), more than twice the golden's own rest, and more than a third of
     the steps (a clean 30-step lab seed rested its KL at 0 for 10 steps once it had learned the task, against goldens
     whose KL never rested).
 
-    The update's clip fraction at 0 in the window (`clip_rests`: rest_bounds) fails from CLIP_REST_SHARE of the
-    window's logged steps (at least STUCK_STEPS), and with the golden runs' median count (`typical`; None for a golden
-    recorded before it: twice the most, as before) at more than twice the median run's and more than the most: its
-    floor is the recipe's calibrated tail, and the most of more runs holds a slow seed more often, so twice the most
-    made the count weaker as the golden grew (issue 43: lab damped-updates caught by 64 / 55 / 47 / 38 / 24 % of
-    goldens of 1 / 2 / 3 / 5 / 10 runs on the count alone, with the median 64 / 69 / 69 / 71 / 75 %; no false alarm
-    either way on the lab's or verl's clean seeds)."""
+    The update's clip fraction at 0 in the window (`clip_rests`: rest_bounds) fails from `share` of the window's
+    logged steps (the recipe's calibrated CurveTolerance.rest_share; None: CLIP_REST_SHARE; at least STUCK_STEPS), and
+    with the golden runs' median count (`typical`; None for a golden recorded before it: twice the most, as before) at
+    more than twice the median run's and more than the most: its floor is the recipe's calibrated tail, and the most
+    of more runs holds a slow seed more often, so twice the most made the count weaker as the golden grew (issue 43:
+    lab damped-updates caught by 64 / 55 / 47 / 38 / 24 % of goldens of 1 / 2 / 3 / 5 / 10 runs on the count alone,
+    with the median 64 / 69 / 69 / 71 / 75 %; no false alarm either way on the lab's or verl's clean seeds)."""
     if not clip_rests:
         return max(STUCK_STEPS, 2 * longest + 1, steps // 3 + 1)
     golden = 2 * longest + 1 if typical is None else max(math.floor(2 * typical) + 1, longest + 1)
-    return max(STUCK_STEPS, math.ceil(CLIP_REST_SHARE * steps), golden, steps // 3 + 1)
+    floor = CLIP_REST_SHARE if share is None else fractions.Fraction(share).limit_denominator(1000)  # 0.6 x 10 is 6
+    return max(STUCK_STEPS, math.ceil(floor * steps), golden, steps // 3 + 1)
+
+
+# The tail a calibrated clip-rest floor leaves a clean run in (fit_clip_rest_share): CLIP_REST_SHARE's, chosen at 0.16
+# % (7 of 10 would have been 0.6 %), which is the 1 - 0.998 each statistic was judged at before FAMILY_ALPHA shared
+# one budget (CurveTolerance.confidence)
+CLIP_REST_TAIL = 0.002
+# Fewer clean runs say little of a recipe's tail: their fit keeps the prior (CLIP_REST_SHARE)
+CLIP_REST_MIN_RUNS = 10
+
+
+def _beta_binomial_tail(k: int, n: int, p: float, rho: float) -> float:
+    """P(X >= k) for X ~ beta-binomial(n) of mean n p and intra-class correlation `rho` (binomial at rho <= 0)."""
+    if rho <= 0.0:
+        return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+    a, b = p * (1 / rho - 1), (1 - p) * (1 / rho - 1)
+
+    def log_beta(x: float, y: float) -> float:
+        return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+    return sum(math.exp(math.log(math.comb(n, j)) + log_beta(j + a, n - j + b) - log_beta(a, b))
+               for j in range(k, n + 1))
+
+
+def fit_clip_rest_share(counts: list[int], steps: int) -> fractions.Fraction | None:
+    """The recipe's clip-rest floor (CurveTolerance.rest_share) from clean calibration runs' counts of the reward
+    window's `steps` logged steps their update's clip fraction rested at 0 (clip_rest_count): the smallest count, at
+    least STUCK_STEPS, that a beta-binomial fitted to them by moments (seeds differ in how often they clip nothing: the
+    lab's are over-dispersed, rho 0.09) leaves a clean run at or above with probability CLIP_REST_TAIL at most, over
+    `steps`; above 1 where none does (the count then never fails). None under CLIP_REST_MIN_RUNS runs. The lab's
+    calibration seeds 0-99 fit 8 of 10, CLIP_REST_SHARE (issue 43: a recipe whose clean runs clip nothing at a third of
+    the window's steps or more false-alarmed 2-11 % at one reference run against that floor, and could not fit its
+    own)."""
+    if len(counts) < CLIP_REST_MIN_RUNS or not all(0 <= c <= steps for c in counts) or steps < STUCK_STEPS:
+        return None
+    mean, var = statistics.fmean(counts), statistics.variance(counts)
+    p = mean / steps
+    if p <= 0.0:  # no clean run ever clipped nothing here: the least count the rule takes
+        return fractions.Fraction(STUCK_STEPS, steps)
+    rho = (var / (steps * p * (1 - p)) - 1) / (steps - 1) if p < 1.0 else 1.0
+    rho = min(rho, 1.0 - 1e-9)
+    for k in range(STUCK_STEPS, steps + 1):
+        if _beta_binomial_tail(k, steps, p, rho) <= CLIP_REST_TAIL:
+            return fractions.Fraction(k, steps)
+    return fractions.Fraction(steps + 1, steps)
+
+
+def clip_rest_count(run: Run, metric: str, rest: CurveTolerance) -> tuple[int, int] | None:
+    """(steps at 0, steps logged) of `metric`, the update's clip fraction, in `rest`'s window (rest_tolerance) of
+    `run`: what fit_clip_rest_share reads, counted as curves.stuck counts a candidate's (to float rounding at a share's
+    scale, stretch_tolerance). None where the run logs it at fewer than STUCK_STEPS of the window's steps."""
+    series = run[metric]
+    first, last = window_of(run, metric, rest)
+    inside = [v for t, v in zip(series.steps, series.values, strict=True) if first <= t <= last]
+    if len(inside) < STUCK_STEPS:
+        return None
+    return sum(abs(v) <= stretch_tolerance(0.0, 1.0) for v in inside), len(inside)
 
 
 def stretch_tolerance(low: float, high: float) -> float:
@@ -1091,13 +1157,18 @@ class Baseline:
                    f"{runs[0].name}+{len(runs) - 1} more", constants=(constants := find_constants(
                        runs, ALIGN_METRICS + metrics)), moving=find_moving(runs, constants, rest_tolerance(out)))
 
-    def retuned(self, inflation: dict[str, tuple[float, ...]]) -> Baseline:
-        """The same reference runs judged with another noise inflation per metric (band, window, trend), every other
-        tolerance field kept: a recalibration (scripts/calibrate-curves --golden) applies to committed goldens, whose
-        tolerances were stored when they were recorded."""
-        return dataclasses.replace(self, metrics={
-            m: dataclasses.replace(b, tolerance=b.tolerance.with_inflation(inflation[m])) if m in inflation else b
-            for m, b in self.metrics.items()}, power=None)  # other tolerances: another power (harness.metrics.power)
+    def retuned(self, inflation: dict[str, tuple[float, ...]], rest_shares: dict[str, float] | None = None
+                ) -> Baseline:
+        """The same reference runs judged with another noise inflation per metric (band, window, trend) and, where
+        given, another clip-rest floor (CurveTolerance.rest_share), every other tolerance field kept: a recalibration
+        (scripts/calibrate-curves --golden) applies to committed goldens, whose tolerances were stored when they were
+        recorded."""
+        def tuned(m: str, tol: CurveTolerance) -> CurveTolerance:
+            tol = tol.with_inflation(inflation[m]) if m in inflation else tol
+            return dataclasses.replace(tol, rest_share=rest_shares[m]) if m in (rest_shares or {}) else tol
+        return dataclasses.replace(self, metrics={m: dataclasses.replace(b, tolerance=tuned(m, b.tolerance))
+                                                  for m, b in self.metrics.items()},
+                                   power=None)  # other tolerances: another power (harness.metrics.power)
 
     def judged(self, metrics: tuple[str, ...]) -> Baseline:
         """The baseline as a comparison of `metrics` judges it: one false-alarm budget for their band, window and

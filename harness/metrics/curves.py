@@ -513,7 +513,9 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
         else:
             found = most_at_one_value(steps, values, metric, low, high, start, end,
                                       clip_rests=counts_clip_rests(rest))
-        # the update's clip fraction at 0 has its own limit (stuck_limit)
+        # the update's clip fraction at 0 has its own limit (stuck_limit), from its recipe's calibrated share of the
+        # window (CurveTolerance.rest_share) where it has one
+        share = baseline.metrics[metric].tolerance.rest_share if metric in baseline.metrics else None
         clipped_none = bool(found and found[0]) and is_update_clip(metric, low, high) and abs(
             values[found[0][0]]) <= stretch_tolerance(low, high)
         if length >= limit:
@@ -524,7 +526,7 @@ def stuck(candidate: Run, baseline: Baseline) -> list[CurveVerdict]:
                 value=value, detail=f"{value:.9g} at each of {length} steps in a row ({stretch[0]}-{stretch[-1]}; "
                                     f"{limit} fail); every golden run {held} ({low:.3g} to {high:.3g}): a part of "
                                     "the trainer stopped"))
-        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], clipped_none, typical)):
+        elif found and len(found[0]) >= (count_limit := stuck_limit(most, found[1], clipped_none, typical, share)):
             rests = found[0]
             value = values[rests[0]]
             held = "moved it at every step there" if most == 1 else f"held one value at most {most} of them"
