@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -482,8 +483,9 @@ def test_calibrate_curves_measures_the_inflation_on_the_window_its_goldens_judge
     for sub in ("calibration", "clean"):
         (given / sub).mkdir(parents=True)
     runs = []
-    for seed in range(20, 24):
-        path = run_lab(LabConfig(steps=8, seed=seed), tmp_path / "runs" / f"lab-s{seed}")
+    for seed in range(20, 24):  # the recipe before 2026-12-08 (a policy per seed): 4 runs spread enough to measure
+        path = run_lab(LabConfig(steps=8, seed=seed, init_seed=None, format_credit=0.0),
+                       tmp_path / "runs" / f"lab-s{seed}")
         runs.append(load_run(path))
         (given / "calibration" / f"s{seed}").symlink_to(path)
     for i in range(6):  # the clean runs the measurement needs; this test reads the calibration alone
@@ -542,3 +544,41 @@ def test_calibrate_curves_from_given_runs_refuses_bad_input(tmp_path, argv, says
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_calibrate_curves_scales_windows_only_for_what_windows_flag(tmp_path):
+    """The golden-wise scale (1b) widens the window and trend statistics, so it is fitted on their flags alone: a golden
+    that flags the other calibration runs on a band or a count, which no scale widens, drove the scale to --max-scale
+    for nothing (issue 43: the graded lab's one-run golden whose clip-fraction band flagged 33 % of the seeds doubled
+    every window and trend). Here one calibration run's KL rests at 0 through the window: every other run's golden
+    flags it as stuck (1 of 3, above 2 in 10), which a loop counting any failure chased to 2.0."""
+    from harness.cli.compare_cmd import _tolerances
+    from harness.metrics import curves
+    from harness.metrics.baseline import Baseline
+    from harness.metrics.ingest import load_run
+
+    reward, kl = "critic/rewards/mean", "actor/ppo_kl"
+
+    def write(path: Path, seed: int, rests: bool = False) -> Path:
+        rng = random.Random(seed)
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {
+            reward: -1 + 0.05 * s + rng.gauss(0, 0.05),
+            kl: 0.0 if rests and 5 <= s <= 14 else rng.uniform(1e-3, 1e-2)}}) + "\n" for s in range(1, 21)))
+        return path
+
+    given = tmp_path / "given"
+    cal = [write(given / "calibration" / f"c{i}", i, rests=i == 0) for i in range(4)]
+    for i in range(3):
+        write(given / "clean" / f"h{i}", 100 + i)
+    out = tmp_path / "cal.json"
+    proc = _calibrate("--from", str(given), "--n-runs", "1", "--golden-wise-n", "1", "--spike-metric", reward,
+                      "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["golden_wise_scale"] == 1.0, proc.stderr
+    # the seeded bug's premise: each other run's golden flags the resting run, as stuck alone
+    runs = [load_run(p) for p in cal]
+    for ref in runs[1:]:
+        golden = Baseline.from_runs([ref], (reward,), _tolerances((), doc["inflation"], None))
+        assert {(v.metric, v.statistic) for v in curves.compare(runs[0], golden).failures} == {(kl, "stuck")}
