@@ -230,3 +230,10 @@ def test_the_init_seed_is_one_checkpoint_for_every_run_seed(tmp_path):
     assert built[1].keys() == built[2].keys() == built[3].keys()
     assert all(torch.equal(built[1][k], built[2][k]) for k in built[1])
     assert not all(torch.equal(built[1][k], built[3][k]) for k in built[1])
+    # the lab's default since 2026-12-08 is one checkpoint; `--init-seed run` is each run's own (the recipe before)
+    from harness.cli import build_parser
+
+    def init_seed(*argv):
+        return build_parser().parse_args(["lab", "--out", "x", *argv]).init_seed
+    assert LabConfig().init_seed == init_seed() == 0 and init_seed("--init-seed", "run") is None
+    assert init_seed("--init-seed", "7") == 7

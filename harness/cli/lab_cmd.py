@@ -44,15 +44,26 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mini-batch", type=whole(1, MAX_GBS), default=LabConfig.ppo_mini_batch_size, metavar="PROMPTS",
                    help="prompts per optimizer update (default %(default)s; verl's ppo_mini_batch_size): --gbs / "
                         "this many updates per step")
-    p.add_argument("--init-seed", type=SEED, default=None, metavar="SEED",
-                   help="seed of the initial policy and its warm start (default: --seed); one for every run is one "
-                        "pretrained checkpoint, as real RL starts from")
+    p.add_argument("--init-seed", type=_init_seed, default=LabConfig.init_seed, metavar="SEED",
+                   help="seed of the initial policy and its warm start (default %(default)s: one for every run, one "
+                        "pretrained checkpoint, as real RL starts from; 'run': each run's --seed, the lab's recipe "
+                        "before 2026-12-08)")
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")
     p.add_argument("--format-credit", type=real(0.0, 2.0), default=LabConfig.format_credit, metavar="CREDIT",
-                   help="a graded reward: a wrong answer in the task's format scores -1 + this (default %(default)s: "
-                        "math_dapo's -1)")
+                   help="a graded reward: a wrong answer in the task's format scores -1 + this (default %(default)s;"
+                        " 0: math_dapo's -1)")
+
+
+def _init_seed(text: str) -> int | None:
+    """--init-seed: a seed, or 'run' (None: each run draws its policy from its own --seed)."""
+    if text.strip().lower() == "run":
+        return None
+    try:
+        return SEED(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 'run'") from None
 
 
 def recipe(args: argparse.Namespace) -> dict:

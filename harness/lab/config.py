@@ -48,8 +48,9 @@ class LabConfig:
     seed: int = 0
     # The policy's initial weights and its warm start (None: `seed`). Real RL starts every run from one pretrained
     # checkpoint, so a golden's runs and a candidate differ in data order and sampling only; a seed that also drew
-    # the initial policy added the spread of many models to the spread of one (issue 43).
-    init_seed: int | None = None
+    # the initial policy added the spread of many models to the spread of one (issue 43). One for every run since
+    # 2026-12-08, with the graded reward below (docs/curves.md, "The lab's recipe").
+    init_seed: int | None = 0
     fault: str = "none"
     gbs: int = 8  # prompts per step (data.train_batch_size)
     n: int = 8  # samples per prompt (rollout.n)
@@ -75,7 +76,9 @@ class LabConfig:
     # A graded reward (issue 43's lever): a wrong answer in the task's format (one digit, then EOS) scores
     # -1 + this, not math_dapo's -1. A clean seed that stops at once (an empty answer, no overlong penalty) then
     # sees a gradient out of that trap from its first in-format samples, not only from the 1 in 4 that are right.
-    format_credit: float = 0.0
+    # At 0 (math_dapo's score, the lab's recipe until 2026-12-08) clean seeds were bimodal: a quarter stayed near
+    # -0.95 over steps 5-14, and a golden of the fast ones flagged the slow ones (docs/curves.md).
+    format_credit: float = 0.5
 
     def __post_init__(self):
         if self.fault not in FAULTS:

@@ -36,7 +36,7 @@ def test_verl_grpo_advantage_is_the_group_normalised_reward(record_property):
 
     generator = torch.Generator().manual_seed(0)
     groups, n, length = 6, 8, 5
-    scores = torch.randint(0, 2, (groups * n,), generator=generator).float() * 2 - 1  # the lab's +-1 rewards
+    scores = torch.randint(0, 2, (groups * n,), generator=generator).float() * 2 - 1  # math_dapo's +-1 rewards
     scores[:n] = 1.0  # a group that agrees: advantage 0, not a division by zero
     index = np.repeat(np.array([f"p{g}" for g in range(groups)], dtype=object), n)
     mask = torch.ones(groups * n, length)
