@@ -381,6 +381,14 @@ def test_calibrate_curves_never_calibrates_one_recipe_on_another_recipes_runs(tm
                       "--gbs", "16", "--mini-batch", "8")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"the cached run {run} is of another lab recipe" in proc.stderr, proc.stderr
+    # a run made before --format-credit and --init-seed existed ran math_dapo's score from its own seed's policy, not
+    # today's defaults (found by review: such a cache was taken for the graded recipe)
+    meta = json.loads((run / "meta.json").read_text())
+    for field in ("format_credit", "init_seed"):
+        del meta["lab"][field]
+    (run / "meta.json").write_text(json.dumps(meta))
+    proc = _calibrate("--runs", str(tmp_path / "runs"), "--steps", "3", "--calibration", "0-9", "--held-out", "10-15")
+    assert proc.returncode == 2 and f"the cached run {run} is of another lab recipe" in proc.stderr, proc.stderr
 
 
 def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp_path):

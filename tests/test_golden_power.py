@@ -489,14 +489,17 @@ def test_a_recipe_calibrates_its_own_clip_rest_floor(monkeypatch, tmp_path, caps
     from harness.metrics import baseline as bl
 
     fit = bl.fit_clip_rest_share
-    # the lab's calibration seeds 0-99 (docs/curves.md "The clip fraction's rests"): the prior, at 0.16 %
+    # the recipe before 2026-12-08, its calibration seeds 0-99 (docs/curves.md "The clip fraction's rests"): the prior,
+    # at 0.16 %
     lab = [0] * 31 + [1] * 31 + [2] * 15 + [3] * 14 + [4] * 6 + [5] + [7] * 2
     assert fit(lab, 10) == bl.CLIP_REST_SHARE
     # the graded-reward lab (--format-credit 0.5 --init-seed 0), its seeds 0-99: 6 of 10
     assert fit([0] * 46 + [1] * 31 + [2] * 18 + [3] * 4 + [5], 10) == fractions.Fraction(6, 10)
     # a recipe whose clean runs clip nothing at 3-6 of 10: nothing below 10 of 10 holds the tail
-    assert fit([3, 4, 5, 6] * 10, 10) > bl.CLIP_REST_SHARE
+    assert fit([3, 4, 5, 6] * 10, 10) == 1
     assert fit([8, 9, 10] * 10, 10) == fractions.Fraction(11, 10)  # above 1: the count never fails
+    assert fit([10] * 20, 10) == fractions.Fraction(11, 10)  # every run at rest throughout (found by review: a crash)
+    assert fit([3] * 20, 10) == fractions.Fraction(8, 10)  # seeds alike: binomial, 3 of 10 on average
     assert fit([0] * 20, 10) == fractions.Fraction(bl.STUCK_STEPS, 10)  # never at rest: the least count judged
     assert fit(lab[:bl.CLIP_REST_MIN_RUNS - 1], 10) is None  # too few runs: the prior
 
@@ -539,7 +542,7 @@ def test_a_recipe_calibrates_its_own_clip_rest_floor(monkeypatch, tmp_path, caps
                      "--tolerance", f"{CLIP}:rest_share=0.7"]) == 0
     assert load_baseline(tmp_path / "t.json").metrics[CLIP].tolerance.rest_share == 0.7
     capsys.readouterr()
-    for bad in ({CLIP: 3}, {REWARD: 0.6}):  # out of range; not the update's clip fraction
+    for bad in ({CLIP: 3}, {REWARD: 0.6}, {"val/clipfrac": 0.6}, []):  # out of range; not the update's; no object
         cal.write_text(json.dumps({"inflation": {REWARD: [2.0, 2.2, 1.4]}, "rest_share": bad}))
         assert cli_main(["baseline", "record", *logs, "--out", str(tmp_path / "x.json"), "--calibration",
                          str(cal)]) == 2

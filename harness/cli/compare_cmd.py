@@ -152,7 +152,7 @@ def _calibrated(path: str | None) -> tuple[dict, dict]:
     rest share}): the file's measured noise inflation of each metric it calibrated, and the update's clip fraction's
     floor where it measured one (CurveTolerance.rest_share; a calibration written before it has none)."""
     from harness.io import read_json
-    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS, UPDATE_CLIP_NAMES
+    from harness.metrics.baseline import FAMILY_METRICS, INFLATED_STATISTICS, is_update_clip_name
 
     if path is None:
         return {}, {}
@@ -163,8 +163,8 @@ def _calibrated(path: str | None) -> tuple[dict, dict]:
             and all(type(x) in (int, float) and 1 <= x < math.inf for x in f) for m, f in inflation.items()):
         raise BadInput(f"--calibration {path}: needs \"inflation\": metric -> [band, window, trend] factors >= 1 "
                        "for judged metrics (scripts/calibrate-curves --out writes it)")
-    shares = doc.get("rest_share") or {}
-    if not isinstance(shares, dict) or not all(m in FAMILY_METRICS and m.rsplit("/", 1)[-1] in UPDATE_CLIP_NAMES
+    shares = doc.get("rest_share", {})
+    if not isinstance(shares, dict) or not all(m in FAMILY_METRICS and is_update_clip_name(m)
                                                and type(v) in (int, float) and 0 < v <= 2 for m, v in shares.items()):
         raise BadInput(f"--calibration {path}: \"rest_share\" must be the update's clip fraction -> the share of the "
                        "reward window's steps in (0, 2] (scripts/calibrate-curves --out writes it)")
@@ -178,7 +178,7 @@ def _tolerances(specs, inflation: dict | None = None, precision: str | None = No
     `rest_shares` (_calibrated)."""
     import dataclasses
 
-    from harness.metrics.baseline import UPDATE_CLIP_NAMES, CurveTolerance, default_tolerance
+    from harness.metrics.baseline import UPDATE_CLIP_NAMES, CurveTolerance, default_tolerance, is_update_clip_name
 
     kinds = {f.name: f.type for f in dataclasses.fields(CurveTolerance)
              if f.type in ("float", "int", "float | None", "tuple[int, int]")}
@@ -186,7 +186,7 @@ def _tolerances(specs, inflation: dict | None = None, precision: str | None = No
     for m, share in (rest_shares or {}).items():
         out[m] = dataclasses.replace(out.get(m) or default_tolerance(m, precision), rest_share=share)
     for spec in specs:
-        if "rest_share=" in spec and spec.rpartition(":")[0].rsplit("/", 1)[-1] not in UPDATE_CLIP_NAMES:
+        if "rest_share=" in spec and ":" in spec and not is_update_clip_name(spec.rpartition(":")[0]):
             raise BadInput(f"--tolerance {spec!r}: rest_share is the policy update's clip fraction's floor "
                            f"({', '.join(UPDATE_CLIP_NAMES)}); other metrics have none")
         metric, _, fields = spec.rpartition(":")

@@ -46,8 +46,8 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
                         "this many updates per step")
     p.add_argument("--init-seed", type=_init_seed, default=LabConfig.init_seed, metavar="SEED",
                    help="seed of the initial policy and its warm start (default %(default)s: one for every run, one "
-                        "pretrained checkpoint, as real RL starts from; 'run': each run's --seed, the lab's recipe "
-                        "before 2026-12-08)")
+                        "pretrained checkpoint, as real RL starts from; 'run': each run's --seed, with "
+                        "--format-credit 0 the lab's recipe before 2026-12-08)")
     p.add_argument("--warm-start", type=whole(0, 10_000), default=LabConfig.warm_start, metavar="STEPS",
                    help="supervised steps on the task's format before RL (default %(default)s: RL from the random "
                         "init)")

@@ -9,9 +9,9 @@ MindSpeed-style wrong softmax scale, a rollout that never receives weights, stal
 load -- faults verl's own trainer cannot be made to do on CPU (the verl run seeds only stale-absorbed, through its
 vLLM worker extension).
 """
-from harness.lab.config import FAULTS, LabConfig
+from harness.lab.config import FAULTS, PREDATED_FIELDS, LabConfig
 
-__all__ = ["FAULTS", "LabConfig", "run_lab"]
+__all__ = ["FAULTS", "PREDATED_FIELDS", "LabConfig", "run_lab"]
 
 
 def __getattr__(name: str):

@@ -40,6 +40,10 @@ FAULTS: dict[str, LabFault] = {
 }
 
 
+# What a run made before a field existed ran at (its meta.json lacks the field): the lab's recipe until 2026-12-08
+PREDATED_FIELDS = {"init_seed": None, "format_credit": 0.0}
+
+
 @dataclass(frozen=True)
 class LabConfig:
     """One lab run. Defaults: 8 prompts x 8 samples per step, responses up to 4 tokens."""

@@ -422,7 +422,7 @@ STUCK_STEPS = 5
 # two at 7; a beta-binomial fitted to those counts by moments puts a clean seed at 8 of 10 or more at 0.16 % (7: 0.6
 # %; 7 of 8, a 12-step run's window, 0.11 %), and at STUCK_STEPS one-run goldens of those seeds flagged 2.6 % of the
 # others on it (docs/curves.md, "The clip fraction's rests").
-CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8
+CLIP_REST_SHARE = fractions.Fraction(4, 5)  # exact: 8 of 10 steps, 7 of 8; the prior of a recipe that fits none
 # A moving metric as a golden stores it (find_moving): lowest, highest, longest stretch at one value, the most steps of
 # the window a run held one value at, and the median run's (None: the golden predates the count, or the median)
 Moving = tuple[float, float, int, int | None, float | None]
@@ -476,17 +476,18 @@ def fit_clip_rest_share(counts: list[int], steps: int) -> fractions.Fraction | N
     least STUCK_STEPS, that a beta-binomial fitted to them by moments (seeds differ in how often they clip nothing: the
     lab's are over-dispersed, rho 0.09) leaves a clean run at or above with probability CLIP_REST_TAIL at most, over
     `steps`; above 1 where none does (the count then never fails). None under CLIP_REST_MIN_RUNS runs. The lab's
-    calibration seeds 0-99 fit 8 of 10, CLIP_REST_SHARE (issue 43: a recipe whose clean runs clip nothing at a third of
-    the window's steps or more false-alarmed 2-11 % at one reference run against that floor, and could not fit its
-    own)."""
+    recipe before 2026-12-08 fit 8 of 10 on its seeds 0-99 (rho 0.09), CLIP_REST_SHARE; the graded lab fits 6 (rho
+    0.03). Issue 43: a recipe whose clean runs clip nothing at a third of the window's steps or more false-alarmed 2-11
+    % at one reference run against that floor, and could not fit its own."""
     if len(counts) < CLIP_REST_MIN_RUNS or not all(0 <= c <= steps for c in counts) or steps < STUCK_STEPS:
         return None
     mean, var = statistics.fmean(counts), statistics.variance(counts)
     p = mean / steps
     if p <= 0.0:  # no clean run ever clipped nothing here: the least count the rule takes
         return fractions.Fraction(STUCK_STEPS, steps)
-    rho = (var / (steps * p * (1 - p)) - 1) / (steps - 1) if p < 1.0 else 1.0
-    rho = min(rho, 1.0 - 1e-9)
+    if p >= 1.0:  # every clean run clipped nothing at every step (one on-policy mini batch a step): never fails
+        return fractions.Fraction(steps + 1, steps)
+    rho = min((var / (steps * p * (1 - p)) - 1) / (steps - 1), 1.0 - 1e-9)
     for k in range(STUCK_STEPS, steps + 1):
         if _beta_binomial_tail(k, steps, p, rho) <= CLIP_REST_TAIL:
             return fractions.Fraction(k, steps)
@@ -621,10 +622,14 @@ def counts_clip_rests(rest: CurveTolerance) -> bool:
     return rest.window == CLIP_REST_WINDOW
 
 
+def is_update_clip_name(metric: str) -> bool:
+    """Whether `metric` is named as the policy update's clip fraction (UPDATE_CLIP_NAMES, not a value function's)."""
+    return metric.rsplit("/", 1)[-1] in UPDATE_CLIP_NAMES and not metric.startswith(VALUE_PREFIXES)
+
+
 def is_update_clip(metric: str, low: float, high: float) -> bool:
-    """Whether `metric` is the policy update's clip fraction (UPDATE_CLIP_NAMES), a share by its golden values."""
-    return (metric.rsplit("/", 1)[-1] in UPDATE_CLIP_NAMES and not metric.startswith(VALUE_PREFIXES)
-            and 0.0 <= low and high <= 1.0)
+    """Whether `metric` is the policy update's clip fraction (is_update_clip_name), a share by its golden values."""
+    return is_update_clip_name(metric) and 0.0 <= low and high <= 1.0
 
 
 def rest_bounds(metric: str, low: float, high: float, clip_rests: bool = False) -> tuple[float, ...]:
@@ -1159,8 +1164,9 @@ class Baseline:
 
     def retuned(self, inflation: dict[str, tuple[float, ...]], rest_shares: dict[str, float] | None = None
                 ) -> Baseline:
-        """The same reference runs judged with another noise inflation per metric (band, window, trend) and, where
-        given, another clip-rest floor (CurveTolerance.rest_share), every other tolerance field kept: a recalibration
+        """The same reference runs judged with another noise inflation per metric (band, window, trend) and, for each
+        metric `rest_shares` names, its clip-rest floor (CurveTolerance.rest_share; None: the prior, CLIP_REST_SHARE),
+        every other tolerance field kept: a recalibration
         (scripts/calibrate-curves --golden) applies to committed goldens, whose tolerances were stored when they were
         recorded."""
         def tuned(m: str, tol: CurveTolerance) -> CurveTolerance:
