@@ -428,6 +428,8 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
     stale = json.loads(golden.read_text())
     for entry in stale["metrics"].values():
         entry["tolerance"]["trend_inflation"] = 1.0
+    # and a clip-rest floor a calibration fitted: the prior has none (found by review: --prior kept it)
+    stale["metrics"]["actor/pg_clipfrac"]["tolerance"]["rest_share"] = 0.6
     golden.write_text(json.dumps(stale))
     proc = _calibrate("--from", str(given), "--out", str(out_from), "--golden", str(golden))
     assert proc.returncode == 0 and f"retuned {golden} to the code's prior" in proc.stdout, proc.stderr
@@ -435,6 +437,7 @@ def test_calibrate_curves_prior_judges_goldens_as_baseline_record_makes_them(tmp
     for metric, entry in json.loads(golden.read_text())["metrics"].items():
         tol = entry["tolerance"]
         assert doc["inflation"][metric] == [tol["band_inflation"], tol["window_inflation"], tol["trend_inflation"]]
+        assert "rest_share" not in tol, metric
     measured = json.loads(out_from.read_text())
     assert measured["prior"] is True and measured["inflation"] == doc["inflation"]
     assert measured["runs_from"]["clean"] == [f"lab-s{s}" for s in range(10, 16)]  # the runs' own names

@@ -117,7 +117,7 @@ class CurveTolerance:
     # Its bursts are steps like any other, in its band, window and trend.
     spike_limit: float | None = stats.SPIKE_SIZE_LIMIT
     # The update's clip fraction only (is_update_clip): the share of the reward window's logged steps at 0 that fails
-    # (stuck_limit), as the recipe's calibration measured it (fit_clip_rest_share); None: CLIP_REST_SHARE, the lab's.
+    # (stuck_limit), as the recipe's calibration measured it (fit_clip_rest_share); None: CLIP_REST_SHARE, the prior.
     # Above 1 it never fails: a recipe whose clean runs clip nothing at most steps.
     rest_share: float | None = None
 
@@ -1166,9 +1166,8 @@ class Baseline:
                 ) -> Baseline:
         """The same reference runs judged with another noise inflation per metric (band, window, trend) and, for each
         metric `rest_shares` names, its clip-rest floor (CurveTolerance.rest_share; None: the prior, CLIP_REST_SHARE),
-        every other tolerance field kept: a recalibration
-        (scripts/calibrate-curves --golden) applies to committed goldens, whose tolerances were stored when they were
-        recorded."""
+        every other tolerance field kept: a recalibration (scripts/calibrate-curves --golden) applies to committed
+        goldens, whose tolerances were stored when they were recorded."""
         def tuned(m: str, tol: CurveTolerance) -> CurveTolerance:
             tol = tol.with_inflation(inflation[m]) if m in inflation else tol
             return dataclasses.replace(tol, rest_share=rest_shares[m]) if m in (rest_shares or {}) else tol
